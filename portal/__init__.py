@@ -1,0 +1,113 @@
+"""The portal application factory."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from flask import Flask
+from sqlalchemy import event
+from sqlalchemy.engine import Engine
+
+from portal.config import INSTANCE_DIR, Settings
+from portal.extensions import csrf, db, migrate
+from portal.models import secretbox
+
+log = logging.getLogger(__name__)
+
+
+def create_app(config: Settings | Mapping[str, Any] | None = None) -> Flask:
+    """Build the app: settings, extensions, blueprints and CLI commands."""
+    settings = _settings(config)
+    app = Flask(
+        __name__,
+        instance_path=str(INSTANCE_DIR),
+        template_folder="../templates",
+        static_folder="../static",
+    )
+    app.config.update(
+        SETTINGS=settings,
+        SECRET_KEY=settings.secret_key,
+        SQLALCHEMY_DATABASE_URI=settings.database_url,
+        SQLALCHEMY_ENGINE_OPTIONS=engine_options(settings),
+        MAX_CONTENT_LENGTH=settings.max_request_bytes,
+        SESSION_COOKIE_HTTPONLY=True,
+        SESSION_COOKIE_SAMESITE="Lax",
+        SESSION_COOKIE_SECURE=settings.production,
+        REMEMBER_COOKIE_SECURE=settings.production,
+        REMEMBER_COOKIE_HTTPONLY=True,
+        WTF_CSRF_TIME_LIMIT=None,
+        JSON_SORT_KEYS=False,
+    )
+    if isinstance(config, Mapping):
+        app.config.update({k: v for k, v in config.items() if k.isupper()})
+    secretbox.configure(settings.secret_key)
+
+    db.init_app(app)
+    with app.app_context():
+        if db.engine.dialect.name == "sqlite":
+            _tune_sqlite(db.engine)
+    migrate.init_app(app, db, directory=str(_migrations_dir()), render_as_batch=True)
+    csrf.init_app(app)
+
+    from portal import cli
+    from portal.web import register_blueprints
+
+    register_blueprints(app)
+    cli.register(app)
+    return app
+
+
+def _settings(config: Settings | Mapping[str, Any] | None) -> Settings:
+    if isinstance(config, Settings):
+        return config
+    settings = Settings.from_env()
+    if config and "SETTINGS" in config:
+        given = config["SETTINGS"]
+        assert isinstance(given, Settings)
+        return given
+    return settings
+
+
+def _migrations_dir() -> Any:
+    from portal.config import ROOT
+
+    return ROOT / "migrations"
+
+
+def engine_options(settings: Settings) -> dict[str, Any]:
+    """Pool sizes for the workers, LISTEN and the chores together; SQLite waits, not fails."""
+    if settings.database_url.startswith("sqlite"):
+        return {"connect_args": {"timeout": 30, "check_same_thread": False}}
+    workers = settings.mail_send_concurrency + settings.sms_send_concurrency
+    return {
+        "pool_size": max(5, workers // 2 + 2),
+        "max_overflow": workers + 4,
+        "pool_pre_ping": True,
+        "pool_recycle": 1800,
+        "pool_timeout": 30,
+    }
+
+
+def _tune_sqlite(engine: Engine) -> None:
+    """WAL, a busy timeout and BEGIN IMMEDIATE, so concurrent writers queue instead of failing.
+
+    pysqlite's own transaction handling begins lazily with a deferred BEGIN; a deferred
+    transaction that later writes can fail with "database is locked" without waiting. We take
+    over: autocommit at the driver, and an explicit BEGIN IMMEDIATE when SQLAlchemy begins.
+    """
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute("PRAGMA busy_timeout=30000")
+        cursor.execute("PRAGMA foreign_keys=ON")
+        cursor.execute("PRAGMA synchronous=NORMAL")
+        cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(connection: Any) -> None:
+        connection.exec_driver_sql("BEGIN IMMEDIATE")

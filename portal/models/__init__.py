@@ -1,0 +1,72 @@
+"""SQLAlchemy models, one module per aggregate."""
+
+from portal.models.base import Base, UTCDateTime, db_now, db_now_plus
+from portal.models.dead_letters import DeadLetterMessage
+from portal.models.enums import (
+    Channel,
+    DeadLetterSource,
+    Role,
+    Scope,
+    SendStatus,
+    SmsProviderKind,
+    SmtpSecurity,
+    TriageStatus,
+    UncertainPolicy,
+)
+from portal.models.mail import MailSendRecipient, MailSendRecord, MailSendServerConfig, MailTemplate
+from portal.models.quota import TenantMessageQuota, TenantMessageUsage
+from portal.models.sms import (
+    SmsProviderConfig,
+    SmsProviderRegion,
+    SmsSendRecord,
+    SmsTemplate,
+    SmsTemplateProviderBinding,
+)
+from portal.models.tenant import ApiKey, AppUser, Tenant
+
+__all__ = [
+    "ApiKey",
+    "AppUser",
+    "Base",
+    "Channel",
+    "DeadLetterMessage",
+    "DeadLetterSource",
+    "MailSendRecipient",
+    "MailSendRecord",
+    "MailSendServerConfig",
+    "MailTemplate",
+    "Role",
+    "Scope",
+    "SendStatus",
+    "SmsProviderConfig",
+    "SmsProviderKind",
+    "SmsProviderRegion",
+    "SmsSendRecord",
+    "SmsTemplate",
+    "SmsTemplateProviderBinding",
+    "SmtpSecurity",
+    "Tenant",
+    "TenantMessageQuota",
+    "TenantMessageUsage",
+    "TriageStatus",
+    "UTCDateTime",
+    "UncertainPolicy",
+    "db_now",
+    "db_now_plus",
+]
+
+
+def _bump_config_version(_mapper: object, _connection: object, target: object) -> None:
+    """Every save of a server or provider config bumps its version, so caches keyed by it
+    can never serve a stale config in any process."""
+    target.config_version = (target.config_version or 0) + 1  # type: ignore[attr-defined]
+
+
+def _register_events() -> None:
+    from sqlalchemy import event
+
+    for model in (MailSendServerConfig, SmsProviderConfig):
+        event.listen(model, "before_update", _bump_config_version)
+
+
+_register_events()

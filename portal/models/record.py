@@ -1,0 +1,54 @@
+"""What every send record has, whatever its channel: the queue columns and the outcome."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import JSON, Boolean, Integer, String, Text, text
+from sqlalchemy.orm import Mapped, mapped_column
+
+from portal.models.base import BigId, UTCDateTime, db_now
+from portal.models.enums import Scope, SendStatus
+
+
+class SendRecordMixin:
+    """Columns shared by mail_send_record and sms_send_record.
+
+    The record is the queue: ``status``/``version``/``next_retry_at`` are what the delivery loop
+    scans and claims by; the rest is the caller's request, what preparation froze, and what
+    happened after.
+    """
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    tenant_id: Mapped[int] = mapped_column(BigId)
+    scope: Mapped[str] = mapped_column(String(16), default=Scope.TENANT.value)
+    status: Mapped[str] = mapped_column(String(16), default=SendStatus.PENDING.value)
+    version: Mapped[int] = mapped_column(Integer, default=0, server_default=text("0"))
+    retry_count: Mapped[int] = mapped_column(Integer, default=0, server_default=text("0"))
+    next_retry_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    error_code: Mapped[str | None] = mapped_column(String(100))
+    error_message: Mapped[str | None] = mapped_column(Text)
+    trace_id: Mapped[str | None] = mapped_column(String(64))
+    business_key: Mapped[str | None] = mapped_column(String(200))
+    request_hash: Mapped[str | None] = mapped_column(String(64))
+    # The caller's request.
+    template_id: Mapped[int | None] = mapped_column(BigId)
+    template_code: Mapped[str | None] = mapped_column(String(100))
+    variables: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    # Preparation and delivery.
+    prepared_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    first_claimed_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    sent_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    provider_message_id: Mapped[str | None] = mapped_column(String(200))
+    # After the send: ambiguity (seed 002) and delivery outcome from receipts and events.
+    ambiguous_attempt: Mapped[bool] = mapped_column(
+        Boolean, default=False, server_default=text("false")
+    )
+    ambiguous_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    ambiguous_reason: Mapped[str | None] = mapped_column(Text)
+    delivery_outcome: Mapped[str | None] = mapped_column(String(16))
+    delivery_outcome_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    created_time: Mapped[datetime] = mapped_column(UTCDateTime, server_default=db_now())
+    updated_time: Mapped[datetime] = mapped_column(UTCDateTime, server_default=db_now())

@@ -1,0 +1,121 @@
+"""Tenants, users and API keys."""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+from datetime import datetime
+
+from argon2 import PasswordHasher
+from argon2.exceptions import InvalidHashError, VerificationError
+from sqlalchemy import (
+    Boolean,
+    CheckConstraint,
+    ForeignKey,
+    Index,
+    String,
+    text,
+)
+from sqlalchemy.orm import Mapped, mapped_column
+
+from portal.models.base import BigId, Base, UTCDateTime, db_now
+from portal.models.enums import Role
+
+_hasher = PasswordHasher()
+
+API_KEY_PREFIX = "pk_"
+
+
+class Tenant(Base):
+    """A customer of the service; id -1 is the platform tier."""
+
+    __tablename__ = "tenant"
+    __table_args__ = (
+        CheckConstraint("id = -1 OR id >= 1", name="tenant_id_range"),
+        # SQLite would hand out max(id)+1 = 0 after the platform row; AUTOINCREMENT's sequence
+        # (seeded at 0 by the migration) starts real tenants at 1.
+        {"sqlite_autoincrement": True},
+    )
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    slug: Mapped[str] = mapped_column(String(64), unique=True)
+    name: Mapped[str] = mapped_column(String(200))
+    is_active: Mapped[bool] = mapped_column(Boolean, default=True, server_default=text("true"))
+    created_time: Mapped[datetime] = mapped_column(UTCDateTime, server_default=db_now())
+    updated_time: Mapped[datetime] = mapped_column(
+        UTCDateTime, server_default=db_now(), onupdate=db_now()
+    )
+
+
+class AppUser(Base):
+    """A person who signs in to the portal."""
+
+    __tablename__ = "app_user"
+    __table_args__ = (
+        CheckConstraint(
+            "role IN ('platform_operator', 'tenant_admin', 'support')", name="app_user_role"
+        ),
+    )
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    tenant_id: Mapped[int] = mapped_column(ForeignKey("tenant.id"), index=True)
+    email: Mapped[str] = mapped_column(String(320), unique=True)
+    name: Mapped[str] = mapped_column(String(200), default="")
+    password_hash: Mapped[str] = mapped_column(String(200))
+    role: Mapped[str] = mapped_column(String(32))
+    is_active: Mapped[bool] = mapped_column(Boolean, default=True, server_default=text("true"))
+    last_login_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    created_time: Mapped[datetime] = mapped_column(UTCDateTime, server_default=db_now())
+    updated_time: Mapped[datetime] = mapped_column(
+        UTCDateTime, server_default=db_now(), onupdate=db_now()
+    )
+
+    def set_password(self, password: str) -> None:
+        """Store an argon2 hash of ``password``."""
+        self.password_hash = _hasher.hash(password)
+
+    def check_password(self, password: str) -> bool:
+        """True when ``password`` matches; rehashes when argon2's parameters have changed."""
+        try:
+            _hasher.verify(self.password_hash, password)
+        except (VerificationError, InvalidHashError):
+            return False
+        if _hasher.check_needs_rehash(self.password_hash):
+            self.set_password(password)
+        return True
+
+    @property
+    def role_enum(self) -> Role:
+        return Role(self.role)
+
+
+def hash_api_token(token: str) -> str:
+    """SHA-256 of an API token: tokens are long and random, so a slow hash buys nothing."""
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def new_api_token() -> str:
+    """A new API token: 256 random bits, URL-safe, with a recognisable prefix."""
+    return API_KEY_PREFIX + secrets.token_urlsafe(32)
+
+
+class ApiKey(Base):
+    """A tenant's API key; only its SHA-256 digest is stored."""
+
+    __tablename__ = "api_key"
+    __table_args__ = (Index("idx_api_key_tenant", "tenant_id"),)
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    tenant_id: Mapped[int] = mapped_column(ForeignKey("tenant.id"))
+    name: Mapped[str] = mapped_column(String(200))
+    token_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    prefix: Mapped[str] = mapped_column(String(16))
+    created_by: Mapped[str | None] = mapped_column(String(320))
+    created_time: Mapped[datetime] = mapped_column(UTCDateTime, server_default=db_now())
+    last_used_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+
+    def set_token(self, token: str) -> None:
+        """Keep the digest and a short prefix for recognising the key in lists."""
+        self.token_hash = hash_api_token(token)
+        self.prefix = token[:10]

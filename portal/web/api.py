@@ -1,0 +1,222 @@
+"""The JSON API under /api/v1/, authenticated by a tenant API key.
+
+Every error answers with one shape, ``{"error": {"code", "field", "message"[, "index"]}}``:
+malformed JSON, wrong types and oversize bodies are 400/413, rejected requests 422, a business
+key reused for a different request 409; never a 500 for bad input.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import UTC, datetime
+from functools import wraps
+from typing import Any, ParamSpec, TypeVar
+
+from flask import Blueprint, Flask, Response, current_app, g, jsonify, request
+from sqlalchemy import select, update
+from werkzeug.exceptions import HTTPException
+
+from portal.config import Settings
+from portal.extensions import csrf, db
+from portal.messaging import acceptance
+from portal.messaging.acceptance import AcceptanceError
+from portal.models import ApiKey, MailSendRecord, SmsSendRecord, Tenant
+from portal.models.tenant import hash_api_token
+from portal.tenancy import new_trace_id, tenant_context
+from portal.web.openapi import openapi_document
+from portal.web.serialise import mail_record_json, sms_record_json
+
+bp = Blueprint("api", __name__, url_prefix="/api/v1")
+csrf.exempt(bp)  # API keys, not cookies: there is no ambient credential to forge.
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def error_response(
+    status: int, code: str, message: str, field: str | None = None, index: int | None = None
+) -> Response:
+    body: dict[str, Any] = {"code": code, "field": field, "message": message}
+    if index is not None:
+        body["index"] = index
+    response = jsonify({"error": body})
+    response.status_code = status
+    return response
+
+
+def init_app(app: Flask) -> None:
+    """JSON errors for everything under /api/ (HTML pages keep their own handlers)."""
+
+    @app.errorhandler(HTTPException)
+    def _http_error(exc: HTTPException) -> Response | HTTPException:
+        if not _is_api_path():
+            return exc
+        code = (exc.name or "error").lower().replace(" ", "_")
+        return error_response(exc.code or 500, code, exc.description or exc.name or "error")
+
+
+def _is_api_path() -> bool:
+    return request.path.startswith(("/api/", "/MailSendRecord/", "/SmsSendRecord/",
+                                    "/TenantMessageQuota/"))
+
+
+def _settings() -> Settings:
+    settings = current_app.config["SETTINGS"]
+    assert isinstance(settings, Settings)
+    return settings
+
+
+def api_key_required(view: Callable[P, R]) -> Callable[P, R | Response]:
+    """Authenticate ``Authorization: Bearer <key>``; the key fixes the tenant."""
+
+    @wraps(view)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R | Response:
+        header = request.headers.get("Authorization", "")
+        scheme, _, token = header.partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            return _unauthorised("send Authorization: Bearer <api key>")
+        key = db.session.execute(
+            select(ApiKey.id, ApiKey.tenant_id)
+            .join(Tenant, Tenant.id == ApiKey.tenant_id)
+            .where(
+                ApiKey.token_hash == hash_api_token(token.strip()),
+                ApiKey.revoked_at.is_(None),
+                Tenant.is_active.is_(True),
+            )
+        ).first()
+        if key is None:
+            return _unauthorised("the API key is not valid or has been revoked")
+        g.api_key_id, g.tenant_id = key.id, key.tenant_id
+        trace = request.headers.get("X-Trace-Id", "")
+        trace_id = trace if trace.isalnum() and 8 <= len(trace) <= 64 else new_trace_id()
+        g.trace_id = trace_id
+        with tenant_context(key.tenant_id, trace_id):
+            return view(*args, **kwargs)
+
+    return wrapper
+
+
+def _unauthorised(message: str) -> Response:
+    response = error_response(401, "unauthorized", message)
+    response.headers["WWW-Authenticate"] = 'Bearer realm="postroom"'
+    return response
+
+
+def _json_body() -> Any:
+    if not request.is_json:
+        raise _BadRequest("unsupported_media_type", "send Content-Type: application/json", 415)
+    data = request.get_json(silent=True)
+    if data is None:
+        raise _BadRequest("malformed_json", "the request body is not valid JSON")
+    return data
+
+
+class _BadRequest(Exception):
+    def __init__(self, code: str, message: str, status: int = 400, field: str | None = "body"):
+        super().__init__(message)
+        self.code, self.message, self.status, self.field = code, message, status, field
+
+
+@bp.errorhandler(_BadRequest)
+def _bad_request(exc: _BadRequest) -> Response:
+    return error_response(exc.status, exc.code, exc.message, exc.field)
+
+
+@bp.errorhandler(AcceptanceError)
+def _rejected(exc: AcceptanceError) -> Response:
+    db.session.rollback()
+    return error_response(exc.status, exc.code, exc.message, exc.field, exc.index)
+
+
+def _accepted(results: list[acceptance.Accepted]) -> list[dict[str, Any]]:
+    return [{"id": r.id, "duplicate": r.duplicate} for r in results]
+
+
+def _batch_items(data: Any) -> Any:
+    if not isinstance(data, dict):
+        raise AcceptanceError("invalid", "body", "a batch must be an object with items")
+    unknown = sorted(set(data) - {"items"})
+    if unknown:
+        raise AcceptanceError("invalid", unknown[0], f"unknown field {unknown[0]!r}")
+    if "items" not in data:
+        raise AcceptanceError("required", "items", "items is required")
+    return data["items"]
+
+
+def _touch_key() -> None:
+    # Cheap enough per call; a real deployment can sample this.
+    db.session.execute(
+        update(ApiKey).where(ApiKey.id == g.api_key_id).values(last_used_at=datetime.now(UTC))
+    )
+
+
+@bp.post("/mail")
+@api_key_required
+def mail_create() -> tuple[Response, int]:
+    """Accept one mail."""
+    result = acceptance.send_mail(db.session, _json_body(), settings=_settings())
+    db.session.commit()
+    return jsonify({"id": result.id, "duplicate": result.duplicate}), 202
+
+
+@bp.post("/mail/batch")
+@api_key_required
+def mail_batch() -> tuple[Response, int]:
+    """Accept up to 500 mails at once, all or none."""
+    items = _batch_items(_json_body())
+    results = acceptance.send_mail_batch(db.session, items, settings=_settings())
+    db.session.commit()
+    return jsonify({"items": _accepted(results)}), 202
+
+
+@bp.post("/sms")
+@api_key_required
+def sms_create() -> tuple[Response, int]:
+    """Accept one SMS."""
+    result = acceptance.send_sms(db.session, _json_body(), settings=_settings())
+    db.session.commit()
+    return jsonify({"id": result.id, "duplicate": result.duplicate}), 202
+
+
+@bp.post("/sms/batch")
+@api_key_required
+def sms_batch() -> tuple[Response, int]:
+    """Accept up to 500 SMS at once, all or none."""
+    items = _batch_items(_json_body())
+    results = acceptance.send_sms_batch(db.session, items, settings=_settings())
+    db.session.commit()
+    return jsonify({"items": _accepted(results)}), 202
+
+
+def _own_record(model: type[MailSendRecord] | type[SmsSendRecord], record_id: int) -> Any:
+    if record_id > acceptance.MAX_ID:
+        return None
+    return db.session.scalar(
+        select(model).where(model.id == record_id, model.tenant_id == g.tenant_id)
+    )
+
+
+@bp.get("/mail/<int:record_id>")
+@api_key_required
+def mail_show(record_id: int) -> Response:
+    """One of the caller's mail records, with its status and last error."""
+    record = _own_record(MailSendRecord, record_id)
+    if record is None:
+        return error_response(404, "not_found", "no such mail record", "id")
+    return jsonify(mail_record_json(record))
+
+
+@bp.get("/sms/<int:record_id>")
+@api_key_required
+def sms_show(record_id: int) -> Response:
+    """One of the caller's SMS records, with its status and last error."""
+    record = _own_record(SmsSendRecord, record_id)
+    if record is None:
+        return error_response(404, "not_found", "no such SMS record", "id")
+    return jsonify(sms_record_json(record))
+
+
+@bp.get("/openapi.json")
+def openapi() -> Response:
+    """The OpenAPI 3 document of this API."""
+    return jsonify(openapi_document())

@@ -1,0 +1,256 @@
+"""The OpenAPI 3 document of the JSON API, kept true by a schemathesis run in the tests."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from portal.messaging.acceptance import MAX_BATCH, MAX_RECIPIENTS
+
+_EMAIL_LIST = {
+    "oneOf": [
+        {"type": "string", "format": "email"},
+        {"type": "array", "items": {"type": "string", "format": "email"}, "maxItems": MAX_RECIPIENTS},
+    ]
+}
+_NULLABLE_STR = {"type": "string", "nullable": True}
+_NULLABLE_TIME = {"type": "string", "format": "date-time", "nullable": True}
+_NULLABLE_INT = {"type": "integer", "nullable": True}
+
+_ERROR_RESPONSE = {
+    "description": "Rejected; nothing was written",
+    "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}},
+}
+
+
+def _errors(*codes: str) -> dict[str, Any]:
+    return {code: _ERROR_RESPONSE for code in codes}
+
+
+def _post(summary: str, body_ref: str, ok_ref: str) -> dict[str, Any]:
+    return {
+        "post": {
+            "summary": summary,
+            "security": [{"apiKey": []}],
+            "requestBody": {
+                "required": True,
+                "content": {"application/json": {"schema": {"$ref": body_ref}}},
+            },
+            "responses": {
+                "202": {
+                    "description": "Accepted: written as Pending, delivered in the background",
+                    "content": {"application/json": {"schema": {"$ref": ok_ref}}},
+                },
+                **_errors("400", "401", "409", "413", "415", "422"),
+            },
+        }
+    }
+
+
+def _get(summary: str, ok_ref: str) -> dict[str, Any]:
+    return {
+        "get": {
+            "summary": summary,
+            "security": [{"apiKey": []}],
+            "parameters": [
+                {
+                    "name": "id",
+                    "in": "path",
+                    "required": True,
+                    "schema": {"type": "integer", "minimum": 0},
+                }
+            ],
+            "responses": {
+                "200": {
+                    "description": "The record",
+                    "content": {"application/json": {"schema": {"$ref": ok_ref}}},
+                },
+                **_errors("401", "404"),
+            },
+        }
+    }
+
+
+_COMMON_RECORD = {
+    "id": {"type": "integer"},
+    "status": {
+        "type": "string",
+        "enum": [
+            "Pending", "Sending", "Sent", "Retry", "Failed", "DeadLetter",
+            "Cancelled", "Suppressed", "Uncertain",
+        ],
+    },
+    "scope": {"type": "string", "enum": ["TENANT", "PLATFORM"]},
+    "retryCount": {"type": "integer"},
+    "nextRetryAt": _NULLABLE_TIME,
+    "errorCode": _NULLABLE_STR,
+    "errorMessage": _NULLABLE_STR,
+    "traceId": _NULLABLE_STR,
+    "businessKey": _NULLABLE_STR,
+    "templateCode": _NULLABLE_STR,
+    "providerMessageId": _NULLABLE_STR,
+    "preparedAt": _NULLABLE_TIME,
+    "sentAt": _NULLABLE_TIME,
+    "expiresAt": _NULLABLE_TIME,
+    "createdTime": {"type": "string", "format": "date-time"},
+    "updatedTime": {"type": "string", "format": "date-time"},
+}
+
+
+def openapi_document() -> dict[str, Any]:
+    """The whole document."""
+    return {
+        "openapi": "3.0.3",
+        "info": {
+            "title": "Postroom delivery API",
+            "version": "1",
+            "description": (
+                "Hand mail and SMS to the delivery service. Accepted messages are written as "
+                "Pending and sent in the background; read a record to follow it."
+            ),
+        },
+        "paths": {
+            "/api/v1/mail": _post("Accept one mail", "#/components/schemas/MailRequest",
+                                  "#/components/schemas/Accepted"),
+            "/api/v1/mail/batch": _post("Accept up to 500 mails, all or none",
+                                        "#/components/schemas/MailBatch",
+                                        "#/components/schemas/BatchAccepted"),
+            "/api/v1/sms": _post("Accept one SMS", "#/components/schemas/SmsRequest",
+                                 "#/components/schemas/Accepted"),
+            "/api/v1/sms/batch": _post("Accept up to 500 SMS, all or none",
+                                       "#/components/schemas/SmsBatch",
+                                       "#/components/schemas/BatchAccepted"),
+            "/api/v1/mail/{id}": _get("Read one mail record", "#/components/schemas/MailRecord"),
+            "/api/v1/sms/{id}": _get("Read one SMS record", "#/components/schemas/SmsRecord"),
+        },
+        "components": {
+            "securitySchemes": {"apiKey": {"type": "http", "scheme": "bearer"}},
+            "schemas": {
+                "MailRequest": {
+                    "type": "object",
+                    "additionalProperties": False,
+                    "required": ["to"],
+                    "properties": {
+                        "to": _EMAIL_LIST,
+                        "cc": _EMAIL_LIST,
+                        "bcc": _EMAIL_LIST,
+                        "replyTo": {"type": "string", "format": "email"},
+                        "subject": {"type": "string", "maxLength": 998},
+                        "html": {"type": "string"},
+                        "text": {"type": "string"},
+                        "templateId": {"type": "integer", "minimum": 1},
+                        "templateCode": {"type": "string", "minLength": 1, "maxLength": 100},
+                        "variables": {"type": "object"},
+                        "serverId": {"type": "integer", "minimum": 1},
+                        "priority": {"type": "integer", "minimum": 1, "maximum": 5},
+                        "scope": {"type": "string", "enum": ["TENANT", "PLATFORM"]},
+                        "businessKey": {"type": "string", "minLength": 1, "maxLength": 200},
+                        "expiresAt": {"type": "string", "format": "date-time"},
+                        "attachments": {
+                            "type": "array",
+                            "maxItems": 20,
+                            "items": {
+                                "type": "object",
+                                "additionalProperties": False,
+                                "required": ["name", "content"],
+                                "properties": {
+                                    "name": {"type": "string"},
+                                    "contentType": {"type": "string"},
+                                    "content": {"type": "string", "format": "byte"},
+                                },
+                            },
+                        },
+                    },
+                },
+                "SmsRequest": {
+                    "type": "object",
+                    "additionalProperties": False,
+                    "required": ["phoneNumber"],
+                    "properties": {
+                        "phoneNumber": {"type": "string", "example": "+447911123456"},
+                        "content": {"type": "string", "maxLength": 1600},
+                        "templateCode": {"type": "string", "maxLength": 100},
+                        "variables": {"type": "object"},
+                        "scope": {"type": "string", "enum": ["TENANT", "PLATFORM"]},
+                        "businessKey": {"type": "string", "minLength": 1, "maxLength": 200},
+                        "expiresAt": {"type": "string", "format": "date-time"},
+                    },
+                },
+                "MailBatch": {
+                    "type": "object",
+                    "additionalProperties": False,
+                    "required": ["items"],
+                    "properties": {
+                        "items": {
+                            "type": "array",
+                            "minItems": 1,
+                            "maxItems": MAX_BATCH,
+                            "items": {"$ref": "#/components/schemas/MailRequest"},
+                        }
+                    },
+                },
+                "SmsBatch": {
+                    "type": "object",
+                    "additionalProperties": False,
+                    "required": ["items"],
+                    "properties": {
+                        "items": {
+                            "type": "array",
+                            "minItems": 1,
+                            "maxItems": MAX_BATCH,
+                            "items": {"$ref": "#/components/schemas/SmsRequest"},
+                        }
+                    },
+                },
+                "Accepted": {
+                    "type": "object",
+                    "required": ["id", "duplicate"],
+                    "properties": {"id": {"type": "integer"}, "duplicate": {"type": "boolean"}},
+                },
+                "BatchAccepted": {
+                    "type": "object",
+                    "required": ["items"],
+                    "properties": {
+                        "items": {"type": "array", "items": {"$ref": "#/components/schemas/Accepted"}}
+                    },
+                },
+                "Error": {
+                    "type": "object",
+                    "required": ["error"],
+                    "properties": {
+                        "error": {
+                            "type": "object",
+                            "required": ["code", "message"],
+                            "properties": {
+                                "code": {"type": "string"},
+                                "field": {"type": "string", "nullable": True},
+                                "message": {"type": "string"},
+                                "index": {"type": "integer"},
+                            },
+                        }
+                    },
+                },
+                "MailRecord": {
+                    "type": "object",
+                    "required": ["id", "status", "to"],
+                    "properties": _COMMON_RECORD | {
+                        "to": {"type": "array", "items": {"type": "string"}},
+                        "cc": {"type": "array", "items": {"type": "string"}},
+                        "bcc": {"type": "array", "items": {"type": "string"}},
+                        "subject": _NULLABLE_STR,
+                        "templateId": _NULLABLE_INT,
+                        "serverId": _NULLABLE_INT,
+                    },
+                },
+                "SmsRecord": {
+                    "type": "object",
+                    "required": ["id", "status", "phoneNumber"],
+                    "properties": _COMMON_RECORD | {
+                        "phoneNumber": {"type": "string"},
+                        "countryCode": _NULLABLE_STR,
+                        "content": _NULLABLE_STR,
+                        "providerId": _NULLABLE_INT,
+                    },
+                },
+            },
+        },
+    }
