@@ -160,3 +160,19 @@ def tenants(any_app: Flask) -> tuple[Tenant, Tenant]:
 @pytest.fixture
 def root_dir() -> Path:
     return Path(__file__).resolve().parent.parent
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    """A skipped test fails the run: CI accepts no skip reason (none, for now)."""
+    skipped = terminalreporter.stats.get("skipped", [])
+    if skipped:
+        terminalreporter.write_line(
+            f"FAILING THE RUN: {len(skipped)} test(s) skipped; a skip hides a missing service "
+            "or an unfinished test", red=True
+        )
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None and reporter.stats.get("skipped") and exitstatus == 0:
+        session.exitstatus = 1

@@ -36,7 +36,7 @@ from email import message_from_bytes, policy
 from email.message import EmailMessage
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Literal, cast
+from typing import Any, Literal
 
 from aiosmtpd.controller import Controller
 from aiosmtpd.smtp import SMTP, AuthResult, Envelope, LoginPassword, Session
@@ -139,13 +139,24 @@ def _server_tls_context(cert_pem: bytes, key_pem: bytes) -> ssl.SSLContext:
     return context
 
 
-class _BoundController(Controller):  # type: ignore[misc]
+class _BoundController(Controller):
     """A Controller serving on a socket bound beforehand, so port 0 gives a free port race-free."""
 
-    def __init__(self, handler: Any, sock: socket.socket, **kwargs: Any) -> None:
+    def __init__(
+        self, handler: Any, sock: socket.socket, *, auth_over_implicit_tls: bool, **kwargs: Any
+    ) -> None:
         host, port = sock.getsockname()[:2]
         super().__init__(handler, hostname=host, port=port, **kwargs)
         self._sock = sock
+        self._auth_over_implicit_tls = auth_over_implicit_tls
+
+    def factory(self) -> SMTP:
+        smtp = SMTP(self.handler, **self.SMTP_kwargs)  # what Controller.factory() does
+        if self._auth_over_implicit_tls:
+            # The whole connection is TLS but aiosmtpd only recognises STARTTLS; allowing AUTH
+            # here is safe, and avoids passing auth_require_tls=False (which warns).
+            smtp._auth_require_tls = False
+        return smtp
 
     def _create_server(self) -> Any:
         return self.loop.create_server(self._factory_invoker, sock=self._sock, ssl=self.ssl_context)
@@ -224,7 +235,7 @@ class _Handler:
             await asyncio.sleep(self.owner.hang_s)
             return None
         if reply == DROP:
-            if server.transport is not None:
+            if isinstance(server.transport, asyncio.Transport):
                 server.transport.abort()
             # connection_lost() cancels this handler; never answer.
             await asyncio.get_running_loop().create_future()
@@ -277,9 +288,7 @@ class ScriptedSmtpServer:
         self._fail_next: dict[Stage, collections.deque[str]] = collections.defaultdict(
             collections.deque
         )
-        self._connection_numbers: weakref.WeakKeyDictionary[SMTP, int] = (
-            weakref.WeakKeyDictionary()
-        )
+        self._connection_numbers: weakref.WeakKeyDictionary[SMTP, int] = weakref.WeakKeyDictionary()
         self._connection_count = 0
         self._logins: list[str] = []
         self._controller: _BoundController | None = None
@@ -322,8 +331,13 @@ class ScriptedSmtpServer:
         if self.auth_users:
             kwargs["authenticator"] = self._authenticate
             kwargs["auth_required"] = True
-            kwargs["auth_require_tls"] = self.auth_require_tls and not self.implicit_tls
-        controller = _BoundController(_Handler(self), sock, **kwargs)
+            kwargs["auth_require_tls"] = self.auth_require_tls
+        controller = _BoundController(
+            _Handler(self),
+            sock,
+            auth_over_implicit_tls=self.implicit_tls and bool(self.auth_users),
+            **kwargs,
+        )
         try:
             controller.start()
         except BaseException:
@@ -352,7 +366,7 @@ class ScriptedSmtpServer:
         with self._lock:
             protocols = list(self._connection_numbers)
         for protocol in protocols:
-            if protocol.transport is not None:
+            if isinstance(protocol.transport, asyncio.Transport):
                 protocol.transport.abort()
         deadline = time.monotonic() + 1.0
         # Wait for connection_lost so the client sees the close before this returns.
@@ -416,7 +430,7 @@ class ScriptedSmtpServer:
         raw = envelope.original_content or b""
         if isinstance(envelope.content, bytes) and not raw:
             raw = envelope.content
-        parsed = cast(EmailMessage, message_from_bytes(raw, policy=policy.default))
+        parsed = message_from_bytes(raw, policy=policy.default)
         with self._lock:
             received = ReceivedMessage(
                 mail_from=envelope.mail_from or "",
@@ -509,8 +523,8 @@ def main(argv: list[str] | None = None) -> int:
         on_message=_print_message,
     )
     with server:
-        print(f"SMTP sink listening on {server.host}:{server.port}", flush=True)
         try:
+            print(f"SMTP sink listening on {server.host}:{server.port}", flush=True)
             while True:
                 time.sleep(3600)
         except KeyboardInterrupt:

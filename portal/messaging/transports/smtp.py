@@ -219,8 +219,9 @@ def build_message(mail: OutgoingMail) -> EmailMessage:
         msg["X-Priority"] = x_priority
         msg["Importance"] = importance
     if mail.read_receipt_to:
-        msg["Disposition-Notification-To"] = _address(
-            "Disposition-Notification-To", mail.read_receipt_to
+        # Not an address header in the stdlib registry (unstructured): write it as text.
+        msg["Disposition-Notification-To"] = str(
+            _address("Disposition-Notification-To", mail.read_receipt_to)
         )
     for name, value in mail.extra_headers.items():
         if not _HEADER_NAME.match(name):
@@ -308,7 +309,7 @@ def _exception_error(exc: BaseException, stage: str, *, after_data: bool = False
         return _reply_error(exc.smtp_code, exc.smtp_error)
     detail = str(exc) or type(exc).__name__
     if _caused_by_timeout(exc):
-        return SmtpSendError(TIMEOUT, f"{stage}: timed out ({detail})", after_data=after_data)
+        return SmtpSendError(TIMEOUT, f"{stage}: timed out", after_data=after_data)
     if isinstance(exc, smtplib.SMTPServerDisconnected):
         return SmtpSendError(NETWORK_ERROR, f"{stage}: {detail}", after_data=after_data)
     if isinstance(exc, smtplib.SMTPException):
@@ -338,25 +339,32 @@ def _tls_context(verify: bool) -> ssl.SSLContext:
 def _open(server: SmtpServer) -> smtplib.SMTP:
     """Connect, EHLO, STARTTLS and log in; raise SmtpSendError on any failure."""
     local_hostname = server.local_hostname or _default_local_hostname()
-    smtp: smtplib.SMTP
-    if server.security is Security.SSL:
-        smtp = smtplib.SMTP_SSL(
-            local_hostname=local_hostname,
-            timeout=server.connect_timeout_s,
-            context=_tls_context(server.verify_tls),
-        )
-    else:
-        smtp = smtplib.SMTP(local_hostname=local_hostname, timeout=server.connect_timeout_s)
+    smtp: smtplib.SMTP | None = None
     stage = "connect"
     try:
-        # The connect timeout covers TCP, the TLS handshake (SSL) and the greeting.
-        smtp.connect(server.host, server.port)
+        # The connect timeout covers TCP, the TLS handshake (SSL) and the greeting. The host goes
+        # to the constructor (which connects) because STARTTLS checks the certificate against it.
+        if server.security == Security.SSL:
+            smtp = smtplib.SMTP_SSL(
+                server.host,
+                server.port,
+                local_hostname=local_hostname,
+                timeout=server.connect_timeout_s,
+                context=_tls_context(server.verify_tls),
+            )
+        else:
+            smtp = smtplib.SMTP(
+                server.host,
+                server.port,
+                local_hostname=local_hostname,
+                timeout=server.connect_timeout_s,
+            )
         if smtp.sock is None:
             raise smtplib.SMTPServerDisconnected("no socket after connect")
         smtp.sock.settimeout(server.read_timeout_s)
         stage = "ehlo"
         smtp.ehlo_or_helo_if_needed()
-        if server.security is Security.STARTTLS:
+        if server.security == Security.STARTTLS:
             stage = "starttls"
             # Raises SMTPNotSupportedError when STARTTLS is not offered: never fall back to
             # plain text when the config asks for TLS.
@@ -369,14 +377,17 @@ def _open(server: SmtpServer) -> smtplib.SMTP:
             stage = "auth"
             smtp.login(server.username, server.password or "")
     except OSError as exc:  # smtplib.SMTPException is an OSError too
-        smtp.close()
+        if smtp is not None:
+            smtp.close()
         raise _exception_error(exc, stage) from exc
     except UnicodeError as exc:
         # smtplib encodes AUTH credentials as ASCII.
-        smtp.close()
+        if smtp is not None:
+            smtp.close()
         raise SmtpSendError(CONFIG_ERROR, f"{stage}: {exc}") from exc
     except BaseException:
-        smtp.close()
+        if smtp is not None:
+            smtp.close()
         raise
     return smtp
 

@@ -1,0 +1,159 @@
+"""A pool of delivery workers for one channel, fed by a poller and by the workers themselves.
+
+A worker that finishes a record claims its own next one at once (a scan of 4, one claim). An
+idle worker waits for the poller, which every ``POLL_INTERVAL_S`` (or at once, when woken by a
+NOTIFY) scans ``idle x 4`` due records and claims one per idle worker in one statement.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import random
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from sqlalchemy import Engine
+from sqlalchemy.orm import Session
+
+from portal.messaging.scan import claim_next
+from portal.models import Channel, MailSendRecord, SmsSendRecord
+
+log = logging.getLogger("portal.delivery")
+
+OWN_SCAN = 4  # a worker claiming its own next reads 4 due records
+SCAN_PER_IDLE = 4
+
+
+class WorkerContext(Protocol):
+    def close(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class ChannelSpec:
+    """How to deliver one channel: its table, how many workers, and one attempt."""
+
+    channel: Channel
+    model: type[MailSendRecord] | type[SmsSendRecord]
+    concurrency: int
+    make_context: Callable[[], Any]
+    process: Callable[[Any, Any], None]
+
+
+class ChannelPool:
+    """Worker threads plus a poller for one channel."""
+
+    def __init__(self, engine: Engine, spec: ChannelSpec, poll_interval_s: float):
+        self.engine = engine
+        self.spec = spec
+        self.poll_interval_s = poll_interval_s
+        self.stop_claiming = threading.Event()
+        self.wake = threading.Event()
+        self.handoff: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._idle = 0
+        self._in_flight = 0
+        self._threads: list[threading.Thread] = []
+        self._rng = random.Random()
+        self.claimed_total = 0
+
+    # --- life cycle ----------------------------------------------------------------------
+
+    def start(self) -> None:
+        name = self.spec.channel.value
+        for i in range(self.spec.concurrency):
+            thread = threading.Thread(target=self._work, name=f"{name}-worker-{i}", daemon=True)
+            thread.start()
+            self._threads.append(thread)
+        poller = threading.Thread(target=self._poll, name=f"{name}-poller", daemon=True)
+        poller.start()
+        self._threads.append(poller)
+
+    def stop(self) -> None:
+        """Claim nothing more; workers finish the record in hand and exit."""
+        self.stop_claiming.set()
+        self.wake.set()
+
+    def join(self, deadline: float) -> bool:
+        """Wait until ``deadline`` (monotonic) for the threads; True when all have ended."""
+        for thread in self._threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        return not any(t.is_alive() for t in self._threads)
+
+    @property
+    def in_flight(self) -> int:
+        return self._in_flight
+
+    # --- claiming ------------------------------------------------------------------------
+
+    def _claim(self, scan_size: int, k: int) -> list[Any]:
+        try:
+            with Session(self.engine, expire_on_commit=False) as session, session.begin():
+                # Loaded with the claim; detached (values kept) when the session closes.
+                records = claim_next(
+                    session, self.spec.model, scan_size=scan_size, k=k, rng=self._rng
+                )
+        except Exception:
+            # The database is away (restart, failover): say so, wait a poll, try again.
+            log.exception("claim failed; retrying after the poll interval",
+                          extra={"channel": self.spec.channel.value})
+            self.stop_claiming.wait(self.poll_interval_s)
+            return []
+        with self._lock:
+            self.claimed_total += len(records)
+        return records
+
+    def _poll(self) -> None:
+        while not self.stop_claiming.is_set():
+            self.wake.wait(self.poll_interval_s)
+            self.wake.clear()
+            if self.stop_claiming.is_set():
+                break
+            with self._lock:
+                idle = self._idle - self.handoff.qsize()
+            if idle <= 0:
+                continue
+            for record in self._claim(idle * SCAN_PER_IDLE, idle):
+                self.handoff.put(record)
+
+    # --- working -------------------------------------------------------------------------
+
+    def _work(self) -> None:
+        context = self.spec.make_context()
+        try:
+            record: Any = None
+            while True:
+                if record is None:
+                    record = self._wait_for_work()
+                    if record is None:
+                        break  # stopping, nothing handed over
+                with self._lock:
+                    self._in_flight += 1
+                try:
+                    self.spec.process(context, record)
+                finally:
+                    with self._lock:
+                        self._in_flight -= 1
+                record = None
+                if not self.stop_claiming.is_set():
+                    own = self._claim(OWN_SCAN, 1)
+                    record = own[0] if own else None
+        finally:
+            context.close()
+
+    def _wait_for_work(self) -> Any:
+        with self._lock:
+            self._idle += 1
+        try:
+            while True:
+                try:
+                    return self.handoff.get(timeout=0.2 if self.stop_claiming.is_set() else 1.0)
+                except queue.Empty:
+                    if self.stop_claiming.is_set():
+                        return None
+        finally:
+            with self._lock:
+                self._idle -= 1

@@ -1,0 +1,81 @@
+"""The delivery service: one pool per channel, the wake-ups, and the two-stage shutdown."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+from sqlalchemy import Engine
+
+from portal.config import Settings
+from portal.delivery.pool import ChannelPool, ChannelSpec
+from portal.delivery.wakeups import Listener
+from portal.messaging.backoff import BackoffPolicy
+from portal.messaging.pipeline import MailContext, process_mail
+from portal.models import Channel, MailSendRecord
+
+log = logging.getLogger("portal.delivery")
+
+
+def mail_spec(engine: Engine, settings: Settings) -> ChannelSpec:
+    policy = BackoffPolicy.from_settings(settings)
+
+    def make_context() -> MailContext:
+        return MailContext(engine=engine, settings=settings, policy=policy)
+
+    return ChannelSpec(
+        channel=Channel.MAIL,
+        model=MailSendRecord,
+        concurrency=settings.mail_send_concurrency,
+        make_context=make_context,
+        process=process_mail,
+    )
+
+
+@dataclass
+class DeliveryService:
+    engine: Engine
+    settings: Settings
+
+    def __post_init__(self) -> None:
+        specs = [mail_spec(self.engine, self.settings)]
+        self.pools = {
+            spec.channel: ChannelPool(self.engine, spec, self.settings.poll_interval_s)
+            for spec in specs
+            if spec.concurrency > 0
+        }
+        self.listener: Listener | None = None
+        if self.engine.dialect.name == "postgresql":
+            self.listener = Listener(
+                self.engine, {c.value: pool.wake for c, pool in self.pools.items()}
+            )
+
+    def start(self) -> None:
+        for pool in self.pools.values():
+            pool.start()
+        if self.listener is not None:
+            self.listener.start()
+        log.info(
+            "delivery started",
+            extra={"pools": {c.value: p.spec.concurrency for c, p in self.pools.items()}},
+        )
+
+    def stop(self) -> None:
+        """First stage: claim nothing more."""
+        for pool in self.pools.values():
+            pool.stop()
+        if self.listener is not None:
+            self.listener.close()
+
+    def wait(self, grace_s: float) -> bool:
+        """Wait at most ``grace_s`` for sends in flight; True when all finished."""
+        deadline = time.monotonic() + grace_s
+        done = all(pool.join(deadline) for pool in self.pools.values())
+        if not done:
+            left = sum(pool.in_flight for pool in self.pools.values())
+            log.warning(
+                "shutdown grace ran out; %d send(s) left in Sending for the stuck-send sweep",
+                left,
+            )
+        return done

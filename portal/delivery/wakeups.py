@@ -1,0 +1,60 @@
+"""LISTEN/NOTIFY on PostgreSQL: acceptance NOTIFYs at commit, and idle workers wake at once.
+
+Polling stays the fallback: when the listening connection drops, the pools still poll every
+``POLL_INTERVAL_S`` while this thread reconnects.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Mapping
+
+import psycopg
+from sqlalchemy import Engine
+
+from portal.messaging.acceptance import NOTIFY_CHANNEL
+
+log = logging.getLogger("portal.delivery")
+
+
+def _conninfo(engine: Engine) -> str:
+    url = engine.url.set(drivername="postgresql")
+    return url.render_as_string(hide_password=False)
+
+
+class Listener:
+    """A thread holding one LISTEN connection that sets the channel's wake event."""
+
+    def __init__(self, engine: Engine, wake: Mapping[str, threading.Event]):
+        self.conninfo = _conninfo(engine)
+        self.wake = {NOTIFY_CHANNEL[name]: event for name, event in wake.items()}
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="listen-notify", daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def close(self) -> None:
+        self.stop.set()
+
+    def _run(self) -> None:
+        backoff = 0.5
+        while not self.stop.is_set():
+            try:
+                with psycopg.connect(self.conninfo, autocommit=True, connect_timeout=5) as conn:
+                    for channel in self.wake:
+                        conn.execute(f"LISTEN {channel}")
+                    backoff = 0.5
+                    # Everything that became due while we were away is found by the poll.
+                    for event in self.wake.values():
+                        event.set()
+                    while not self.stop.is_set():
+                        for note in conn.notifies(timeout=1.0):
+                            event = self.wake.get(note.channel)
+                            if event is not None:
+                                event.set()
+            except psycopg.Error as exc:
+                log.warning("LISTEN connection lost (%s); polling meanwhile", exc)
+                self.stop.wait(backoff)
+                backoff = min(backoff * 2, 10.0)

@@ -1,0 +1,195 @@
+"""What happened to an attempt, written by version: Sent, Retry, Failed or DeadLetter.
+
+Every write here is ``WHERE id = ? AND version = ?`` in its own short transaction. A write
+that matches no row lost a race (the sweep or an operator moved the record on): it did not
+happen, and it records no metric and no log line.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, replace
+from typing import Any, assert_never
+
+from sqlalchemy import Engine, update
+from sqlalchemy.orm import Session
+
+from portal.messaging.backoff import BackoffPolicy, DeadLetter, Fail, Retry, RetryDecision
+from portal.messaging.classify import ErrorCategory, MarkerCode, classify
+from portal.metrics import MESSAGE_FAILED, MESSAGE_SENT
+from portal.models import (
+    Channel,
+    DeadLetterMessage,
+    DeadLetterSource,
+    MailSendRecord,
+    SendStatus,
+    SmsSendRecord,
+    db_now,
+    db_now_plus,
+)
+
+log = logging.getLogger("portal.delivery")
+
+MODELS: dict[Channel, type[MailSendRecord] | type[SmsSendRecord]] = {
+    Channel.MAIL: MailSendRecord,
+    Channel.SMS: SmsSendRecord,
+}
+MAX_ERROR_CHARS = 2000
+MARKER_CODES = {m.value for m in MarkerCode}
+
+
+@dataclass(frozen=True)
+class Claimed:
+    """A record this worker holds: enough to write its outcome by version."""
+
+    channel: Channel
+    id: int
+    version: int
+    tenant_id: int
+    retry_count: int
+    provider: str = "unprepared"  # metric label: the server or provider name
+
+    def bumped(self, **changes: Any) -> Claimed:
+        """The same claim after a write of ours that incremented the version."""
+        return replace(self, version=self.version + 1, **changes)
+
+
+def _extra(claimed: Claimed, **more: Any) -> dict[str, Any]:
+    return {"record_id": claimed.id, "channel": claimed.channel.value} | more
+
+
+def record_sent(
+    engine: Engine,
+    claimed: Claimed,
+    provider_message_id: str | None,
+    *,
+    refused: dict[str, Any] | None = None,
+) -> bool:
+    """Sent, by version. A failure to write it is not a send failure: it is logged at ERROR
+    and left to the stuck-send sweep (at least once)."""
+    model = MODELS[claimed.channel]
+    values: dict[str, Any] = {
+        "status": SendStatus.SENT.value,
+        "version": model.version + 1,
+        "sent_at": db_now(),
+        "updated_time": db_now(),
+        "next_retry_at": None,
+        "provider_message_id": provider_message_id,
+        "error_code": None,
+        "error_message": None,
+    }
+    if refused and claimed.channel is Channel.MAIL:
+        values["refused_recipients"] = refused
+    try:
+        with Session(engine) as session, session.begin():
+            result = session.execute(
+                update(model)
+                .where(model.id == claimed.id, model.version == claimed.version)
+                .values(**values)
+                .execution_options(synchronize_session=False)
+            )
+    except Exception:
+        log.exception(
+            "sent, but recording it failed; the stuck-send sweep will retry it",
+            extra=_extra(claimed),
+        )
+        return False
+    if result.rowcount != 1:  # type: ignore[attr-defined]
+        return False
+    MESSAGE_SENT.labels(claimed.channel.value, claimed.provider).inc()
+    log.info("sent", extra=_extra(claimed, provider_message_id=provider_message_id))
+    return True
+
+
+def handle_failure(
+    engine: Engine,
+    claimed: Claimed,
+    code: str | None,
+    message: str | None,
+    *,
+    policy: BackoffPolicy,
+    retry_after_s: float | None = None,
+    ambiguous: bool = False,
+) -> RetryDecision | None:
+    """Classify a failure and carry out the decision by version; None when the race was lost."""
+    category = classify(code, message)
+    decision = policy.decide(category, claimed.retry_count, retry_after_s=retry_after_s)
+    model = MODELS[claimed.channel]
+    message = (message or "")[:MAX_ERROR_CHARS]
+    values: dict[str, Any] = {
+        "version": model.version + 1,
+        "updated_time": db_now(),
+        "error_code": (code or "UNKNOWN")[:100],
+        "error_message": message,
+    }
+    if ambiguous:
+        values |= {"ambiguous_attempt": True, "ambiguous_at": db_now(), "ambiguous_reason": message}
+    match decision:
+        case Retry(delay_s=delay):
+            values |= {
+                "status": SendStatus.RETRY.value,
+                "next_retry_at": db_now_plus(delay),
+                "retry_count": model.retry_count + 1,
+            }
+            outcome = "retry"
+        case Fail():
+            values |= {"status": SendStatus.FAILED.value, "next_retry_at": None}
+            outcome = "failed"
+        case DeadLetter():
+            values |= {"status": SendStatus.DEAD_LETTER.value, "next_retry_at": None}
+            outcome = "dead_letter"
+        case _:
+            assert_never(decision)
+    with Session(engine) as session, session.begin():
+        result = session.execute(
+            update(model)
+            .where(model.id == claimed.id, model.version == claimed.version)
+            .values(**values)
+            .execution_options(synchronize_session=False)
+        )
+        if result.rowcount != 1:  # type: ignore[attr-defined]
+            return None
+        if isinstance(decision, DeadLetter):
+            session.add(dead_letter_row(claimed, code, message))
+    MESSAGE_FAILED.labels(claimed.channel.value, claimed.provider, outcome).inc()
+    extra = _extra(
+        claimed,
+        error_code=code,
+        error_category=category.value,
+        outcome=outcome,
+        retry_count=claimed.retry_count + (1 if outcome == "retry" else 0),
+    )
+    if outcome == "retry":
+        log.warning("send failed; will retry: %s", message, extra=extra)
+    else:
+        log.error("send failed (%s): %s", outcome, message, extra=extra)
+    return decision
+
+
+def dead_letter_row(claimed: Claimed, code: str | None, reason: str | None) -> DeadLetterMessage:
+    """The archive row for a record whose retries are used up."""
+    return DeadLetterMessage(
+        tenant_id=claimed.tenant_id,
+        source=DeadLetterSource.SEND_EXHAUSTED.value,
+        event_id=str(claimed.id),
+        channel=claimed.channel.value,
+        provider=claimed.provider,
+        error_code=code,
+        reason=reason,
+        attempts=claimed.retry_count + 1,
+        payload={
+            "recordId": claimed.id,
+            "channel": claimed.channel.value,
+            "provider": claimed.provider,
+            "errorCode": code,
+            "reason": reason,
+            "attempts": claimed.retry_count + 1,
+        },
+    )
+
+
+def is_marker(code: str | None) -> bool:
+    return code in MARKER_CODES
+
+
+__all__ = ["Claimed", "ErrorCategory", "handle_failure", "is_marker", "record_sent"]

@@ -1,0 +1,235 @@
+"""Preparation on a record's first attempt (seed 000's table): template, render, content
+checks, server choice, quota charge, and the write-back that freezes it all.
+
+Retries replay what was frozen: no second render, no second choice, no second charge. A record
+that cannot be prepared fails with a marker code saying why.
+"""
+
+from __future__ import annotations
+
+import socket
+from dataclasses import dataclass
+from typing import Any
+
+from email_validator import EmailNotValidError, validate_email
+from sqlalchemy import Engine, select, update
+from sqlalchemy.orm import Session
+
+from portal.config import Settings
+from portal.messaging import quota, templating
+from portal.messaging.classify import MarkerCode
+from portal.messaging.outcomes import Claimed
+from portal.models import (
+    Channel,
+    MailSendRecord,
+    MailSendServerConfig,
+    MailTemplate,
+    Scope,
+    db_now,
+)
+from portal.tenancy import PLATFORM_TENANT_ID
+
+
+class PreparationFailed(Exception):
+    """The record cannot be prepared; ``code`` is the marker code."""
+
+    def __init__(self, code: MarkerCode, message: str):
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+@dataclass(frozen=True)
+class PreparedMail:
+    subject: str
+    html: str | None
+    text: str | None
+    reply_to: str | None
+    priority: int | None
+    attachments: list[dict[str, Any]] | None
+    server_id: int
+    server_name: str
+    read_receipt: bool
+    message_id: str
+
+
+def message_id_for(record_id: int, from_address: str | None) -> str:
+    """A Message-ID derived from the record id: the same on every attempt."""
+    domain = from_address.rsplit("@", 1)[1] if from_address and "@" in from_address else None
+    return f"<mail-{record_id}@{domain or socket.getfqdn() or 'postroom.local'}>"
+
+
+def _tier(record: MailSendRecord) -> int:
+    return PLATFORM_TENANT_ID if record.scope == Scope.PLATFORM.value else record.tenant_id
+
+
+def _find_template(session: Session, record: MailSendRecord) -> MailTemplate | None:
+    if record.template_id is not None:
+        # A test send from the editor: that row, even disabled (what was previewed goes out).
+        return session.scalar(
+            select(MailTemplate).where(
+                MailTemplate.id == record.template_id, MailTemplate.tenant_id == _tier(record)
+            )
+        )
+    return session.scalar(
+        select(MailTemplate).where(
+            MailTemplate.tenant_id == _tier(record),
+            MailTemplate.code == record.template_code,
+            MailTemplate.enabled.is_(True),
+        )
+    )
+
+
+def _default_server(session: Session, tenant_id: int) -> MailSendServerConfig | None:
+    return session.scalar(
+        select(MailSendServerConfig)
+        .where(
+            MailSendServerConfig.tenant_id == tenant_id,
+            MailSendServerConfig.is_default.is_(True),
+            MailSendServerConfig.enabled.is_(True),
+        )
+        .order_by(MailSendServerConfig.id)
+        .limit(1)
+    )
+
+
+def _choose_server(
+    session: Session, record: MailSendRecord, template: MailTemplate | None
+) -> MailSendServerConfig:
+    tier = _tier(record)
+    wanted = record.server_id or (template.preferred_server_id if template else None)
+    if wanted is not None:
+        server = session.scalar(
+            select(MailSendServerConfig).where(
+                MailSendServerConfig.id == wanted, MailSendServerConfig.tenant_id == tier
+            )
+        )
+        if server is None or not server.enabled:
+            raise PreparationFailed(
+                MarkerCode.CONFIG_NOT_RESOLVABLE,
+                f"mail server {wanted} is missing or disabled in this tier",
+            )
+    else:
+        server = _default_server(session, tier)
+        if server is None and record.scope == Scope.TENANT.value and tier != PLATFORM_TENANT_ID:
+            server = _default_server(session, PLATFORM_TENANT_ID)
+        if server is None:
+            raise PreparationFailed(
+                MarkerCode.CONFIG_NOT_RESOLVABLE, "no default mail server is configured"
+            )
+    if not server.from_address and not server.username:
+        raise PreparationFailed(
+            MarkerCode.CONFIG_NOT_RESOLVABLE,
+            f"mail server {server.name!r} has neither a from address nor a username",
+        )
+    return server
+
+
+def _render(source: str | None, variables: dict[str, Any], *, html: bool, what: str) -> str | None:
+    if source is None or source == "":
+        return source
+    try:
+        return templating.render(source, variables, html=html)
+    except templating.TemplateRenderError as exc:
+        raise PreparationFailed(
+            MarkerCode.TEMPLATE_NOT_RESOLVABLE, f"the template's {what} does not render: {exc}"
+        ) from None
+
+
+def build_mail(session: Session, record: MailSendRecord, settings: Settings) -> PreparedMail:
+    """Steps 1 to 4: what this record will send, and through which server (no writes)."""
+    template = None
+    if record.template_id is not None or record.template_code is not None:
+        template = _find_template(session, record)
+        if template is None:
+            wanted = (
+                f"id {record.template_id}"
+                if record.template_id is not None
+                else f"code {record.template_code!r} (enabled)"
+            )
+            raise PreparationFailed(
+                MarkerCode.TEMPLATE_NOT_RESOLVABLE, f"no mail template with {wanted}"
+            )
+    variables = record.variables or {}
+    subject = record.subject
+    html = record.html_body
+    text = record.text_body
+    if template is not None:
+        if subject is None:
+            subject = _render(template.subject, variables, html=False, what="subject")
+        if html is None and text is None:
+            html = _render(template.html_body, variables, html=True, what="HTML body")
+            text = _render(template.text_body, variables, html=False, what="text body")
+    subject = " ".join((subject or "").split())
+    if html and not text:
+        text = templating.html_to_text(html)
+    if not (html or "").strip() and not (text or "").strip():
+        raise PreparationFailed(MarkerCode.CONTENT_INVALID, "the message body is empty")
+    if not subject:
+        raise PreparationFailed(MarkerCode.CONTENT_INVALID, "the subject is empty")
+    longest = max(len(html or ""), len(text or ""))
+    if longest > settings.mail_body_max_chars:
+        raise PreparationFailed(
+            MarkerCode.CONTENT_INVALID,
+            f"the body has {longest} characters, over the limit of {settings.mail_body_max_chars}",
+        )
+    server = _choose_server(session, record, template)
+    reply_to = record.reply_to or (template.reply_to if template else None) or server.reply_to
+    if reply_to:
+        try:
+            reply_to = validate_email(reply_to, check_deliverability=False).normalized
+        except EmailNotValidError as exc:
+            raise PreparationFailed(
+                MarkerCode.CONTENT_INVALID, f"the Reply-To {reply_to!r} is malformed: {exc}"
+            ) from None
+    return PreparedMail(
+        subject=subject,
+        html=html or None,
+        text=text or None,
+        reply_to=reply_to,
+        priority=record.priority or (template.priority if template else None),
+        attachments=record.attachments or (template.attachments if template else None),
+        server_id=server.id,
+        server_name=server.name,
+        read_receipt=server.read_receipt,
+        message_id=message_id_for(record.id, server.from_address),
+    )
+
+
+def prepare_mail(
+    engine: Engine, record: MailSendRecord, claimed: Claimed, settings: Settings
+) -> tuple[PreparedMail, Claimed] | None:
+    """Prepare, charge the quota (last: a message that cannot go out uses none) and write back.
+
+    Raises PreparationFailed with the marker code; returns None when the write-back lost a
+    version race (someone else moved the record on: stop quietly).
+    """
+    with Session(engine) as session:
+        prepared = build_mail(session, record, settings)
+    if not quota.charge(engine, _tier(record), Channel.MAIL, settings):
+        raise PreparationFailed(
+            MarkerCode.MONTHLY_QUOTA_EXCEEDED, "this month's mail quota is used up"
+        )
+    with Session(engine) as session, session.begin():
+        result = session.execute(
+            update(MailSendRecord)
+            .where(MailSendRecord.id == claimed.id, MailSendRecord.version == claimed.version)
+            .values(
+                version=MailSendRecord.version + 1,
+                updated_time=db_now(),
+                prepared_at=db_now(),
+                rendered_subject=prepared.subject,
+                rendered_html=prepared.html,
+                rendered_text=prepared.text,
+                final_reply_to=prepared.reply_to,
+                final_priority=prepared.priority,
+                final_attachments=prepared.attachments,
+                server_config_id=prepared.server_id,
+                read_receipt=prepared.read_receipt,
+                message_id_header=prepared.message_id,
+            )
+            .execution_options(synchronize_session=False)
+        )
+        if result.rowcount != 1:  # type: ignore[attr-defined]
+            return None  # the quota charge stays: a small over-count, reconcilable
+    return prepared, claimed.bumped(provider=prepared.server_name)

@@ -1,0 +1,636 @@
+"""Tenant templates: sandboxed Liquid rendering with resource limits, and variable listing.
+
+Tenant admins write these templates, so a template is untrusted input (DESIGN.md, "Tenant-authored
+templates"). Liquid itself cannot reach Python objects: paths resolve by subscript only, and
+variables are checked to be plain JSON data. What remains is resource exhaustion, which
+python-liquid's own limits only partly cover:
+
+- its loop limit is per loop nest (the product of nested loop lengths), so many sequential
+  loops are unbounded: we add a total iteration budget per render;
+- its output limit checks what is written, not what filters build: `s | append: s | append: s`
+  or `s | replace: "a", s` grows without limit before anything is written, so every filter
+  result is size-checked, and `replace`, `join` and `uniq` are checked before they run;
+- `reversed` and `offset:` walk a range before the loop limit is checked, so
+  `(1..100000000) reversed` stalls for seconds: loops may not reach past `list_max_items`;
+- `times` can square an integer on every iteration: integer results are capped;
+- a wall-clock deadline, checked at every variable lookup, filter call, assignment, loop and
+  write, is the backstop for anything these deterministic budgets miss.
+
+`include` and `render` are removed, so a template can never name another template or a file.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import re
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from html.parser import HTMLParser
+from io import StringIO
+from typing import TYPE_CHECKING, Any, TextIO
+
+from liquid import BoundTemplate, DictLoader, Environment, RenderContext
+from liquid.exceptions import (
+    BlockNestingError,
+    ContextDepthError,
+    LiquidError,
+    LocalNamespaceLimitError,
+    LoopIterationLimitError,
+    OutputStreamLimitError,
+    ResourceLimitError,
+)
+from liquid.output import LimitedStringIO
+from liquid.static_analysis import TemplateAnalysis
+from liquid.undefined import UNDEFINED
+
+if TYPE_CHECKING:
+    from liquid.builtin.tags.for_tag import ForLoop
+    from liquid.builtin.tags.tablerow_tag import TableRow
+    from liquid.token import Token
+
+    from portal.config import Settings
+
+
+@dataclass(frozen=True)
+class TemplateLimits:
+    """Resource limits for rendering one template; the defaults suit mail and SMS bodies."""
+
+    source_max_chars: int = 200_000
+    variables_max_bytes: int = 64 * 1024  # JSON-encoded, UTF-8
+    variables_max_depth: int = 32
+    loop_iterations: int = 10_000  # per loop nest (python-liquid's own limit)
+    total_iterations: int = 100_000  # across the whole render
+    # A little over the default mail body limit (1 MiB), so that an over-long render is
+    # reported by the content check as CONTENT_INVALID rather than as a template failure.
+    output_max_chars: int = 1_100_000
+    work_max_chars: int = 10_000_000  # everything written or built by filters, in total
+    list_max_items: int = 100_000
+    namespace_max_bytes: int = 4_400_000  # assigned variables, by sys.getsizeof
+    context_depth: int = 30
+    int_max_bits: int = 256
+    render_timeout_s: float = 0.5
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> TemplateLimits:
+        """Limits that follow the settings for template size, variables and body length."""
+        output = max(settings.mail_body_max_chars + settings.mail_body_max_chars // 20, 1)
+        return cls(
+            source_max_chars=settings.template_max_chars,
+            variables_max_bytes=settings.variables_max_bytes,
+            output_max_chars=output,
+            work_max_chars=max(10 * output, cls.work_max_chars),
+            namespace_max_bytes=4 * output,
+        )
+
+
+DEFAULT_LIMITS = TemplateLimits()
+
+
+class TemplateRenderError(Exception):
+    """A template that cannot be parsed or rendered, with its position when known."""
+
+    def __init__(self, message: str, *, line: int | None = None, column: int | None = None):
+        super().__init__(message)
+        self.message = message
+        self.line = line
+        self.column = column
+
+    def __str__(self) -> str:
+        if self.line is None:
+            return self.message
+        if self.column is None:
+            return f"{self.message} (line {self.line})"
+        return f"{self.message} (line {self.line}, column {self.column})"
+
+
+class InvalidVariablesError(TemplateRenderError):
+    """The variables are not plain JSON data, or are too large or too deep."""
+
+
+@dataclass
+class RenderedMail:
+    """A mail's rendered parts; a part that had no template stays None."""
+
+    subject: str
+    html: str | None
+    text: str | None
+
+
+# --- Public functions ---------------------------------------------------------------------
+
+
+def compile_check(source: str, *, html: bool, limits: TemplateLimits = DEFAULT_LIMITS) -> None:
+    """Raise TemplateRenderError (with line and column) if the template would not parse."""
+    env = _environment(html, limits)
+    template = _parse(env, source)
+    # Unknown filters are otherwise only reported when rendering reaches them.
+    analysis = _analyse(template)
+    for name, spans in analysis.filters.items():
+        if name not in env.filters:
+            line, column = _line_col(source, spans[0].index) if spans else (None, None)
+            raise TemplateRenderError(f"unknown filter '{name}'", line=line, column=column)
+
+
+def render(
+    source: str,
+    variables: Mapping[str, object],
+    *,
+    html: bool,
+    limits: TemplateLimits = DEFAULT_LIMITS,
+) -> str:
+    """Render an untrusted template; HTML-escape values when `html` is true."""
+    data = validate_variables(variables, limits)
+    return _render(_environment(html, limits), source, data)
+
+
+def render_mail(
+    subject: str | None,
+    html: str | None,
+    text: str | None,
+    variables: Mapping[str, object],
+    *,
+    limits: TemplateLimits = DEFAULT_LIMITS,
+) -> RenderedMail:
+    """Render a mail template's parts; the subject is plain text on one line."""
+    data = validate_variables(variables, limits)
+    text_env = _environment(False, limits)
+    rendered_subject = _render(text_env, subject, data) if subject else ""
+    return RenderedMail(
+        # A newline in a subject would end the header (and could start a forged one).
+        subject=" ".join(part.strip() for part in rendered_subject.splitlines() if part.strip()),
+        html=_render(_environment(True, limits), html, data) if html is not None else None,
+        text=_render(text_env, text, data) if text is not None else None,
+    )
+
+
+def variables_of(source: str, *, limits: TemplateLimits = DEFAULT_LIMITS) -> list[str]:
+    """The top-level names a template expects from its caller (not those it assigns itself)."""
+    template = _parse(_environment(False, limits), source)
+    return list(_analyse(template).globals)
+
+
+def validate_variables(
+    variables: Mapping[str, object], limits: TemplateLimits = DEFAULT_LIMITS
+) -> dict[str, object]:
+    """Check that variables are plain JSON data within the size limits; return them as a dict."""
+    if not isinstance(variables, Mapping):
+        raise InvalidVariablesError("variables must be a JSON object")
+    stack: list[tuple[object, int, str]] = [(variables, 0, "variables")]
+    while stack:
+        value, depth, where = stack.pop()
+        if depth > limits.variables_max_depth:
+            raise InvalidVariablesError(
+                f"variables are nested too deeply (more than {limits.variables_max_depth})"
+            )
+        if value is None or isinstance(value, str | bool | int):
+            continue
+        if isinstance(value, float):
+            if not math.isfinite(value):
+                raise InvalidVariablesError(f"{where} is not a finite number")
+            continue
+        if isinstance(value, list):
+            stack.extend((item, depth + 1, f"{where}[{i}]") for i, item in enumerate(value))
+            continue
+        # The top level may be any mapping (the caller's), anything below must be a dict.
+        if isinstance(value, dict) or (depth == 0 and isinstance(value, Mapping)):
+            for key, item in value.items():
+                if not isinstance(key, str):
+                    raise InvalidVariablesError(f"{where} has a key that is not a string")
+                stack.append((item, depth + 1, f"{where}.{key}"))
+            continue
+        raise InvalidVariablesError(f"{where} is a {type(value).__name__}, not JSON data")
+    data = dict(variables)
+    try:
+        encoded = json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+    except ValueError as exc:  # e.g. an integer with more digits than Python will print
+        raise InvalidVariablesError(f"variables cannot be encoded as JSON: {exc}") from None
+    size = len(encoded.encode("utf-8"))
+    if size > limits.variables_max_bytes:
+        raise InvalidVariablesError(
+            f"variables are too large: {size} bytes of JSON, the limit is "
+            f"{limits.variables_max_bytes}"
+        )
+    return data
+
+
+# --- Rendering ----------------------------------------------------------------------------
+
+
+def _check_source(source: str, limits: TemplateLimits) -> None:
+    if not isinstance(source, str):
+        raise TemplateRenderError("a template must be text")
+    if len(source) > limits.source_max_chars:
+        raise TemplateRenderError(
+            f"the template is too long: {len(source)} characters, "
+            f"the limit is {limits.source_max_chars}"
+        )
+
+
+def _parse(env: _SandboxEnvironment, source: str) -> BoundTemplate:
+    _check_source(source, env.limits)
+    try:
+        return env.from_string(source)
+    except Exception as exc:
+        raise _to_render_error(exc, source, env.limits) from exc
+
+
+def _analyse(template: BoundTemplate) -> TemplateAnalysis:
+    """python-liquid's static analysis; partials are never loaded (there are none)."""
+    try:
+        return template.analyze(include_partials=False)
+    except Exception as exc:
+        raise TemplateRenderError(f"the template cannot be analysed: {exc}") from exc
+
+
+def _render(env: _SandboxEnvironment, source: str, data: Mapping[str, object]) -> str:
+    template = _parse(env, source)
+    budget = _Budget(env.limits)
+    context = _SandboxContext(template, globals=template.make_globals(data), budget=budget)
+    buffer = _Buffer(env.limits.output_max_chars, budget)
+    try:
+        template.render_with_context(context, buffer)
+    except Exception as exc:
+        # Any failure inside the engine is this template's failure: the caller marks the
+        # record TEMPLATE_NOT_RESOLVABLE instead of the worker crashing on tenant input.
+        raise _to_render_error(exc, source, env.limits) from exc
+    return buffer.getvalue()
+
+
+def _to_render_error(exc: Exception, source: str, limits: TemplateLimits) -> TemplateRenderError:
+    if isinstance(exc, TemplateRenderError):
+        return exc
+    if not isinstance(exc, LiquidError):
+        return TemplateRenderError(f"the template failed: {type(exc).__name__}: {exc}")
+    line = column = None
+    token = exc.token
+    if token is not None and token.start_index >= 0 and token.source == source:
+        line, column = _line_col(source, token.start_index)
+    return TemplateRenderError(_friendly_message(exc, limits), line=line, column=column)
+
+
+def _friendly_message(exc: LiquidError, limits: TemplateLimits) -> str:
+    """Say which limit a tenant admin hit, in words, rather than the engine's class name."""
+    match exc:
+        case LoopIterationLimitError():
+            return f"loops run too many times (limit {limits.loop_iterations} per loop nest)"
+        case OutputStreamLimitError():
+            return f"the output is too long (limit {limits.output_max_chars} characters)"
+        case LocalNamespaceLimitError():
+            return "assigned variables are too large"
+        case BlockNestingError():
+            return f"blocks are nested too deeply (limit {Environment.block_nesting_limit})"
+        case ContextDepthError():
+            return f"the template nests too deeply (limit {limits.context_depth})"
+        case _:
+            return str(exc.message)
+
+
+def _line_col(source: str, index: int) -> tuple[int, int]:
+    """1-based line and column of a character index."""
+    line_start = source.rfind("\n", 0, index) + 1
+    return source.count("\n", 0, index) + 1, index - line_start + 1
+
+
+# --- The sandbox ----------------------------------------------------------------------------
+
+
+class _LimitError(ResourceLimitError):
+    """One of our own budgets ran out (python-liquid's are reported by its own classes)."""
+
+    def __init__(self, message: str, token: Token | None = None) -> None:
+        super().__init__(message, token=token)
+
+
+class _Budget:
+    """Per-render counters shared by the render context and every buffer it writes to."""
+
+    __slots__ = ("deadline", "iterations", "limits", "work")
+
+    def __init__(self, limits: TemplateLimits) -> None:
+        self.limits = limits
+        self.deadline = time.monotonic() + limits.render_timeout_s
+        self.iterations = 0
+        self.work = 0
+
+    def tick(self, token: Token | None = None) -> None:
+        if time.monotonic() > self.deadline:
+            raise _LimitError(
+                f"the template took too long to render (limit {self.limits.render_timeout_s} s)",
+                token,
+            )
+
+    def add_iterations(self, count: int, token: Token | None = None) -> None:
+        self.iterations += count
+        if self.iterations > self.limits.total_iterations:
+            raise _LimitError(
+                f"loops run too many times in total (limit {self.limits.total_iterations})",
+                token,
+            )
+        self.tick(token)
+
+    def add_work(self, chars: int, token: Token | None = None) -> None:
+        self.work += chars
+        if self.work > self.limits.work_max_chars:
+            raise _LimitError(
+                "the template builds too much text "
+                f"(limit {self.limits.work_max_chars} characters in total)",
+                token,
+            )
+        self.tick(token)
+
+
+class _Buffer(LimitedStringIO):
+    """An output buffer that counts characters (not UTF-8 bytes) and charges the budget."""
+
+    def __init__(self, limit: int, budget: _Budget) -> None:
+        super().__init__(limit=limit)
+        self._budget = budget
+
+    def write(self, s: str, /) -> int:
+        if s:
+            self.size += len(s)
+            if self.size > self.limit:
+                raise OutputStreamLimitError("output stream limit reached", token=None)
+            self._budget.add_work(len(s))
+        return StringIO.write(self, s)
+
+
+class _SandboxContext(RenderContext):
+    """A render context that enforces our budgets at every hook python-liquid offers."""
+
+    __slots__ = ("_budget",)
+    _budget: _Budget
+
+    def __init__(
+        self,
+        template: BoundTemplate,
+        *,
+        globals: Mapping[str, object] | None = None,
+        disabled_tags: list[str] | None = None,
+        copy_depth: int = 0,
+        parent_context: RenderContext | None = None,
+        loop_iteration_carry: int = 1,
+        local_namespace_size_carry: int = 0,
+        budget: _Budget | None = None,
+    ) -> None:
+        super().__init__(
+            template,
+            globals=globals,
+            disabled_tags=disabled_tags,
+            copy_depth=copy_depth,
+            parent_context=parent_context,
+            loop_iteration_carry=loop_iteration_carry,
+            local_namespace_size_carry=local_namespace_size_carry,
+        )
+        # A copied context (python-liquid copies for some tags) shares its parent's budget.
+        if budget is None and isinstance(parent_context, _SandboxContext):
+            budget = parent_context._budget
+        if budget is None:
+            raise TypeError("a sandboxed render context needs a budget")
+        self._budget = budget
+
+    def get(
+        self, path: list[object], *, token: Token | None, default: object = UNDEFINED
+    ) -> object:
+        self._budget.tick(token)
+        return super().get(path, token=token, default=default)
+
+    def assign(self, key: str, val: Any) -> None:
+        self._budget.tick()
+        super().assign(key, val)
+
+    @contextmanager
+    def loop(
+        self, namespace: Mapping[str, object], forloop: ForLoop | TableRow
+    ) -> Iterator[RenderContext]:
+        self._budget.add_iterations(forloop.length)
+        with super().loop(namespace, forloop) as context:
+            yield context
+
+    def stopindex(self, key: str, index: int | None = None) -> int:
+        # Called with the loop's stop position before `reversed` copies the iterable or
+        # `offset:` skips through it, which is the only moment to refuse a huge range.
+        if index is not None and index > self._budget.limits.list_max_items:
+            raise _LimitError(
+                "a loop reaches too far into its collection "
+                f"(limit {self._budget.limits.list_max_items} items)"
+            )
+        return super().stopindex(key, index)
+
+    def get_buffer(self, buf: TextIO | None = None) -> StringIO:
+        self._budget.tick()
+        carry = buf.size if isinstance(buf, LimitedStringIO) else 0
+        return _Buffer(self._budget.limits.output_max_chars - carry, self._budget)
+
+    def filter(self, name: str, token: Token | None) -> Callable[..., object]:
+        func = super().filter(name, token)
+        budget = self._budget
+        precheck = _FILTER_PRECHECKS.get(name)
+
+        def guarded(left: object, *args: object, **kwargs: object) -> object:
+            budget.tick(token)
+            for value in (left, *args):
+                if isinstance(value, range) and len(value) > budget.limits.list_max_items:
+                    raise _LimitError(f"{name}: the range is too long", token)
+            if precheck is not None:
+                precheck(budget.limits, name, left, args, token)
+            result = func(left, *args, **kwargs)
+            _check_filter_result(budget, name, result, token)
+            return result
+
+        return guarded
+
+
+def _check_filter_result(budget: _Budget, name: str, result: object, token: Token | None) -> None:
+    limits = budget.limits
+    if isinstance(result, str):
+        if len(result) > limits.output_max_chars:
+            raise _LimitError(f"{name}: the result is too long", token)
+        budget.add_work(len(result), token)
+    elif isinstance(result, list | tuple):
+        if len(result) > limits.list_max_items:
+            raise _LimitError(f"{name}: the result has too many items", token)
+        budget.add_work(len(result), token)
+    elif isinstance(result, int) and result.bit_length() > limits.int_max_bits:
+        raise _LimitError(f"{name}: the number is too large", token)
+
+
+# Filters whose result can dwarf their inputs are estimated before they run.
+
+
+def _precheck_replace(
+    limits: TemplateLimits, name: str, left: object, args: Sequence[object], token: Token | None
+) -> None:
+    if not args:
+        return
+    text = "" if left is None else str(left)
+    old = str(args[0])
+    new = str(args[1]) if len(args) > 1 else ""
+    growth = len(new) - len(old)
+    if growth > 0 and len(text) + text.count(old) * growth > limits.output_max_chars:
+        raise _LimitError(f"{name}: the result would be too long", token)
+
+
+def _precheck_join(
+    limits: TemplateLimits, name: str, left: object, args: Sequence[object], token: Token | None
+) -> None:
+    if not isinstance(left, list | tuple):
+        return
+    separator = len(str(args[0])) if args else 1
+    total = 0
+    for item in left:
+        total += (len(item) if isinstance(item, str) else len(str(item))) + separator
+        if total > limits.output_max_chars:
+            raise _LimitError(f"{name}: the result would be too long", token)
+
+
+# python-liquid's uniq compares every item with every earlier one (it supports unhashable
+# items); tens of thousands of distinct items take seconds, so the quadratic path is capped.
+_UNIQ_QUADRATIC_MAX = 2_000
+
+
+def _precheck_uniq(
+    limits: TemplateLimits, name: str, left: object, args: Sequence[object], token: Token | None
+) -> None:
+    if isinstance(left, list | tuple) and len(left) > _UNIQ_QUADRATIC_MAX:
+        raise _LimitError(f"{name}: too many items (limit {_UNIQ_QUADRATIC_MAX})", token)
+
+
+_Precheck = Callable[[TemplateLimits, str, object, Sequence[object], "Token | None"], None]
+_FILTER_PRECHECKS: dict[str, _Precheck] = {
+    "replace": _precheck_replace,
+    "join": _precheck_join,
+    "uniq": _precheck_uniq,
+}
+
+
+def _fast_uniq(original: Callable[..., object]) -> Callable[..., object]:
+    """uniq in linear time for lists of plain values, which is what templates have."""
+
+    def uniq(sequence: object, key: object = None) -> object:
+        if (
+            key is None
+            and isinstance(sequence, list)
+            and all(item is None or isinstance(item, str | int | float) for item in sequence)
+        ):
+            return list(dict.fromkeys(sequence))  # keeps first occurrences, like the original
+        return original(sequence, key)
+
+    return uniq
+
+
+class _SandboxEnvironment(Environment):
+    """A Liquid environment that reads no files and carries its TemplateLimits."""
+
+    def __init__(self, *, html: bool, limits: TemplateLimits) -> None:
+        # An empty dict loader: nothing can be loaded, whatever a template asks for.
+        super().__init__(autoescape=html, loader=DictLoader({}))
+        self.limits = limits
+        # Removed so that a template naming another one fails when saved, not when sent.
+        for tag in ("include", "render"):
+            self.tags.pop(tag, None)
+        self.add_filter("uniq", _fast_uniq(self.filters["uniq"]))
+
+
+@functools.lru_cache(maxsize=16)
+def _environment(html: bool, limits: TemplateLimits) -> _SandboxEnvironment:
+    """One environment per (HTML or text, limits): python-liquid's limits are class attributes."""
+
+    class _Limited(_SandboxEnvironment):
+        loop_iteration_limit = limits.loop_iterations
+        output_stream_limit = limits.output_max_chars
+        local_namespace_limit = limits.namespace_max_bytes
+        context_depth_limit = limits.context_depth
+
+    return _Limited(html=html, limits=limits)
+
+
+# --- HTML to text ---------------------------------------------------------------------------
+
+_SKIPPED = frozenset({"script", "style", "head", "title", "template"})
+_PARAGRAPHS = frozenset(
+    {"p", "h1", "h2", "h3", "h4", "h5", "h6", "blockquote", "pre", "table", "ul", "ol", "hr"}
+)
+_LINES = frozenset(
+    {
+        "address", "article", "aside", "dd", "div", "dl", "dt", "fieldset", "figcaption",
+        "figure", "footer", "form", "header", "li", "main", "nav", "section", "tr",
+    }
+)  # fmt: skip
+_WHITESPACE = re.compile(r"\s+")
+
+
+class _TextExtractor(HTMLParser):
+    """Collects the visible text of an HTML document, with line breaks where blocks end."""
+
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.parts: list[str] = []
+        self._skip_depth = 0
+        self._links: list[tuple[str | None, int]] = []  # (href, index of the first part)
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag == "body":
+            self._skip_depth = 0  # a <head> whose end tag was left out must not hide the body
+        if tag in _SKIPPED:
+            self._skip_depth += 1
+        if self._skip_depth:
+            return
+        if tag == "br":
+            self.parts.append("\n")
+        elif tag in _PARAGRAPHS:
+            self.parts.append("\n\n")
+        elif tag in _LINES:
+            self.parts.append("\n")
+        elif tag in ("td", "th"):
+            self.parts.append(" ")
+        if tag == "li":
+            self.parts.append("- ")
+        elif tag == "a":
+            self._links.append((dict(attrs).get("href"), len(self.parts)))
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag in _SKIPPED:
+            self._skip_depth = max(self._skip_depth - 1, 0)
+            return
+        if self._skip_depth:
+            return
+        if tag == "a" and self._links:
+            href, start = self._links.pop()
+            self._end_link(href, start)
+        elif tag in _PARAGRAPHS:
+            self.parts.append("\n\n")
+        elif tag in _LINES:
+            self.parts.append("\n")
+
+    def handle_data(self, data: str) -> None:
+        if not self._skip_depth:
+            self.parts.append(_WHITESPACE.sub(" ", data))
+
+    def _end_link(self, href: str | None, start: int) -> None:
+        url = (href or "").strip()
+        if not url or url.startswith("#") or url.lower().startswith("javascript:"):
+            return
+        label = " ".join("".join(self.parts[start:]).split())
+        shown = url.removeprefix("mailto:") if url.lower().startswith("mailto:") else url
+        if not label:
+            self.parts.append(shown)
+        elif label != shown:
+            self.parts.append(f" ({shown})")
+
+
+def html_to_text(html: str) -> str:
+    """A plain-text alternative of an HTML body: visible text, links as "text (url)"."""
+    parser = _TextExtractor()
+    parser.feed(html)
+    parser.close()
+    lines = [" ".join(line.split()) for line in "".join(parser.parts).split("\n")]
+    out: list[str] = []
+    for line in lines:
+        if line or (out and out[-1]):  # at most one blank line between paragraphs
+            out.append(line)
+    return "\n".join(out).strip()

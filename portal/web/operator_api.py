@@ -1,0 +1,95 @@
+"""The seed's operator endpoints, kept at their paths: manual retry and quota usage.
+
+Authorised by a tenant API key (own records only). The portal's pages call the same domain
+functions with a signed-in user's permissions.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flask import Blueprint, Response, current_app, g, jsonify, request
+
+from portal.extensions import csrf, db
+from portal.messaging import quota
+from portal.messaging.retry import MAX_BULK, Model, retry_records
+from portal.models import MailSendRecord, SmsSendRecord
+from portal.tenancy import PLATFORM_TENANT_ID
+from portal.web.api import _BadRequest, _json_body, api_key_required, error_response
+
+bp = Blueprint("operator_api", __name__)
+csrf.exempt(bp)  # API-key authenticated; no cookie credential to forge
+
+MODELS: dict[str, Model] = {"MailSendRecord": MailSendRecord, "SmsSendRecord": SmsSendRecord}
+
+
+@bp.errorhandler(_BadRequest)
+def _bad_request(exc: _BadRequest) -> Response:
+    return error_response(exc.status, exc.code, exc.message, exc.field)
+
+
+def _id_arg() -> int:
+    raw = request.args.get("id", "")
+    if not raw.isdigit() or len(raw) > 18:
+        raise _BadRequest("invalid", "id must be a positive whole number", 422, "id")
+    return int(raw)
+
+
+@bp.post("/<any(MailSendRecord, SmsSendRecord):kind>/retry")
+@api_key_required
+def retry(kind: str) -> Response:
+    """Requeue one record: Pending, Retry, Failed, DeadLetter -> Retry due now."""
+    record_id = _id_arg()
+    report = retry_records(db.session, MODELS[kind], [record_id], g.tenant_id)
+    db.session.commit()
+    if report.requeued:
+        return jsonify({"id": record_id, "status": "Retry", "requeued": 1})
+    reason = report.skipped[record_id]
+    if reason == "no such record":
+        return error_response(404, "not_found", "no such record", "id")
+    return error_response(409, "not_retryable", f"record {record_id} cannot be retried: {reason}", "id")
+
+
+@bp.post("/<any(MailSendRecord, SmsSendRecord):kind>/retryByIds")
+@api_key_required
+def retry_by_ids(kind: str) -> Response:
+    """Requeue many records; those that cannot be retried are skipped, each with its reason."""
+    body: Any = _json_body()
+    ids = body.get("ids") if isinstance(body, dict) else None
+    if not isinstance(ids, list) or not all(
+        isinstance(i, int) and not isinstance(i, bool) and 0 < i < 2**63 for i in ids
+    ):
+        raise _BadRequest("invalid", "ids must be a list of positive whole numbers", 422, "ids")
+    if len(ids) > MAX_BULK:
+        raise _BadRequest("too_large", f"at most {MAX_BULK} ids at once", 422, "ids")
+    report = retry_records(db.session, MODELS[kind], ids, g.tenant_id)
+    db.session.commit()
+    return jsonify(
+        {
+            "requeued": len(report.requeued),
+            "requeuedIds": report.requeued,
+            "skipped": [{"id": i, "reason": r} for i, r in report.skipped.items()],
+        }
+    )
+
+
+@bp.get("/TenantMessageQuota/usage")
+@api_key_required
+def quota_usage() -> Response:
+    """This month's usage of a bucket and the ceilings in force (a tenant reads its own)."""
+    raw = request.args.get("tenantId", str(g.tenant_id))
+    try:
+        tenant_id = int(raw)
+    except ValueError:
+        return error_response(422, "invalid", "tenantId must be a whole number", "tenantId")
+    if tenant_id != g.tenant_id and g.tenant_id != PLATFORM_TENANT_ID:
+        return error_response(404, "not_found", "no such quota bucket", "tenantId")
+    result = quota.usage(db.session, tenant_id, current_app.config["SETTINGS"])
+    return jsonify(
+        {
+            "tenantId": result.tenant_id,
+            "month": result.month,
+            "mail": {"used": result.mail_used, "limit": result.mail_limit},
+            "sms": {"used": result.sms_used, "limit": result.sms_limit},
+        }
+    )

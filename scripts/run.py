@@ -1,0 +1,132 @@
+"""Start the whole service on this machine: SMTP sink, portal and worker, on the embedded
+defaults (SQLite and Redis under instance/) unless DATABASE_URL / REDIS_URL say otherwise.
+
+Called by ``make run`` after it has installed the virtualenv; migrates, loads the demo
+configuration into an empty database, prints the URL and the demo logins, and stops every
+child on Ctrl-C (the worker gets SIGTERM and finishes what it is sending).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+
+
+def _run(args: list[str], env: dict[str, str]) -> None:
+    subprocess.run(args, cwd=ROOT, env=env, check=True)
+
+
+def _wait_http(url: str, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(url, timeout=1) as response:
+                if response.status == 200:
+                    return True
+        except OSError:
+            time.sleep(0.2)
+    return False
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--port", type=int, default=int(os.environ.get("PORT", "5000")))
+    parser.add_argument("--smtp-port", type=int, default=2525)
+    parser.add_argument("--instance", type=Path, default=None, help="instance folder")
+    args = parser.parse_args(argv)
+
+    env = dict(os.environ)
+    if args.instance is not None:
+        env["INSTANCE_PATH"] = str(args.instance.resolve())
+    instance = Path(env.get("INSTANCE_PATH", ROOT / "instance"))
+    instance.mkdir(parents=True, exist_ok=True)
+    env["INSTANCE_PATH"] = str(instance)
+    env.setdefault("FLASK_APP", "app")
+    flask = [str(BIN / "flask"), "--app", "app"]
+
+    redis_holder: Any = None
+    if not env.get("REDIS_URL"):
+        # One embedded Redis for every process of the service, held open by this launcher.
+        sys.path.insert(0, str(ROOT))
+        os.environ["INSTANCE_PATH"] = str(instance)
+        from portal.redis_store import connect
+
+        redis_holder = connect(None)
+        env["REDIS_URL"] = f"unix://{redis_holder.socket_file}"
+
+    print("postroom: migrating the database", flush=True)
+    _run([*flask, "db", "upgrade"], env)
+    _run([*flask, "seed-demo", "--if-empty"], env)
+
+    children: list[subprocess.Popen[bytes]] = []
+
+    def start(name: str, command: list[str]) -> None:
+        print(f"postroom: starting {name}", flush=True)
+        children.append(subprocess.Popen(command, cwd=ROOT, env=env))
+
+    start(
+        "SMTP sink",
+        [sys.executable, "scripts/smtp_sink.py", "--port", str(args.smtp_port),
+         "--dir", str(instance / "mail-sink")],
+    )
+    start(
+        "portal",
+        [str(BIN / "gunicorn"), "--workers", "2", "--threads", "4",
+         "--bind", f"127.0.0.1:{args.port}", "--access-logfile", "-", "app:app"],
+    )
+    start("worker", [sys.executable, "worker.py"])
+
+    url = f"http://127.0.0.1:{args.port}"
+    if _wait_http(f"{url}/health", 30):
+        demo = json.loads((ROOT / "demo" / "demo-config.json").read_text())
+        print(f"\npostroom is running at {url}\n\nDemo logins:", flush=True)
+        for user in demo["users"]:
+            print(f"  {user['role']:<18} {user['email']:<26} {user['password']}")
+        for key in demo["apiKeys"]:
+            print(f"  API key ({key['tenant']}): {key['token']}")
+        print(
+            f"\nSend a mail:\n  curl -s {url}/api/v1/mail -H 'Authorization: Bearer "
+            f"{demo['apiKeys'][0]['token']}' -H 'Content-Type: application/json' \\\n"
+            "    -d '{\"to\": [\"you@example.com\"], \"templateCode\": \"welcome\", "
+            "\"variables\": {\"name\": \"Ann\"}}'\n"
+            f"Mail lands in {instance / 'mail-sink'}. Ctrl-C stops everything.\n",
+            flush=True,
+        )
+    else:
+        print("postroom: the portal did not answer within 30 s; see the output above", flush=True)
+
+    stopping = False
+
+    def stop(*_: Any) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGINT, stop)
+    signal.signal(signal.SIGTERM, stop)
+    while not stopping and all(child.poll() is None for child in children):
+        time.sleep(0.2)
+    for child in children:
+        if child.poll() is None:
+            child.send_signal(signal.SIGTERM)
+    for child in children:
+        try:
+            child.wait(timeout=40)
+        except subprocess.TimeoutExpired:
+            child.kill()
+    del redis_holder
+    return 0 if stopping else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,108 @@
+"""Helpers for delivery tests: a mail setup on a scripted SMTP server, and a synchronous
+drain that claims and processes due records in the test thread (the same code the worker
+threads run), so tests need no sleeping beyond the short settings' due times."""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable
+from typing import Any
+
+from flask import Flask
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from portal.config import Settings
+from portal.extensions import db
+from portal.messaging import acceptance
+from portal.messaging.backoff import BackoffPolicy
+from portal.messaging.pipeline import MailContext, process_mail
+from portal.messaging.scan import claim_next
+from portal.models import MailSendRecord, MailSendServerConfig, SendStatus, Tenant
+from portal.tenancy import tenant_context
+from tests.support.smtp_server import ScriptedSmtpServer
+
+
+def mail_server(
+    tenant_id: int, smtp: ScriptedSmtpServer, name: str = "smtp", **fields: Any
+) -> MailSendServerConfig:
+    values: dict[str, Any] = {
+        "tenant_id": tenant_id,
+        "name": name,
+        "host": smtp.host,
+        "port": smtp.port,
+        "security": "plain",
+        "from_address": f"sender@{name}.test",
+        "from_name": "Sender",
+        "is_default": True,
+    } | fields
+    server = MailSendServerConfig(**values)
+    db.session.add(server)
+    db.session.flush()
+    return server
+
+
+def tenant(slug: str) -> Tenant:
+    row = Tenant(slug=slug, name=slug.title())
+    db.session.add(row)
+    db.session.flush()
+    return row
+
+
+def accept_mail(app: Flask, tenant_id: int | None, **body: Any) -> int:
+    request = {"to": ["ann@example.com"], "subject": "Hello", "text": "Hi Ann"} | body
+    with tenant_context(tenant_id):
+        result = acceptance.send_mail(db.session, request, settings=app.config["SETTINGS"])
+    db.session.commit()
+    return result.id
+
+
+def drain(
+    app: Flask,
+    *,
+    until: Callable[[], bool] | None = None,
+    timeout_s: float = 10.0,
+    policy: BackoffPolicy | None = None,
+) -> int:
+    """Claim and process due mail in this thread until nothing is due (or ``until`` holds)."""
+    settings: Settings = app.config["SETTINGS"]
+    ctx = MailContext(
+        engine=db.engine,
+        settings=settings,
+        policy=policy or BackoffPolicy.from_settings(settings),
+    )
+    rng = random.Random(1)
+    processed = 0
+    deadline = time.monotonic() + timeout_s
+    try:
+        while time.monotonic() < deadline:
+            with Session(db.engine, expire_on_commit=False) as session, session.begin():
+                claimed = claim_next(session, MailSendRecord, scan_size=4, k=1, rng=rng)
+            if claimed:
+                process_mail(ctx, claimed[0])
+                processed += 1
+                continue
+            if until is None:
+                if not _waiting_retry():
+                    return processed
+            elif until():
+                return processed
+            time.sleep(0.02)
+    finally:
+        ctx.pool.close_all()
+    raise AssertionError(f"drain timed out after {timeout_s}s ({processed} processed)")
+
+
+def _waiting_retry() -> bool:
+    with Session(db.engine) as session:
+        return session.scalar(
+            select(MailSendRecord.id).where(MailSendRecord.status == SendStatus.RETRY.value).limit(1)
+        ) is not None
+
+
+def record(record_id: int) -> MailSendRecord:
+    db.session.expire_all()
+    row = db.session.get(MailSendRecord, record_id)
+    assert row is not None
+    return row
