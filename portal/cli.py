@@ -41,7 +41,7 @@ def _load(path: Path) -> object:
 def _import(path: Path) -> str:
     data = _load(path)
     try:
-        report = import_config(db.session, data)
+        report = import_config(db.session(), data)
         db.session.commit()
     except ConfigImportError as exc:
         db.session.rollback()

@@ -85,7 +85,7 @@ class _Entry:
     def fail(self, message: str) -> ConfigImportError:
         return ConfigImportError(f"{self.where}: {message}")
 
-    def str(self, name: str, *, required: bool = False, max_len: int = 500) -> str | None:
+    def text(self, name: str, *, required: bool = False, max_len: int = 500) -> str | None:
         value = self.data.get(name)
         if value is None:
             if required:
@@ -98,11 +98,11 @@ class _Entry:
         return value
 
     def req(self, name: str, max_len: int = 500) -> str:
-        value = self.str(name, required=True, max_len=max_len)
+        value = self.text(name, required=True, max_len=max_len)
         assert value is not None
         return value
 
-    def int(self, name: str, *, lo: int = 0, hi: int = 2**31 - 1) -> int | None:
+    def number(self, name: str, *, lo: int = 0, hi: int = 2**31 - 1) -> int | None:
         value = self.data.get(name)
         if value is None:
             return None
@@ -110,7 +110,7 @@ class _Entry:
             raise self.fail(f"{name} must be a whole number from {lo} to {hi}")
         return value
 
-    def bool(self, name: str, default: bool) -> bool:
+    def flag(self, name: str, default: bool) -> bool:
         value = self.data.get(name, default)
         if not isinstance(value, bool):
             raise self.fail(f"{name} must be true or false")
@@ -124,7 +124,7 @@ class _Entry:
         return value
 
     def email(self, name: str, *, required: bool = False) -> str | None:
-        value = self.str(name, required=required, max_len=320)
+        value = self.text(name, required=required, max_len=320)
         if value is None:
             return None
         try:
@@ -158,23 +158,61 @@ _ALLOWED: dict[str, set[str]] = {
     "users": {"email", "name", "password", "role", "tenant", "active"},
     "apiKeys": {"tenant", "name", "token"},
     "mailServers": {
-        "tenant", "name", "host", "port", "security", "verifyTls", "username", "password",
-        "fromAddress", "fromName", "replyTo", "readReceipt", "isDefault", "enabled",
-        "dailySendLimit", "rateLimitPerMinute", "uncertainPolicy",
+        "tenant",
+        "name",
+        "host",
+        "port",
+        "security",
+        "verifyTls",
+        "username",
+        "password",
+        "fromAddress",
+        "fromName",
+        "replyTo",
+        "readReceipt",
+        "isDefault",
+        "enabled",
+        "dailySendLimit",
+        "rateLimitPerMinute",
+        "uncertainPolicy",
     },
     "smsProviders": {
-        "tenant", "name", "provider", "baseUrl", "accountId", "secret", "webhookSecret",
-        "senderId", "isDefault", "enabled", "dailySendLimit", "rateLimitPerMinute",
-        "retryWindowS", "uncertainPolicy",
+        "tenant",
+        "name",
+        "provider",
+        "baseUrl",
+        "accountId",
+        "secret",
+        "webhookSecret",
+        "senderId",
+        "isDefault",
+        "enabled",
+        "dailySendLimit",
+        "rateLimitPerMinute",
+        "retryWindowS",
+        "uncertainPolicy",
     },
     "smsRoutes": {"tenant", "provider", "country", "priority"},
     "mailTemplates": {
-        "tenant", "code", "name", "subject", "html", "text", "enabled", "priority", "replyTo",
+        "tenant",
+        "code",
+        "name",
+        "subject",
+        "html",
+        "text",
+        "enabled",
+        "priority",
+        "replyTo",
         "preferredServer",
     },
     "smsTemplates": {"tenant", "code", "name", "content", "enabled"},
     "smsBindings": {
-        "tenant", "template", "provider", "country", "externalTemplateId", "signature",
+        "tenant",
+        "template",
+        "provider",
+        "country",
+        "externalTemplateId",
+        "signature",
     },
     "quotas": {"tenant", "mailMonthlyLimit", "smsMonthlyLimit"},
 }
@@ -224,7 +262,7 @@ class _Importer:
             raise e.fail("slug must be lower-case letters, digits and dashes, not 'platform'")
         row = self._upsert(Tenant, "tenants", slug=slug)
         row.name = e.req("name", 200)
-        row.is_active = e.bool("active", True)
+        row.is_active = e.flag("active", True)
 
     def _users(self, e: _Entry) -> None:
         email = e.email("email", required=True)
@@ -232,7 +270,7 @@ class _Importer:
         tenant_id = self.tenant_id(e)
         if (role == Role.PLATFORM_OPERATOR) != (tenant_id == PLATFORM_TENANT_ID):
             raise e.fail("platform_operator users belong to the platform tier, and only they do")
-        password = e.str("password", max_len=200)
+        password = e.text("password", max_len=200)
         assert email is not None
         row = self.session.scalar(select(AppUser).where(AppUser.email == email))
         if row is None:
@@ -247,14 +285,14 @@ class _Importer:
             self.report.count("users", False)
         row.tenant_id = tenant_id
         row.role = role
-        row.name = e.str("name", max_len=200) or ""
-        row.is_active = e.bool("active", True)
+        row.name = e.text("name", max_len=200) or ""
+        row.is_active = e.flag("active", True)
         if password and (row.password_hash is None or not row.check_password(password)):
             if len(password) < 8:
                 raise e.fail("password must be at least 8 characters")
             row.set_password(password)
 
-    def _apiKeys(self, e: _Entry) -> None:  # noqa: N802 - named after the file's section
+    def _apiKeys(self, e: _Entry) -> None:
         tenant_id = self.tenant_id(e)
         token = e.req("token", 200)
         if len(token) < 24:
@@ -267,52 +305,52 @@ class _Importer:
         row.set_token(token)
         row.revoked_at = None
 
-    def _mailServers(self, e: _Entry) -> None:  # noqa: N802
+    def _mailServers(self, e: _Entry) -> None:
         tenant_id = self.tenant_id(e)
         row = self._upsert(
             MailSendServerConfig, "mailServers", tenant_id=tenant_id, name=e.req("name", 200)
         )
         row.host = e.req("host", 255)
-        row.port = e.int("port", lo=1, hi=65535) or 587
+        row.port = e.number("port", lo=1, hi=65535) or 587
         row.security = e.choice("security", [s.value for s in SmtpSecurity], "starttls")
-        row.verify_tls = e.bool("verifyTls", True)
-        row.username = e.str("username", max_len=320)
+        row.verify_tls = e.flag("verifyTls", True)
+        row.username = e.text("username", max_len=320)
         if "password" in e.data:
-            row.password = e.str("password", max_len=500)
+            row.password = e.text("password", max_len=500)
         row.from_address = e.email("fromAddress")
-        row.from_name = e.str("fromName", max_len=200)
+        row.from_name = e.text("fromName", max_len=200)
         row.reply_to = e.email("replyTo")
-        row.read_receipt = e.bool("readReceipt", False)
-        row.is_default = e.bool("isDefault", False)
-        row.enabled = e.bool("enabled", True)
-        row.daily_send_limit = e.int("dailySendLimit")
-        row.rate_limit_per_minute = e.int("rateLimitPerMinute")
+        row.read_receipt = e.flag("readReceipt", False)
+        row.is_default = e.flag("isDefault", False)
+        row.enabled = e.flag("enabled", True)
+        row.daily_send_limit = e.number("dailySendLimit")
+        row.rate_limit_per_minute = e.number("rateLimitPerMinute")
         row.uncertain_policy = e.choice(
             "uncertainPolicy", [p.value for p in UncertainPolicy], "retry"
         )
         if not row.from_address and not row.username:
             raise e.fail("a mail server needs a fromAddress or a username")
 
-    def _smsProviders(self, e: _Entry) -> None:  # noqa: N802
+    def _smsProviders(self, e: _Entry) -> None:
         tenant_id = self.tenant_id(e)
         row = self._upsert(
             SmsProviderConfig, "smsProviders", tenant_id=tenant_id, name=e.req("name", 200)
         )
         row.provider = e.choice("provider", [k.value for k in SmsProviderKind])
-        row.base_url = e.str("baseUrl", max_len=500)
+        row.base_url = e.text("baseUrl", max_len=500)
         if row.base_url and not row.base_url.startswith(("http://", "https://")):
             raise e.fail("baseUrl must start with http:// or https://")
-        row.account_id = e.str("accountId", max_len=200)
+        row.account_id = e.text("accountId", max_len=200)
         if "secret" in e.data:
-            row.secret = e.str("secret", max_len=500)
+            row.secret = e.text("secret", max_len=500)
         if "webhookSecret" in e.data:
-            row.webhook_secret = e.str("webhookSecret", max_len=500)
-        row.sender_id = e.str("senderId", max_len=64)
-        row.is_default = e.bool("isDefault", False)
-        row.enabled = e.bool("enabled", True)
-        row.daily_send_limit = e.int("dailySendLimit")
-        row.rate_limit_per_minute = e.int("rateLimitPerMinute")
-        window = e.int("retryWindowS", lo=60)
+            row.webhook_secret = e.text("webhookSecret", max_len=500)
+        row.sender_id = e.text("senderId", max_len=64)
+        row.is_default = e.flag("isDefault", False)
+        row.enabled = e.flag("enabled", True)
+        row.daily_send_limit = e.number("dailySendLimit")
+        row.rate_limit_per_minute = e.number("rateLimitPerMinute")
+        window = e.number("retryWindowS", lo=60)
         row.retry_window_s = float(window) if window is not None else None
         row.uncertain_policy = e.choice(
             "uncertainPolicy", [p.value for p in UncertainPolicy], "retry"
@@ -320,11 +358,14 @@ class _Importer:
 
     def _provider(self, e: _Entry, tenant_id: int) -> SmsProviderConfig:
         return self._one(
-            SmsProviderConfig, e, f"provider {e.data.get('provider')!r}",
-            tenant_id=tenant_id, name=e.req("provider", 200),
+            SmsProviderConfig,
+            e,
+            f"provider {e.data.get('provider')!r}",
+            tenant_id=tenant_id,
+            name=e.req("provider", 200),
         )
 
-    def _smsRoutes(self, e: _Entry) -> None:  # noqa: N802
+    def _smsRoutes(self, e: _Entry) -> None:
         tenant_id = self.tenant_id(e)
         provider = self._provider(e, tenant_id)
         country = _country(e, "country", required=True)
@@ -332,73 +373,87 @@ class _Importer:
             SmsProviderRegion, "smsRoutes", provider_id=provider.id, country_code=country
         )
         row.tenant_id = tenant_id
-        row.priority = e.int("priority") or 100
+        row.priority = e.number("priority") or 100
 
-    def _mailTemplates(self, e: _Entry) -> None:  # noqa: N802
+    def _mailTemplates(self, e: _Entry) -> None:
         from portal.messaging.templating import TemplateRenderError, compile_check
 
         tenant_id = self.tenant_id(e)
-        row = self._upsert(MailTemplate, "mailTemplates", tenant_id=tenant_id,
-                           code=e.req("code", 100))
-        row.name = e.str("name", max_len=200) or row.code
-        row.subject = e.str("subject", max_len=998) or ""
-        row.html_body = e.str("html", max_len=1_000_000)
-        row.text_body = e.str("text", max_len=1_000_000)
-        for name, source, html in (("subject", row.subject, False),
-                                   ("html", row.html_body, True),
-                                   ("text", row.text_body, False)):
+        row = self._upsert(
+            MailTemplate, "mailTemplates", tenant_id=tenant_id, code=e.req("code", 100)
+        )
+        row.name = e.text("name", max_len=200) or row.code
+        row.subject = e.text("subject", max_len=998) or ""
+        row.html_body = e.text("html", max_len=1_000_000)
+        row.text_body = e.text("text", max_len=1_000_000)
+        for name, source, html in (
+            ("subject", row.subject, False),
+            ("html", row.html_body, True),
+            ("text", row.text_body, False),
+        ):
             if source:
                 try:
                     compile_check(source, html=html)
                 except TemplateRenderError as exc:
                     raise e.fail(f"{name} does not compile: {exc}") from None
-        row.enabled = e.bool("enabled", True)
-        row.priority = e.int("priority", lo=1, hi=5)
+        row.enabled = e.flag("enabled", True)
+        row.priority = e.number("priority", lo=1, hi=5)
         row.reply_to = e.email("replyTo")
-        server = e.str("preferredServer", max_len=200)
+        server = e.text("preferredServer", max_len=200)
         row.preferred_server_id = (
-            self._one(MailSendServerConfig, e, f"server {server!r}",
-                      tenant_id=tenant_id, name=server).id
-            if server else None
+            self._one(
+                MailSendServerConfig, e, f"server {server!r}", tenant_id=tenant_id, name=server
+            ).id
+            if server
+            else None
         )
 
-    def _smsTemplates(self, e: _Entry) -> None:  # noqa: N802
+    def _smsTemplates(self, e: _Entry) -> None:
         from portal.messaging.templating import TemplateRenderError, compile_check
 
         tenant_id = self.tenant_id(e)
-        row = self._upsert(SmsTemplate, "smsTemplates", tenant_id=tenant_id,
-                           code=e.req("code", 100))
-        row.name = e.str("name", max_len=200) or row.code
+        row = self._upsert(
+            SmsTemplate, "smsTemplates", tenant_id=tenant_id, code=e.req("code", 100)
+        )
+        row.name = e.text("name", max_len=200) or row.code
         row.content = e.req("content", 1600)
         try:
             compile_check(row.content, html=False)
         except TemplateRenderError as exc:
             raise e.fail(f"content does not compile: {exc}") from None
-        row.enabled = e.bool("enabled", True)
+        row.enabled = e.flag("enabled", True)
 
-    def _smsBindings(self, e: _Entry) -> None:  # noqa: N802
+    def _smsBindings(self, e: _Entry) -> None:
         tenant_id = self.tenant_id(e)
-        template = self._one(SmsTemplate, e, f"SMS template {e.data.get('template')!r}",
-                             tenant_id=tenant_id, code=e.req("template", 100))
+        template = self._one(
+            SmsTemplate,
+            e,
+            f"SMS template {e.data.get('template')!r}",
+            tenant_id=tenant_id,
+            code=e.req("template", 100),
+        )
         provider = self._provider(e, tenant_id)
         row = self._upsert(
-            SmsTemplateProviderBinding, "smsBindings", template_id=template.id,
-            provider_id=provider.id, country_code=_country(e, "country", required=False),
+            SmsTemplateProviderBinding,
+            "smsBindings",
+            template_id=template.id,
+            provider_id=provider.id,
+            country_code=_country(e, "country", required=False),
         )
         row.tenant_id = tenant_id
-        row.external_template_id = e.str("externalTemplateId", max_len=200)
-        row.signature = e.str("signature", max_len=200)
+        row.external_template_id = e.text("externalTemplateId", max_len=200)
+        row.signature = e.text("signature", max_len=200)
 
     def _quotas(self, e: _Entry) -> None:
         tenant_id = self.tenant_id(e)
         row = self._upsert(TenantMessageQuota, "quotas", tenant_id=tenant_id)
-        row.mail_monthly_limit = e.int("mailMonthlyLimit")
-        row.sms_monthly_limit = e.int("smsMonthlyLimit")
+        row.mail_monthly_limit = e.number("mailMonthlyLimit")
+        row.sms_monthly_limit = e.number("smsMonthlyLimit")
         row.updated_by = "import-config"
 
 
 def _country(e: _Entry, name: str, *, required: bool) -> str | None:
-    value = e.str(name, required=required, max_len=2)
+    value = e.text(name, required=required, max_len=2)
     if value is None:
         return None
     if len(value) != 2 or not value.isalpha() or not value.isupper():

@@ -77,13 +77,29 @@ def main(argv: list[str] | None = None) -> int:
 
     start(
         "SMTP sink",
-        [sys.executable, "scripts/smtp_sink.py", "--port", str(args.smtp_port),
-         "--dir", str(instance / "mail-sink")],
+        [
+            sys.executable,
+            "scripts/smtp_sink.py",
+            "--port",
+            str(args.smtp_port),
+            "--dir",
+            str(instance / "mail-sink"),
+        ],
     )
     start(
         "portal",
-        [str(BIN / "gunicorn"), "--workers", "2", "--threads", "4",
-         "--bind", f"127.0.0.1:{args.port}", "--access-logfile", "-", "app:app"],
+        [
+            str(BIN / "gunicorn"),
+            "--workers",
+            "2",
+            "--threads",
+            "4",
+            "--bind",
+            f"127.0.0.1:{args.port}",
+            "--access-logfile",
+            "-",
+            "app:app",
+        ],
     )
     start("worker", [sys.executable, "worker.py"])
 
@@ -98,8 +114,8 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"\nSend a mail:\n  curl -s {url}/api/v1/mail -H 'Authorization: Bearer "
             f"{demo['apiKeys'][0]['token']}' -H 'Content-Type: application/json' \\\n"
-            "    -d '{\"to\": [\"you@example.com\"], \"templateCode\": \"welcome\", "
-            "\"variables\": {\"name\": \"Ann\"}}'\n"
+            '    -d \'{"to": ["you@example.com"], "templateCode": "welcome", '
+            '"variables": {"name": "Ann"}}\'\n'
             f"Mail lands in {instance / 'mail-sink'}. Ctrl-C stops everything.\n",
             flush=True,
         )

@@ -26,7 +26,7 @@ class SinkHandler:
         self.count = 0
         self.lock = threading.Lock()
 
-    async def handle_DATA(self, server: SMTP, session: Session, envelope: Envelope) -> str:  # noqa: N802 - aiosmtpd's hook name
+    async def handle_DATA(self, server: SMTP, session: Session, envelope: Envelope) -> str:
         raw = envelope.original_content or b""
         message = message_from_bytes(raw)
         message_id = (message.get("Message-ID") or "").strip("<>")
@@ -52,7 +52,9 @@ def main(argv: list[str] | None = None) -> int:
     args.dir.mkdir(parents=True, exist_ok=True)
     controller = Controller(SinkHandler(args.dir), hostname=args.host, port=args.port)
     controller.start()
-    print(f"smtp-sink: listening on {args.host}:{args.port}, keeping mail in {args.dir}", flush=True)
+    print(
+        f"smtp-sink: listening on {args.host}:{args.port}, keeping mail in {args.dir}", flush=True
+    )
     stop = threading.Event()
 
     def _stop(*_: Any) -> None:

@@ -168,7 +168,8 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     if skipped:
         terminalreporter.write_line(
             f"FAILING THE RUN: {len(skipped)} test(s) skipped; a skip hides a missing service "
-            "or an unfinished test", red=True
+            "or an unfinished test",
+            red=True,
         )
 
 

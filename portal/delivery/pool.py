@@ -98,8 +98,10 @@ class ChannelPool:
                 )
         except Exception:
             # The database is away (restart, failover): say so, wait a poll, try again.
-            log.exception("claim failed; retrying after the poll interval",
-                          extra={"channel": self.spec.channel.value})
+            log.exception(
+                "claim failed; retrying after the poll interval",
+                extra={"channel": self.spec.channel.value},
+            )
             self.stop_claiming.wait(self.poll_interval_s)
             return []
         with self._lock:

@@ -51,9 +51,9 @@ class Listener:
                         event.set()
                     while not self.stop.is_set():
                         for note in conn.notifies(timeout=1.0):
-                            event = self.wake.get(note.channel)
-                            if event is not None:
-                                event.set()
+                            woken = self.wake.get(note.channel)
+                            if woken is not None:
+                                woken.set()
             except psycopg.Error as exc:
                 log.warning("LISTEN connection lost (%s); polling meanwhile", exc)
                 self.stop.wait(backoff)

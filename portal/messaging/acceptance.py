@@ -93,9 +93,7 @@ def _reject(field_name: str, message: str, code: str = "invalid") -> AcceptanceE
     return AcceptanceError(code, field_name, message)
 
 
-def _str(
-    data: Mapping[str, Any], name: str, *, max_len: int, required: bool = False
-) -> str | None:
+def _str(data: Mapping[str, Any], name: str, *, max_len: int, required: bool = False) -> str | None:
     value = data.get(name)
     if value is None:
         if required:
@@ -318,9 +316,7 @@ class MailRequest:
     request_hash: str = field(default="")
 
 
-def validate_mail(
-    data: Any, settings: Settings, tenant_id: int | None
-) -> MailRequest:
+def validate_mail(data: Any, settings: Settings, tenant_id: int | None) -> MailRequest:
     """Check a mail request's shape and values (no database access)."""
     if not isinstance(data, Mapping):
         raise _reject("body", "a mail request must be a JSON object")
@@ -360,9 +356,7 @@ def validate_mail(
         if not req.subject:
             raise _reject("subject", "subject is required when no template is given", "required")
         if not req.html and not req.text:
-            raise _reject(
-                "html", "html or text is required when no template is given", "required"
-            )
+            raise _reject("html", "html or text is required when no template is given", "required")
     req.request_hash = _request_hash(
         {k: v for k, v in vars(req).items() if k not in ("request_hash", "expires_at")}
         | {"expires_at": req.expires_at.isoformat() if req.expires_at else None}
@@ -622,7 +616,7 @@ def _check_batch(items: Any) -> list[Any]:
     return items
 
 
-def _unique_keys(requests: Sequence[MailRequest] | Sequence[SmsRequest]) -> None:
+def _unique_keys(requests: Sequence[MailRequest | SmsRequest]) -> None:
     seen: dict[tuple[int, str], int] = {}
     for i, req in enumerate(requests):
         if req.business_key is None:

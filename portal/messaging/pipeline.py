@@ -44,10 +44,15 @@ class MailContext:
     policy: BackoffPolicy
     pool: SmtpConnectionPool = field(default_factory=SmtpConnectionPool)
 
+    def close(self) -> None:
+        """QUIT every open SMTP connection (the worker is stopping)."""
+        self.pool.close_all()
+
 
 def _frozen(record: MailSendRecord) -> PreparedMail:
     """What an earlier attempt prepared; retries replay it as it is."""
-    assert record.server_config_id is not None and record.message_id_header is not None
+    assert record.server_config_id is not None
+    assert record.message_id_header is not None
     return PreparedMail(
         subject=record.rendered_subject or "",
         html=record.rendered_html,
@@ -76,7 +81,9 @@ def _server(config: MailSendServerConfig, settings: Settings) -> SmtpServer:
     )
 
 
-def _outgoing(record: MailSendRecord, prepared: PreparedMail, config: MailSendServerConfig) -> OutgoingMail:
+def _outgoing(
+    record: MailSendRecord, prepared: PreparedMail, config: MailSendServerConfig
+) -> OutgoingMail:
     from_addr = config.from_address or config.username or ""
     return OutgoingMail(
         message_id=prepared.message_id,
@@ -90,8 +97,11 @@ def _outgoing(record: MailSendRecord, prepared: PreparedMail, config: MailSendSe
         html=prepared.html,
         text=prepared.text,
         attachments=[
-            Attachment(a["name"], a.get("contentType") or "application/octet-stream",
-                       base64.b64decode(a["content"]))
+            Attachment(
+                a["name"],
+                a.get("contentType") or "application/octet-stream",
+                base64.b64decode(a["content"]),
+            )
             for a in prepared.attachments or []
         ],
         priority=prepared.priority,
@@ -150,8 +160,12 @@ def _attempt(ctx: MailContext, record: MailSendRecord, claimed: Claimed) -> None
         )
         return
     claimed = Claimed(
-        channel=claimed.channel, id=claimed.id, version=claimed.version,
-        tenant_id=claimed.tenant_id, retry_count=claimed.retry_count, provider=config.name,
+        channel=claimed.channel,
+        id=claimed.id,
+        version=claimed.version,
+        tenant_id=claimed.tenant_id,
+        retry_count=claimed.retry_count,
+        provider=config.name,
     )
     mail = _outgoing(record, prepared, config)
     started = time.perf_counter()
@@ -160,7 +174,11 @@ def _attempt(ctx: MailContext, record: MailSendRecord, claimed: Claimed) -> None
     except SmtpSendError as error:
         SEND_DURATION.labels("mail").observe(time.perf_counter() - started)
         outcomes.handle_failure(
-            ctx.engine, claimed, error.code, error.message, policy=ctx.policy,
+            ctx.engine,
+            claimed,
+            error.code,
+            error.message,
+            policy=ctx.policy,
             ambiguous=error.after_data,
         )
         return

@@ -36,7 +36,9 @@ class Usage:
 
 def limit_for(session: Session, tenant_id: int, channel: Channel, settings: Settings) -> int | None:
     """The ceiling in force: the tier's quota row, else the setting's default, else none."""
-    row = session.scalar(select(TenantMessageQuota).where(TenantMessageQuota.tenant_id == tenant_id))
+    row = session.scalar(
+        select(TenantMessageQuota).where(TenantMessageQuota.tenant_id == tenant_id)
+    )
     if channel is Channel.MAIL:
         value = row.mail_monthly_limit if row else None
         return value if value is not None else settings.mail_monthly_default
@@ -56,7 +58,9 @@ def _ensure_row(session: Session, tenant_id: int, month: str) -> None:
 def charge(engine: Engine, tenant_id: int, channel: Channel, settings: Settings) -> bool:
     """Count one send against the bucket's month; False when the ceiling is reached."""
     month = current_month()
-    column = TenantMessageUsage.mail_count if channel is Channel.MAIL else TenantMessageUsage.sms_count
+    column = (
+        TenantMessageUsage.mail_count if channel is Channel.MAIL else TenantMessageUsage.sms_count
+    )
     with Session(engine) as session, session.begin():
         limit = limit_for(session, tenant_id, channel, settings)
         _ensure_row(session, tenant_id, month)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from sqlalchemy import select, update
+from sqlalchemy import ColumnElement, select, update
 from sqlalchemy.orm import Session
 
 from portal.models import MailSendRecord, SendStatus, SmsSendRecord, db_now
@@ -44,7 +44,7 @@ def retry_records(
     report = RetryReport()
     if not wanted:
         return report
-    owned = [model.id.in_(wanted)]
+    owned: list[ColumnElement[bool]] = [model.id.in_(wanted)]
     if tenant_id is not None:
         owned.append(model.tenant_id == tenant_id)
     requeued = session.scalars(

@@ -16,14 +16,13 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TypeVar
 
 from sqlalchemy import and_, case, func, or_, select, update
 from sqlalchemy.orm import Session
 
 from portal.models import MailSendRecord, SendStatus, SmsSendRecord, db_now
 
-Record = TypeVar("Record", MailSendRecord, SmsSendRecord)
+RecordModel = type[MailSendRecord] | type[SmsSendRecord]
 
 
 @dataclass(frozen=True, order=True)
@@ -32,7 +31,7 @@ class Candidate:
     id: int
 
 
-def scan_due(session: Session, model: type[Record], n: int) -> list[Candidate]:
+def scan_due(session: Session, model: RecordModel, n: int) -> list[Candidate]:
     """Up to ``n`` due records, longest due first (two index walks, merged)."""
     pending = (
         select(model.updated_time, model.id)
@@ -47,19 +46,21 @@ def scan_due(session: Session, model: type[Record], n: int) -> list[Candidate]:
         .limit(n)
     )
     rows = [Candidate(due, rid) for due, rid in session.execute(pending)]
-    rows += [Candidate(due, rid) for due, rid in session.execute(retry)]
+    rows += [Candidate(due, rid) for due, rid in session.execute(retry) if due is not None]
     rows.sort()
     return rows[:n]
 
 
-def _due_condition(model: type[Record]) -> object:
+def _due_condition(model: RecordModel) -> object:
     return or_(
         model.status == SendStatus.PENDING.value,
         and_(model.status == SendStatus.RETRY.value, model.next_retry_at <= db_now()),
     )
 
 
-def claim(session: Session, model: type[Record], ids: list[int], k: int) -> list[Record]:
+def claim(
+    session: Session, model: RecordModel, ids: list[int], k: int
+) -> list[MailSendRecord | SmsSendRecord]:
     """Claim up to ``k`` of ``ids`` that are still due; returns the claimed records (Sending).
 
     Runs in the caller's (short) transaction; the caller commits at once.
@@ -90,8 +91,8 @@ def claim(session: Session, model: type[Record], ids: list[int], k: int) -> list
 
 
 def claim_next(
-    session: Session, model: type[Record], *, scan_size: int, k: int, rng: random.Random
-) -> list[Record]:
+    session: Session, model: RecordModel, *, scan_size: int, k: int, rng: random.Random
+) -> list[MailSendRecord | SmsSendRecord]:
     """Scan ``scan_size`` due records, shuffle them, and claim ``k`` of them."""
     found = scan_due(session, model, scan_size)
     if not found:

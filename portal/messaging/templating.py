@@ -2,21 +2,26 @@
 
 Tenant admins write these templates, so a template is untrusted input (DESIGN.md, "Tenant-authored
 templates"). Liquid itself cannot reach Python objects: paths resolve by subscript only, and
-variables are checked to be plain JSON data. What remains is resource exhaustion, which
-python-liquid's own limits only partly cover:
+variables are checked to be plain JSON data. `include` and `render` are removed, so a template
+can never name another template or a file. What remains is resource exhaustion, which
+python-liquid's own limits (loop iterations per loop nest, output size, context depth, local
+namespace size, block nesting) only partly cover. Measured gaps, and what closes each:
 
-- its loop limit is per loop nest (the product of nested loop lengths), so many sequential
-  loops are unbounded: we add a total iteration budget per render;
-- its output limit checks what is written, not what filters build: `s | append: s | append: s`
-  or `s | replace: "a", s` grows without limit before anything is written, so every filter
-  result is size-checked, and `replace`, `join` and `uniq` are checked before they run;
-- `reversed` and `offset:` walk a range before the loop limit is checked, so
-  `(1..100000000) reversed` stalls for seconds: loops may not reach past `list_max_items`;
+- its lexer is quadratic on some malformed input (an unclosed "{{", a blank "{{   }}"):
+  a linear scan rejects those before parsing;
+- its loop limit is per loop nest, so many sequential loops are unbounded: a total iteration
+  budget per render;
+- its output limit checks what is written, not what filters build (`s | append: s | ...`,
+  `s | replace: "a", s`): every filter result is size-checked, `replace` and `join` are
+  estimated before they run, and `uniq` and `strip_html` get linear implementations;
+- `reversed` and `offset:` walk a range before the loop limit is checked: loops may not reach
+  past `list_max_items`;
 - `times` can square an integer on every iteration: integer results are capped;
 - a wall-clock deadline, checked at every variable lookup, filter call, assignment, loop and
   write, is the backstop for anything these deterministic budgets miss.
 
-`include` and `render` are removed, so a template can never name another template or a file.
+`html_to_text` uses html.parser, which is quadratic on half-open markup ("<a<a<a..."), so its
+input is first cut into well-formed pieces in one linear pass.
 """
 
 from __future__ import annotations
@@ -33,7 +38,8 @@ from html.parser import HTMLParser
 from io import StringIO
 from typing import TYPE_CHECKING, Any, TextIO
 
-from liquid import BoundTemplate, DictLoader, Environment, RenderContext
+from liquid import BoundTemplate, DictLoader, Environment, Markup, RenderContext
+from liquid.context import builtin as liquid_builtins
 from liquid.exceptions import (
     BlockNestingError,
     ContextDepthError,
@@ -43,6 +49,7 @@ from liquid.exceptions import (
     OutputStreamLimitError,
     ResourceLimitError,
 )
+from liquid.filter import with_environment
 from liquid.output import LimitedStringIO
 from liquid.static_analysis import TemplateAnalysis
 from liquid.undefined import UNDEFINED
@@ -63,7 +70,7 @@ class TemplateLimits:
     variables_max_bytes: int = 64 * 1024  # JSON-encoded, UTF-8
     variables_max_depth: int = 32
     loop_iterations: int = 10_000  # per loop nest (python-liquid's own limit)
-    total_iterations: int = 100_000  # across the whole render
+    total_iterations: int = 10_000  # across the whole render (python-liquid: per loop nest)
     # A little over the default mail body limit (1 MiB), so that an over-long render is
     # reported by the content check as CONTENT_INVALID rather than as a template failure.
     output_max_chars: int = 1_100_000
@@ -72,7 +79,7 @@ class TemplateLimits:
     namespace_max_bytes: int = 4_400_000  # assigned variables, by sys.getsizeof
     context_depth: int = 30
     int_max_bits: int = 256
-    render_timeout_s: float = 0.5
+    render_timeout_s: float = 0.25
 
     @classmethod
     def from_settings(cls, settings: Settings) -> TemplateLimits:
@@ -131,8 +138,8 @@ def compile_check(source: str, *, html: bool, limits: TemplateLimits = DEFAULT_L
     analysis = _analyse(template)
     for name, spans in analysis.filters.items():
         if name not in env.filters:
-            line, column = _line_col(source, spans[0].index) if spans else (None, None)
-            raise TemplateRenderError(f"unknown filter '{name}'", line=line, column=column)
+            index = spans[0].index if spans else 0
+            raise _error_at(f"unknown filter '{name}'", source, index)
 
 
 def render(
@@ -170,7 +177,8 @@ def render_mail(
 def variables_of(source: str, *, limits: TemplateLimits = DEFAULT_LIMITS) -> list[str]:
     """The top-level names a template expects from its caller (not those it assigns itself)."""
     template = _parse(_environment(False, limits), source)
-    return list(_analyse(template).globals)
+    # "now" and "today" are provided by python-liquid itself; the caller need not supply them.
+    return [name for name in _analyse(template).globals if name not in liquid_builtins]
 
 
 def validate_variables(
@@ -230,8 +238,55 @@ def _check_source(source: str, limits: TemplateLimits) -> None:
         )
 
 
+# python-liquid lexes with one regular expression that backtracks badly on some malformed
+# input: an unclosed "{{", "{%", "{% raw %}" or "{% doc %}" makes it rescan to the end of the
+# source from every later delimiter, and a tag or output that is nothing but whitespace
+# backtracks over every split of that whitespace. Both are quadratic: 8,000 characters took
+# seconds and 200,000 would take hours. This linear scan rejects them before lexing.
+_OPENER = re.compile(r"\{[{%]")
+_TAG_NAME = re.compile(r"\{%-?\s*(\w+)")
+_VERBATIM_END = {
+    "raw": re.compile(r"\{%-?\s*endraw\s*-?%\}"),
+    "doc": re.compile(r"\{%-?\s*enddoc\s*-?%\}"),
+}
+_MAX_BLANK_TAG = 64  # whitespace after a tag name with no expression, e.g. "{% else    %}"
+
+
+def _check_delimiters(source: str) -> None:
+    """Reject the malformed delimiters that would make python-liquid's lexer quadratic."""
+    pos = 0
+    while opener := _OPENER.search(source, pos):
+        start = opener.start()
+        output = source[start + 1] == "{"
+        end = source.find("}}" if output else "%}", start + 2)
+        if end < 0:
+            closing = "}}" if output else "%}"
+            raise _error_at(f"'{opener.group()}' is never closed by '{closing}'", source, start)
+        pos = end + 2
+        if output:
+            if not source[start + 2 : end].strip(" \t\r\n\f\v-"):
+                raise _error_at("empty output statement", source, start)
+            continue
+        name = _TAG_NAME.match(source, start, end)
+        if name is None:
+            continue  # python-liquid reports a missing tag name quickly by itself
+        rest = source[name.end() : end]
+        if len(rest) > _MAX_BLANK_TAG and not rest.strip(" \t\r\n\f\v-"):
+            raise _error_at(f"too much whitespace in the '{name.group(1)}' tag", source, start)
+        verbatim_end = _VERBATIM_END.get(name.group(1))
+        if verbatim_end is not None:
+            block_end = verbatim_end.search(source, pos)
+            if block_end is None:
+                tag = name.group(1)
+                raise _error_at(
+                    f"'{{% {tag} %}}' is never closed by '{{% end{tag} %}}'", source, start
+                )
+            pos = block_end.end()
+
+
 def _parse(env: _SandboxEnvironment, source: str) -> BoundTemplate:
     _check_source(source, env.limits)
+    _check_delimiters(source)
     try:
         return env.from_string(source)
     except Exception as exc:
@@ -265,11 +320,11 @@ def _to_render_error(exc: Exception, source: str, limits: TemplateLimits) -> Tem
         return exc
     if not isinstance(exc, LiquidError):
         return TemplateRenderError(f"the template failed: {type(exc).__name__}: {exc}")
-    line = column = None
     token = exc.token
+    message = _friendly_message(exc, limits)
     if token is not None and token.start_index >= 0 and token.source == source:
-        line, column = _line_col(source, token.start_index)
-    return TemplateRenderError(_friendly_message(exc, limits), line=line, column=column)
+        return _error_at(message, source, token.start_index)
+    return TemplateRenderError(message)
 
 
 def _friendly_message(exc: LiquidError, limits: TemplateLimits) -> str:
@@ -287,6 +342,11 @@ def _friendly_message(exc: LiquidError, limits: TemplateLimits) -> str:
             return f"the template nests too deeply (limit {limits.context_depth})"
         case _:
             return str(exc.message)
+
+
+def _error_at(message: str, source: str, index: int) -> TemplateRenderError:
+    line, column = _line_col(source, index)
+    return TemplateRenderError(message, line=line, column=column)
 
 
 def _line_col(source: str, index: int) -> tuple[int, int]:
@@ -347,7 +407,8 @@ class _Buffer(LimitedStringIO):
     """An output buffer that counts characters (not UTF-8 bytes) and charges the budget."""
 
     def __init__(self, limit: int, budget: _Budget) -> None:
-        super().__init__(limit=limit)
+        # newline="\n": write text as is (python-liquid's buffer would turn "\r\n" into "\n").
+        super().__init__(limit=limit, newline="\n")
         self._budget = budget
 
     def write(self, s: str, /) -> int:
@@ -478,7 +539,7 @@ def _precheck_replace(
 def _precheck_join(
     limits: TemplateLimits, name: str, left: object, args: Sequence[object], token: Token | None
 ) -> None:
-    if not isinstance(left, list | tuple):
+    if not isinstance(left, list | tuple | range):
         return
     separator = len(str(args[0])) if args else 1
     total = 0
@@ -488,24 +549,16 @@ def _precheck_join(
             raise _LimitError(f"{name}: the result would be too long", token)
 
 
-# python-liquid's uniq compares every item with every earlier one (it supports unhashable
-# items); tens of thousands of distinct items take seconds, so the quadratic path is capped.
-_UNIQ_QUADRATIC_MAX = 2_000
-
-
-def _precheck_uniq(
-    limits: TemplateLimits, name: str, left: object, args: Sequence[object], token: Token | None
-) -> None:
-    if isinstance(left, list | tuple) and len(left) > _UNIQ_QUADRATIC_MAX:
-        raise _LimitError(f"{name}: too many items (limit {_UNIQ_QUADRATIC_MAX})", token)
-
-
 _Precheck = Callable[[TemplateLimits, str, object, Sequence[object], "Token | None"], None]
 _FILTER_PRECHECKS: dict[str, _Precheck] = {
     "replace": _precheck_replace,
     "join": _precheck_join,
-    "uniq": _precheck_uniq,
 }
+
+# python-liquid's uniq compares every item with every earlier one (it supports unhashable
+# items): 30,000 distinct items take seconds. Plain values take a linear path; the quadratic
+# one is kept for lists of objects, and capped (1,000 objects: about 50 ms).
+_UNIQ_QUADRATIC_MAX = 1_000
 
 
 def _fast_uniq(original: Callable[..., object]) -> Callable[..., object]:
@@ -518,6 +571,8 @@ def _fast_uniq(original: Callable[..., object]) -> Callable[..., object]:
             and all(item is None or isinstance(item, str | int | float) for item in sequence)
         ):
             return list(dict.fromkeys(sequence))  # keeps first occurrences, like the original
+        if isinstance(sequence, list | tuple) and len(sequence) > _UNIQ_QUADRATIC_MAX:
+            raise _LimitError(f"uniq: too many items (limit {_UNIQ_QUADRATIC_MAX})")
         return original(sequence, key)
 
     return uniq
@@ -534,6 +589,7 @@ class _SandboxEnvironment(Environment):
         for tag in ("include", "render"):
             self.tags.pop(tag, None)
         self.add_filter("uniq", _fast_uniq(self.filters["uniq"]))
+        self.add_filter("strip_html", _strip_html)
 
 
 @functools.lru_cache(maxsize=16)
@@ -563,6 +619,63 @@ _LINES = frozenset(
 )  # fmt: skip
 _WHITESPACE = re.compile(r"\s+")
 
+# html.parser rescans to the end of the input from every "<" that does not finish a construct:
+# "<a" repeated 80,000 times took 18 s, "<!--" repeated 80,000 times 42 s (Python 3.11). The
+# HTML here is tenant-made, so it is first cut into pieces in one linear pass: text, comments
+# (dropped), declarations (dropped), and tags that are complete with balanced quotes and no
+# "<" outside their quoted values. What html.parser then sees always finishes what it starts.
+_TAG = re.compile(r"""</?[A-Za-z][^<>'"]*(?:(?:"[^"]*"|'[^']*')[^<>'"]*)*>""")
+_DECLARATION = re.compile(r"<[!?][^<>]*>")  # <!DOCTYPE ...>, <![CDATA[...]]>, <?xml ...?>
+_TAG_NAME_OF = re.compile(r"</?([A-Za-z][^\s/>]*)")
+
+
+def _html_pieces(html: str) -> Iterator[tuple[bool, str]]:
+    """Split HTML into (is_tag, piece) in one pass; comments and declarations are left out."""
+    pos = text_start = 0
+    while (lt := html.find("<", pos)) >= 0:
+        tag = None
+        if html.startswith("<!--", lt):
+            end = html.find("-->", lt + 4)
+            resume = len(html) if end < 0 else end + 3  # an unclosed comment hides the rest
+        elif match := _TAG.match(html, lt) or _DECLARATION.match(html, lt):
+            resume = match.end()
+            tag = match.group() if match.re is _TAG else None
+        else:
+            pos = lt + 1  # a "<" that starts nothing is text
+            continue
+        if lt > text_start:
+            yield False, html[text_start:lt]
+        if tag is not None:
+            yield True, tag
+        pos = text_start = resume
+    if text_start < len(html):
+        yield False, html[text_start:]
+
+
+def _safe_html(html: str) -> str:
+    """The same document with every stray "<" escaped and comments removed."""
+    return "".join(
+        piece if is_tag else piece.replace("<", "&lt;") for is_tag, piece in _html_pieces(html)
+    )
+
+
+@with_environment
+def _strip_html(value: object, *, environment: Environment) -> str:
+    """python-liquid's strip_html (tags, comments, script and style removed), in linear time."""
+    text = "" if value is None else str(value)
+    kept: list[str] = []
+    hidden = 0  # inside <script> or <style>
+    for is_tag, piece in _html_pieces(text):
+        if not is_tag:
+            if not hidden:
+                kept.append(piece)
+            continue
+        name = _TAG_NAME_OF.match(piece)
+        if name and name.group(1).lower() in ("script", "style"):
+            hidden = max(hidden + (-1 if piece.startswith("</") else 1), 0)
+    stripped = "".join(kept)
+    return Markup(stripped) if environment.autoescape and isinstance(value, Markup) else stripped
+
 
 class _TextExtractor(HTMLParser):
     """Collects the visible text of an HTML document, with line breaks where blocks end."""
@@ -570,6 +683,7 @@ class _TextExtractor(HTMLParser):
     def __init__(self) -> None:
         super().__init__(convert_charrefs=True)
         self.parts: list[str] = []
+        self._pending = 0  # line breaks owed before the next text: 0, 1 or 2 (a blank line)
         self._skip_depth = 0
         self._links: list[tuple[str | None, int]] = []  # (href, index of the first part)
 
@@ -581,14 +695,16 @@ class _TextExtractor(HTMLParser):
         if self._skip_depth:
             return
         if tag == "br":
+            self._flush()
             self.parts.append("\n")
         elif tag in _PARAGRAPHS:
-            self.parts.append("\n\n")
+            self._break(2)
         elif tag in _LINES:
-            self.parts.append("\n")
-        elif tag in ("td", "th"):
+            self._break(1)
+        elif tag in ("td", "th") and not self._pending:
             self.parts.append(" ")
         if tag == "li":
+            self._flush()
             self.parts.append("- ")
         elif tag == "a":
             self._links.append((dict(attrs).get("href"), len(self.parts)))
@@ -603,13 +719,29 @@ class _TextExtractor(HTMLParser):
             href, start = self._links.pop()
             self._end_link(href, start)
         elif tag in _PARAGRAPHS:
-            self.parts.append("\n\n")
+            self._break(2)
         elif tag in _LINES:
-            self.parts.append("\n")
+            self._break(1)
 
     def handle_data(self, data: str) -> None:
-        if not self._skip_depth:
-            self.parts.append(_WHITESPACE.sub(" ", data))
+        if self._skip_depth:
+            return
+        text = _WHITESPACE.sub(" ", data)
+        if text.strip():
+            self._flush()
+            self.parts.append(text)
+        elif not self._pending:
+            self.parts.append(" ")  # whitespace between inline elements still separates words
+
+    def _break(self, lines: int) -> None:
+        # Breaks are owed rather than written, so that nested or adjacent blocks
+        # (</li><li>, </p><div>) give one break, not one per tag.
+        self._pending = max(self._pending, lines)
+
+    def _flush(self) -> None:
+        if self._pending and self.parts:
+            self.parts.append("\n" * self._pending)
+        self._pending = 0
 
     def _end_link(self, href: str | None, start: int) -> None:
         url = (href or "").strip()
@@ -618,6 +750,7 @@ class _TextExtractor(HTMLParser):
         label = " ".join("".join(self.parts[start:]).split())
         shown = url.removeprefix("mailto:") if url.lower().startswith("mailto:") else url
         if not label:
+            self._flush()
             self.parts.append(shown)
         elif label != shown:
             self.parts.append(f" ({shown})")
@@ -626,7 +759,7 @@ class _TextExtractor(HTMLParser):
 def html_to_text(html: str) -> str:
     """A plain-text alternative of an HTML body: visible text, links as "text (url)"."""
     parser = _TextExtractor()
-    parser.feed(html)
+    parser.feed(_safe_html(html))
     parser.close()
     lines = [" ".join(line.split()) for line in "".join(parser.parts).split("\n")]
     out: list[str] = []

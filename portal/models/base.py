@@ -54,14 +54,17 @@ class UTCDateTime(TypeDecorator[datetime]):
     def process_result_value(self, value: Any, dialect: Dialect) -> datetime | None:
         if value is None:
             return None
-        if isinstance(value, str):  # a value written by the database clock on SQLite
-            value = datetime.fromisoformat(value)
-        if value.tzinfo is None:
-            return value.replace(tzinfo=UTC)
-        return value.astimezone(UTC)
+        parsed: datetime = (
+            datetime.fromisoformat(value)  # written by the database clock on SQLite
+            if isinstance(value, str)
+            else value
+        )
+        if parsed.tzinfo is None:
+            return parsed.replace(tzinfo=UTC)
+        return parsed.astimezone(UTC)
 
 
-class db_now(FunctionElement[datetime]):  # noqa: N801 - reads as a SQL function
+class db_now(FunctionElement[datetime]):
     """The database clock, to microseconds, in UTC: due times and sweeps compare against it."""
 
     type = UTCDateTime()
@@ -79,7 +82,7 @@ def _db_now_sqlite(element: db_now, compiler: SQLCompiler, **kw: Any) -> str:
     return "strftime('%Y-%m-%d %H:%M:%f', 'now')"
 
 
-class db_now_plus(FunctionElement[datetime]):  # noqa: N801 - reads as a SQL function
+class db_now_plus(FunctionElement[datetime]):
     """The database clock plus a number of seconds (a bound parameter)."""
 
     type = UTCDateTime()

@@ -8,7 +8,7 @@ from typing import Any
 from sqlalchemy import JSON, Index, Integer, String, Text, text
 from sqlalchemy.orm import Mapped, mapped_column
 
-from portal.models.base import BigId, Base, UTCDateTime, db_now
+from portal.models.base import Base, BigId, UTCDateTime, db_now
 from portal.models.enums import TriageStatus
 
 

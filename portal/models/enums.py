@@ -18,7 +18,12 @@ class SendStatus(StrEnum):
 
 
 DUE_STATUSES = (SendStatus.PENDING, SendStatus.RETRY)
-RETRYABLE_BY_HAND = (SendStatus.PENDING, SendStatus.RETRY, SendStatus.FAILED, SendStatus.DEAD_LETTER)
+RETRYABLE_BY_HAND = (
+    SendStatus.PENDING,
+    SendStatus.RETRY,
+    SendStatus.FAILED,
+    SendStatus.DEAD_LETTER,
+)
 
 
 class Scope(StrEnum):

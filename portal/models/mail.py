@@ -19,7 +19,7 @@ from sqlalchemy import (
 from sqlalchemy.orm import Mapped, mapped_column
 
 from portal.models import secretbox
-from portal.models.base import BigId, Base, UTCDateTime, db_now
+from portal.models.base import Base, BigId, UTCDateTime, db_now
 from portal.models.enums import SmtpSecurity, UncertainPolicy
 from portal.models.record import SendRecordMixin
 
@@ -140,9 +140,7 @@ class MailSendRecipient(Base):
     """
 
     __tablename__ = "mail_send_recipient"
-    __table_args__ = (
-        Index("idx_mail_recipient_search", "tenant_id", "address", "record_id"),
-    )
+    __table_args__ = (Index("idx_mail_recipient_search", "tenant_id", "address", "record_id"),)
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True)
     record_id: Mapped[int] = mapped_column(

@@ -7,7 +7,7 @@ from datetime import datetime
 from sqlalchemy import ForeignKey, Integer, String, UniqueConstraint, text
 from sqlalchemy.orm import Mapped, mapped_column
 
-from portal.models.base import BigId, Base, UTCDateTime, db_now
+from portal.models.base import Base, BigId, UTCDateTime, db_now
 
 
 class TenantMessageQuota(Base):

@@ -20,7 +20,7 @@ from sqlalchemy import (
 from sqlalchemy.orm import Mapped, mapped_column
 
 from portal.models import secretbox
-from portal.models.base import BigId, Base, UTCDateTime, db_now
+from portal.models.base import Base, BigId, UTCDateTime, db_now
 from portal.models.enums import UncertainPolicy
 from portal.models.record import SendRecordMixin
 

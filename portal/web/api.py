@@ -56,8 +56,9 @@ def init_app(app: Flask) -> None:
 
 
 def _is_api_path() -> bool:
-    return request.path.startswith(("/api/", "/MailSendRecord/", "/SmsSendRecord/",
-                                    "/TenantMessageQuota/"))
+    return request.path.startswith(
+        ("/api/", "/MailSendRecord/", "/SmsSendRecord/", "/TenantMessageQuota/")
+    )
 
 
 def _settings() -> Settings:
@@ -154,7 +155,7 @@ def _touch_key() -> None:
 @api_key_required
 def mail_create() -> tuple[Response, int]:
     """Accept one mail."""
-    result = acceptance.send_mail(db.session, _json_body(), settings=_settings())
+    result = acceptance.send_mail(db.session(), _json_body(), settings=_settings())
     db.session.commit()
     return jsonify({"id": result.id, "duplicate": result.duplicate}), 202
 
@@ -164,7 +165,7 @@ def mail_create() -> tuple[Response, int]:
 def mail_batch() -> tuple[Response, int]:
     """Accept up to 500 mails at once, all or none."""
     items = _batch_items(_json_body())
-    results = acceptance.send_mail_batch(db.session, items, settings=_settings())
+    results = acceptance.send_mail_batch(db.session(), items, settings=_settings())
     db.session.commit()
     return jsonify({"items": _accepted(results)}), 202
 
@@ -173,7 +174,7 @@ def mail_batch() -> tuple[Response, int]:
 @api_key_required
 def sms_create() -> tuple[Response, int]:
     """Accept one SMS."""
-    result = acceptance.send_sms(db.session, _json_body(), settings=_settings())
+    result = acceptance.send_sms(db.session(), _json_body(), settings=_settings())
     db.session.commit()
     return jsonify({"id": result.id, "duplicate": result.duplicate}), 202
 
@@ -183,7 +184,7 @@ def sms_create() -> tuple[Response, int]:
 def sms_batch() -> tuple[Response, int]:
     """Accept up to 500 SMS at once, all or none."""
     items = _batch_items(_json_body())
-    results = acceptance.send_sms_batch(db.session, items, settings=_settings())
+    results = acceptance.send_sms_batch(db.session(), items, settings=_settings())
     db.session.commit()
     return jsonify({"items": _accepted(results)}), 202
 

@@ -9,7 +9,11 @@ from portal.messaging.acceptance import MAX_BATCH, MAX_RECIPIENTS
 _EMAIL_LIST = {
     "oneOf": [
         {"type": "string", "format": "email"},
-        {"type": "array", "items": {"type": "string", "format": "email"}, "maxItems": MAX_RECIPIENTS},
+        {
+            "type": "array",
+            "items": {"type": "string", "format": "email"},
+            "maxItems": MAX_RECIPIENTS,
+        },
     ]
 }
 _NULLABLE_STR = {"type": "string", "nullable": True}
@@ -75,8 +79,15 @@ _COMMON_RECORD = {
     "status": {
         "type": "string",
         "enum": [
-            "Pending", "Sending", "Sent", "Retry", "Failed", "DeadLetter",
-            "Cancelled", "Suppressed", "Uncertain",
+            "Pending",
+            "Sending",
+            "Sent",
+            "Retry",
+            "Failed",
+            "DeadLetter",
+            "Cancelled",
+            "Suppressed",
+            "Uncertain",
         ],
     },
     "scope": {"type": "string", "enum": ["TENANT", "PLATFORM"]},
@@ -109,16 +120,24 @@ def openapi_document() -> dict[str, Any]:
             ),
         },
         "paths": {
-            "/api/v1/mail": _post("Accept one mail", "#/components/schemas/MailRequest",
-                                  "#/components/schemas/Accepted"),
-            "/api/v1/mail/batch": _post("Accept up to 500 mails, all or none",
-                                        "#/components/schemas/MailBatch",
-                                        "#/components/schemas/BatchAccepted"),
-            "/api/v1/sms": _post("Accept one SMS", "#/components/schemas/SmsRequest",
-                                 "#/components/schemas/Accepted"),
-            "/api/v1/sms/batch": _post("Accept up to 500 SMS, all or none",
-                                       "#/components/schemas/SmsBatch",
-                                       "#/components/schemas/BatchAccepted"),
+            "/api/v1/mail": _post(
+                "Accept one mail",
+                "#/components/schemas/MailRequest",
+                "#/components/schemas/Accepted",
+            ),
+            "/api/v1/mail/batch": _post(
+                "Accept up to 500 mails, all or none",
+                "#/components/schemas/MailBatch",
+                "#/components/schemas/BatchAccepted",
+            ),
+            "/api/v1/sms": _post(
+                "Accept one SMS", "#/components/schemas/SmsRequest", "#/components/schemas/Accepted"
+            ),
+            "/api/v1/sms/batch": _post(
+                "Accept up to 500 SMS, all or none",
+                "#/components/schemas/SmsBatch",
+                "#/components/schemas/BatchAccepted",
+            ),
             "/api/v1/mail/{id}": _get("Read one mail record", "#/components/schemas/MailRecord"),
             "/api/v1/sms/{id}": _get("Read one SMS record", "#/components/schemas/SmsRecord"),
         },
@@ -210,7 +229,10 @@ def openapi_document() -> dict[str, Any]:
                     "type": "object",
                     "required": ["items"],
                     "properties": {
-                        "items": {"type": "array", "items": {"$ref": "#/components/schemas/Accepted"}}
+                        "items": {
+                            "type": "array",
+                            "items": {"$ref": "#/components/schemas/Accepted"},
+                        }
                     },
                 },
                 "Error": {
@@ -232,7 +254,8 @@ def openapi_document() -> dict[str, Any]:
                 "MailRecord": {
                     "type": "object",
                     "required": ["id", "status", "to"],
-                    "properties": _COMMON_RECORD | {
+                    "properties": _COMMON_RECORD
+                    | {
                         "to": {"type": "array", "items": {"type": "string"}},
                         "cc": {"type": "array", "items": {"type": "string"}},
                         "bcc": {"type": "array", "items": {"type": "string"}},
@@ -244,7 +267,8 @@ def openapi_document() -> dict[str, Any]:
                 "SmsRecord": {
                     "type": "object",
                     "required": ["id", "status", "phoneNumber"],
-                    "properties": _COMMON_RECORD | {
+                    "properties": _COMMON_RECORD
+                    | {
                         "phoneNumber": {"type": "string"},
                         "countryCode": _NULLABLE_STR,
                         "content": _NULLABLE_STR,

@@ -40,14 +40,16 @@ def _id_arg() -> int:
 def retry(kind: str) -> Response:
     """Requeue one record: Pending, Retry, Failed, DeadLetter -> Retry due now."""
     record_id = _id_arg()
-    report = retry_records(db.session, MODELS[kind], [record_id], g.tenant_id)
+    report = retry_records(db.session(), MODELS[kind], [record_id], g.tenant_id)
     db.session.commit()
     if report.requeued:
         return jsonify({"id": record_id, "status": "Retry", "requeued": 1})
     reason = report.skipped[record_id]
     if reason == "no such record":
         return error_response(404, "not_found", "no such record", "id")
-    return error_response(409, "not_retryable", f"record {record_id} cannot be retried: {reason}", "id")
+    return error_response(
+        409, "not_retryable", f"record {record_id} cannot be retried: {reason}", "id"
+    )
 
 
 @bp.post("/<any(MailSendRecord, SmsSendRecord):kind>/retryByIds")
@@ -62,7 +64,7 @@ def retry_by_ids(kind: str) -> Response:
         raise _BadRequest("invalid", "ids must be a list of positive whole numbers", 422, "ids")
     if len(ids) > MAX_BULK:
         raise _BadRequest("too_large", f"at most {MAX_BULK} ids at once", 422, "ids")
-    report = retry_records(db.session, MODELS[kind], ids, g.tenant_id)
+    report = retry_records(db.session(), MODELS[kind], ids, g.tenant_id)
     db.session.commit()
     return jsonify(
         {
@@ -84,7 +86,7 @@ def quota_usage() -> Response:
         return error_response(422, "invalid", "tenantId must be a whole number", "tenantId")
     if tenant_id != g.tenant_id and g.tenant_id != PLATFORM_TENANT_ID:
         return error_response(404, "not_found", "no such quota bucket", "tenantId")
-    result = quota.usage(db.session, tenant_id, current_app.config["SETTINGS"])
+    result = quota.usage(db.session(), tenant_id, current_app.config["SETTINGS"])
     return jsonify(
         {
             "tenantId": result.tenant_id,

@@ -178,13 +178,17 @@ def test_sms_is_parsed_to_e164_with_its_country(
 
 
 def test_tenant_context_and_platform_scope(any_app: Flask, tenants: tuple[Tenant, Tenant]) -> None:
-    acme, globex = tenants
+    _, globex = tenants
     with tenant_context(globex.id):
         in_tenant = acceptance.send_mail(db.session, MAIL, settings=settings(any_app))
         with pytest.raises(AcceptanceError) as forbidden:
-            acceptance.send_mail(db.session, MAIL | {"scope": "PLATFORM"}, settings=settings(any_app))
+            acceptance.send_mail(
+                db.session, MAIL | {"scope": "PLATFORM"}, settings=settings(any_app)
+            )
     assert forbidden.value.field == "scope"
-    platform = acceptance.send_mail(db.session, MAIL | {"scope": "PLATFORM"}, settings=settings(any_app))
+    platform = acceptance.send_mail(
+        db.session, MAIL | {"scope": "PLATFORM"}, settings=settings(any_app)
+    )
     with pytest.raises(AcceptanceError):  # no tenant context and scope TENANT: whose is it?
         acceptance.send_mail(db.session, MAIL, settings=settings(any_app))
     db.session.commit()
@@ -207,16 +211,20 @@ def test_another_tenants_template_or_server_is_rejected_as_missing(
     with tenant_context(acme.id):
         with pytest.raises(AcceptanceError) as by_template:
             acceptance.send_mail(
-                db.session, {"to": ["a@example.com"], "templateId": template.id},
+                db.session,
+                {"to": ["a@example.com"], "templateId": template.id},
                 settings=settings(any_app),
             )
         with pytest.raises(AcceptanceError) as by_server:
-            acceptance.send_mail(db.session, MAIL | {"serverId": server.id}, settings=settings(any_app))
+            acceptance.send_mail(
+                db.session, MAIL | {"serverId": server.id}, settings=settings(any_app)
+            )
     assert (by_template.value.code, by_template.value.field) == ("not_found", "templateId")
     assert (by_server.value.code, by_server.value.field) == ("not_found", "serverId")
     with tenant_context(globex.id):  # the owner may use both
         acceptance.send_mail(
-            db.session, {"to": ["a@example.com"], "templateId": template.id, "serverId": server.id},
+            db.session,
+            {"to": ["a@example.com"], "templateId": template.id, "serverId": server.id},
             settings=settings(any_app),
         )
     db.session.commit()
@@ -234,7 +242,9 @@ def test_business_key_is_idempotent_and_conflicts_on_a_different_request(
         again = acceptance.send_mail(db.session, keyed, settings=settings(any_app))
         db.session.commit()
         with pytest.raises(BusinessKeyConflict):
-            acceptance.send_mail(db.session, keyed | {"subject": "Other"}, settings=settings(any_app))
+            acceptance.send_mail(
+                db.session, keyed | {"subject": "Other"}, settings=settings(any_app)
+            )
         db.session.commit()
     assert (first.duplicate, again.duplicate, again.id) == (False, True, first.id)
     with tenant_context(globex.id):  # keys are per tenant
@@ -248,7 +258,9 @@ def test_batch_business_keys_existing_duplicate_and_repeated(
     any_app: Flask, tenants: tuple[Tenant, Tenant]
 ) -> None:
     with tenant_context(tenants[0].id):
-        first = acceptance.send_mail(db.session, MAIL | {"businessKey": "k1"}, settings=settings(any_app))
+        first = acceptance.send_mail(
+            db.session, MAIL | {"businessKey": "k1"}, settings=settings(any_app)
+        )
         db.session.commit()
         results = acceptance.send_mail_batch(
             db.session,
@@ -276,13 +288,14 @@ def test_two_callers_racing_on_one_key_get_one_record_and_both_commit(
     tenant = Tenant(slug="racer", name="Racer")
     session.add(tenant)
     session.commit()
-    barrier = threading.Barrier(2)
+    tenant_id = tenant.id  # read here: the ORM object belongs to this thread's session
+    barrier = threading.Barrier(2, timeout=20)
     results: list[acceptance.Accepted] = []
     errors: list[BaseException] = []
 
     def caller() -> None:
         try:
-            with app.app_context(), tenant_context(tenant.id):
+            with app.app_context(), tenant_context(tenant_id):
                 own = Session(db.engine)
                 try:
                     own.add(Tenant(slug=f"own-{threading.get_ident()}", name="caller's work"))
@@ -308,7 +321,10 @@ def test_two_callers_racing_on_one_key_get_one_record_and_both_commit(
     assert len({r.id for r in results}) == 1
     assert sorted(r.duplicate for r in results) == [False, True]
     assert count(MailSendRecord) == 1
-    assert session.scalar(select(func.count()).select_from(Tenant).where(Tenant.slug.like("own-%"))) == 2
+    assert (
+        session.scalar(select(func.count()).select_from(Tenant).where(Tenant.slug.like("own-%")))
+        == 2
+    )
 
 
 def test_attachments_are_checked_and_capped(any_app: Flask, tenants: tuple[Tenant, Tenant]) -> None:
@@ -317,15 +333,25 @@ def test_attachments_are_checked_and_capped(any_app: Flask, tenants: tuple[Tenan
     cases = [
         ({"name": "../etc/passwd", "content": ok["content"]}, "attachments[0].name"),
         ({"name": "a.txt", "content": "%%%"}, "attachments[0].content"),
-        ({"name": "a.txt", "content": base64.b64encode(b"x" * big).decode()}, "attachments[0].content"),
-        ({"name": "a.txt", "contentType": "text", "content": ok["content"]}, "attachments[0].contentType"),
+        (
+            {"name": "a.txt", "content": base64.b64encode(b"x" * big).decode()},
+            "attachments[0].content",
+        ),
+        (
+            {"name": "a.txt", "contentType": "text", "content": ok["content"]},
+            "attachments[0].contentType",
+        ),
     ]
     with tenant_context(tenants[0].id):
         for attachment, field in cases:
             with pytest.raises(AcceptanceError) as caught:
-                acceptance.send_mail(db.session, MAIL | {"attachments": [attachment]}, settings=settings(any_app))
+                acceptance.send_mail(
+                    db.session, MAIL | {"attachments": [attachment]}, settings=settings(any_app)
+                )
             assert caught.value.field == field
-        result = acceptance.send_mail(db.session, MAIL | {"attachments": [ok]}, settings=settings(any_app))
+        result = acceptance.send_mail(
+            db.session, MAIL | {"attachments": [ok]}, settings=settings(any_app)
+        )
         db.session.commit()
     record = db.session.get(MailSendRecord, result.id)
     assert record is not None

@@ -57,10 +57,13 @@ def template(tenant_id: int, code: str = "welcome", **fields: object) -> MailTem
     return row
 
 
-def test_mail_is_rendered_sent_and_marked_sent(app: Flask, smtp: ScriptedSmtpServer, acme: int) -> None:
+def test_mail_is_rendered_sent_and_marked_sent(
+    app: Flask, smtp: ScriptedSmtpServer, acme: int
+) -> None:
     template(acme)
-    rid = accept_mail(app, acme, subject=None, text=None, templateCode="welcome",
-                      variables={"name": "<Ann>"})
+    rid = accept_mail(
+        app, acme, subject=None, text=None, templateCode="welcome", variables={"name": "<Ann>"}
+    )
     drain(app)
     row = record(rid)
     assert row.status == "Sent"
@@ -85,17 +88,24 @@ def test_tenant_uses_own_templates_and_server_else_the_platform_default_server(
     template(PLATFORM_TENANT_ID, "shared")
     template(globex.id, "welcome")
     # Globex has no server of its own: the platform tier's default carries its mail.
-    sent = accept_mail(app, globex.id, subject=None, text=None, templateCode="welcome",
-                       variables={"name": "G"})
+    sent = accept_mail(
+        app, globex.id, subject=None, text=None, templateCode="welcome", variables={"name": "G"}
+    )
     # A tenant never sees the platform tier's templates.
     hidden = accept_mail(app, acme.id, subject=None, text=None, templateCode="shared")
     own = accept_mail(app, acme.id)
     drain(app)
     assert record(sent).status == "Sent"
     assert smtp.messages[0].mail_from == "sender@platform-smtp.test"
-    assert (record(hidden).status, record(hidden).error_code) == ("Failed", "TEMPLATE_NOT_RESOLVABLE")
+    assert (record(hidden).status, record(hidden).error_code) == (
+        "Failed",
+        "TEMPLATE_NOT_RESOLVABLE",
+    )
     assert record(own).status == "Sent"
-    assert {m.mail_from for m in smtp.messages} == {"sender@platform-smtp.test", "sender@acme-smtp.test"}
+    assert {m.mail_from for m in smtp.messages} == {
+        "sender@platform-smtp.test",
+        "sender@acme-smtp.test",
+    }
 
 
 def test_platform_scope_uses_platform_templates_quota_and_only_its_default_server(
@@ -103,8 +113,15 @@ def test_platform_scope_uses_platform_templates_quota_and_only_its_default_serve
 ) -> None:
     template(PLATFORM_TENANT_ID, "reset", subject="Reset", html_body="<p>{{ link }}</p>")
     # No platform default server yet: PLATFORM does not borrow a tenant's server.
-    rid = accept_mail(app, None, scope="PLATFORM", subject=None, text=None, templateCode="reset",
-                      variables={"link": "https://x.test/r"})
+    rid = accept_mail(
+        app,
+        None,
+        scope="PLATFORM",
+        subject=None,
+        text=None,
+        templateCode="reset",
+        variables={"link": "https://x.test/r"},
+    )
     drain(app)
     assert (record(rid).status, record(rid).error_code) == ("Failed", "CONFIG_NOT_RESOLVABLE")
     mail_server(PLATFORM_TENANT_ID, smtp, name="platform-smtp")
@@ -114,12 +131,19 @@ def test_platform_scope_uses_platform_templates_quota_and_only_its_default_serve
     drain(app)
     assert record(rid).status == "Sent"
     usage = db.session.scalar(
-        select(TenantMessageUsage.mail_count).where(TenantMessageUsage.tenant_id == PLATFORM_TENANT_ID)
+        select(TenantMessageUsage.mail_count).where(
+            TenantMessageUsage.tenant_id == PLATFORM_TENANT_ID
+        )
     )
     assert usage == 1
-    assert db.session.scalar(
-        select(func.count()).select_from(TenantMessageUsage).where(TenantMessageUsage.tenant_id == acme)
-    ) == 0
+    assert (
+        db.session.scalar(
+            select(func.count())
+            .select_from(TenantMessageUsage)
+            .where(TenantMessageUsage.tenant_id == acme)
+        )
+        == 0
+    )
 
 
 @pytest.mark.parametrize(
@@ -148,22 +172,26 @@ def test_preparation_failures_fail_with_their_marker_then_retry_prepares_afresh(
     if setup in ("missing_server", "quota_used_up"):
         template(acme)
     db.session.commit()
-    rid = accept_mail(app, acme, subject=None, text=None, templateCode="welcome",
-                      variables={"name": "Ann"})
+    rid = accept_mail(
+        app, acme, subject=None, text=None, templateCode="welcome", variables={"name": "Ann"}
+    )
     with caplog.at_level(logging.ERROR, logger="portal.delivery"):
         drain(app)
     row = record(rid)
     assert (row.status, row.error_code, row.retry_count) == ("Failed", code, 0)
     assert row.prepared_at is None
-    errors = [r for r in caplog.records if r.levelno == logging.ERROR and getattr(r, "record_id", None) == rid]
-    assert errors and errors[0].error_code == code  # type: ignore[attr-defined]
+    errors = [
+        r
+        for r in caplog.records
+        if r.levelno == logging.ERROR and getattr(r, "record_id", None) == rid
+    ]
+    assert errors
+    assert errors[0].error_code == code  # type: ignore[attr-defined]
     # Fill the gap, press Retry: prepared afresh, sent.
     if setup == "missing_server":
         mail_server(acme, smtp)
     elif setup == "quota_used_up":
-        db.session.execute(
-            TenantMessageQuota.__table__.update().values(mail_monthly_limit=10)
-        )
+        db.session.execute(TenantMessageQuota.__table__.update().values(mail_monthly_limit=10))
     elif setup == "missing_template":
         template(acme)
     else:
@@ -182,8 +210,9 @@ def test_preparation_failures_fail_with_their_marker_then_retry_prepares_afresh(
 def test_a_retry_replays_what_was_prepared(app: Flask, smtp: ScriptedSmtpServer, acme: int) -> None:
     tpl = template(acme)
     smtp.fail_next(1, "451 4.3.0 local error", stage="data")
-    rid = accept_mail(app, acme, subject=None, text=None, templateCode="welcome",
-                      variables={"name": "Ann"})
+    rid = accept_mail(
+        app, acme, subject=None, text=None, templateCode="welcome", variables={"name": "Ann"}
+    )
     drain(app, until=lambda: record(rid).status == "Retry", policy=FAST)
     prepared = record(rid)
     first_message_id = prepared.message_id_header
@@ -200,7 +229,9 @@ def test_a_retry_replays_what_was_prepared(app: Flask, smtp: ScriptedSmtpServer,
     assert [m.message["Subject"] for m in smtp.messages] == ["Welcome Ann"]  # 451 kept none
     assert [m.message_id for m in smtp.messages] == [first_message_id]
     assert {m.mail_from for m in smtp.messages} == {"sender@acme-smtp.test"}
-    usage = db.session.scalar(select(TenantMessageUsage.mail_count).where(TenantMessageUsage.tenant_id == acme))
+    usage = db.session.scalar(
+        select(TenantMessageUsage.mail_count).where(TenantMessageUsage.tenant_id == acme)
+    )
     assert usage == 1  # charged once
 
 
@@ -208,21 +239,31 @@ def test_template_id_sends_a_disabled_template_but_code_finds_enabled_only(
     app: Flask, smtp: ScriptedSmtpServer, acme: int
 ) -> None:
     disabled = template(acme, "draft", enabled=False)
-    by_id = accept_mail(app, acme, subject=None, text=None, templateId=disabled.id,
-                        variables={"name": "A"})
+    by_id = accept_mail(
+        app, acme, subject=None, text=None, templateId=disabled.id, variables={"name": "A"}
+    )
     by_code = accept_mail(app, acme, subject=None, text=None, templateCode="draft")
     drain(app)
     assert record(by_id).status == "Sent"
-    assert (record(by_code).status, record(by_code).error_code) == ("Failed", "TEMPLATE_NOT_RESOLVABLE")
+    assert (record(by_code).status, record(by_code).error_code) == (
+        "Failed",
+        "TEMPLATE_NOT_RESOLVABLE",
+    )
 
 
-def test_temporary_errors_back_off_then_dead_letter(app: Flask, smtp: ScriptedSmtpServer, acme: int) -> None:
+def test_temporary_errors_back_off_then_dead_letter(
+    app: Flask, smtp: ScriptedSmtpServer, acme: int
+) -> None:
     rid = accept_mail(app, acme, to=["d451@example.com"])
     delays: list[float] = []
     last_retry = 0
+
+    def moved_on(since: int) -> bool:
+        row = record(rid)
+        return row.retry_count > since or row.status == "DeadLetter"
+
     while record(rid).status not in ("DeadLetter", "Failed"):
-        drain(app, until=lambda: record(rid).retry_count > last_retry or record(rid).status == "DeadLetter",
-              policy=FAST)
+        drain(app, until=lambda since=last_retry: moved_on(since), policy=FAST)
         row = record(rid)
         if row.status == "Retry":
             assert row.next_retry_at is not None
@@ -236,7 +277,11 @@ def test_temporary_errors_back_off_then_dead_letter(app: Flask, smtp: ScriptedSm
         assert 0.5 * nominal - 0.005 <= delay <= 1.5 * nominal + 0.005, (n, delay)
     (letter,) = db.session.scalars(select(DeadLetterMessage)).all()
     assert (letter.source, letter.event_id, letter.channel, letter.attempts) == (
-        "SendExhausted", str(rid), "mail", 6)
+        "SendExhausted",
+        str(rid),
+        "mail",
+        6,
+    )
     assert letter.error_code == "451 4.3.0"
     assert letter.provider == "acme-smtp"
     assert len(smtp.messages) == 0  # 451 at DATA: refused every time
@@ -269,15 +314,17 @@ def test_authentication_failures_fail_at_once(app: Flask, code: str) -> None:
     with ScriptedSmtpServer(auth_users={"user": "right"}, auth_require_tls=False) as smtp:
         acme = tenant("acme").id
         # 535: wrong password; 530: no login at all on a server that requires one.
-        server = mail_server(acme, smtp, username="user" if code == "535" else None,
-                             from_address="a@acme.test")
+        server = mail_server(
+            acme, smtp, username="user" if code == "535" else None, from_address="a@acme.test"
+        )
         server.password = "wrong" if code == "535" else None
         db.session.commit()
         rid = accept_mail(app, acme)
         drain(app, until=lambda: record(rid).status != "Sending", policy=FAST)
     row = record(rid)
     assert row.status == "Failed"
-    assert row.error_code is not None and row.error_code.startswith(code)
+    assert row.error_code is not None
+    assert row.error_code.startswith(code)
 
 
 def test_starttls_and_auth_server(app: Flask) -> None:
@@ -293,7 +340,9 @@ def test_starttls_and_auth_server(app: Flask) -> None:
         assert smtp.logins == ["user"]
 
 
-def test_partially_refused_recipients_are_recorded(app: Flask, smtp: ScriptedSmtpServer, acme: int) -> None:
+def test_partially_refused_recipients_are_recorded(
+    app: Flask, smtp: ScriptedSmtpServer, acme: int
+) -> None:
     rid = accept_mail(app, acme, to=["ok@example.com", "r550@example.com"])
     drain(app)
     row = record(rid)
@@ -303,7 +352,9 @@ def test_partially_refused_recipients_are_recorded(app: Flask, smtp: ScriptedSmt
     assert smtp.messages[0].rcpt_tos == ["ok@example.com"]
 
 
-def test_hang_after_data_is_a_timeout_marked_ambiguous(app: Flask, acme: int, smtp: ScriptedSmtpServer) -> None:
+def test_hang_after_data_is_a_timeout_marked_ambiguous(
+    app: Flask, acme: int, smtp: ScriptedSmtpServer
+) -> None:
     rid = accept_mail(app, acme, to=["hang@example.com"])
     drain(app, until=lambda: record(rid).status == "Retry", policy=FAST, timeout_s=15)
     row = record(rid)
@@ -318,7 +369,9 @@ def test_hang_after_data_is_a_timeout_marked_ambiguous(app: Flask, acme: int, sm
     assert [m.message_id for m in smtp.messages] == [row.message_id_header] * 2
 
 
-def test_connections_are_reused_across_records(app: Flask, smtp: ScriptedSmtpServer, acme: int) -> None:
+def test_connections_are_reused_across_records(
+    app: Flask, smtp: ScriptedSmtpServer, acme: int
+) -> None:
     ids = [accept_mail(app, acme, to=[f"u{i}@example.com"]) for i in range(5)]
     drain(app)
     assert all(record(i).status == "Sent" for i in ids)
@@ -339,7 +392,9 @@ def test_manual_retry_refuses_sent_and_sending_and_counts_as_a_retry(
     )
     dead = accept_mail(app, acme, to=["d451@example.com"])
     db.session.execute(
-        MailSendRecord.__table__.update().where(MailSendRecord.id == dead).values(status="DeadLetter", retry_count=5)
+        MailSendRecord.__table__.update()
+        .where(MailSendRecord.id == dead)
+        .values(status="DeadLetter", retry_count=5)
     )
     db.session.commit()
     report = retry_records(db.session, MailSendRecord, [sent, failed, sending, dead, 999999], acme)

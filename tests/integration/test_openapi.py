@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 import schemathesis
-from schemathesis import GenerationMode, checks
 from flask import Flask
 from hypothesis import HealthCheck, given, settings
+from schemathesis import GenerationMode, checks
 
 from portal.extensions import db
 from tests.conftest import make_api_key, make_tenant

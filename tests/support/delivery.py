@@ -96,9 +96,14 @@ def drain(
 
 def _waiting_retry() -> bool:
     with Session(db.engine) as session:
-        return session.scalar(
-            select(MailSendRecord.id).where(MailSendRecord.status == SendStatus.RETRY.value).limit(1)
-        ) is not None
+        return (
+            session.scalar(
+                select(MailSendRecord.id)
+                .where(MailSendRecord.status == SendStatus.RETRY.value)
+                .limit(1)
+            )
+            is not None
+        )
 
 
 def record(record_id: int) -> MailSendRecord:

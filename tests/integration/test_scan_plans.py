@@ -1,0 +1,285 @@
+"""The due scan walks its status indexes, whatever the size of the history (seed 000, "How a
+scan reads"; DESIGN.md, "The send record is the queue").
+
+A database of its own (``<test database>_plans``, created and dropped here) gets 100,000 history
+rows per send-record table plus a few hundred Pending and Retry rows, then ANALYZE. The exact
+statements ``scan_due`` issues are captured as they reach the driver and run as server-side
+prepared statements under ``plan_cache_mode = force_generic_plan``, as a long-lived pooled
+connection would end up running them, with every planner switch at its default. Each must be an
+index scan bounded by its index condition: no Seq Scan, no Filter over the history. The old
+single OR query, under the same generic plan, walks the history: that is why the scan is two
+queries.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from psycopg import sql as pgsql
+from sqlalchemy import Engine, and_, create_engine, event, make_url, or_, select, text
+from sqlalchemy.dialects import postgresql
+from sqlalchemy.orm import Session
+
+from portal.extensions import db
+from portal.messaging.scan import scan_due
+from portal.models import MailSendRecord, SendStatus, SmsSendRecord, db_now
+from tests.conftest import TEST_DATABASE_URL, make_app
+
+ADMIN_URL = os.environ.get(
+    "TEST_PG_ADMIN_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
+)
+HISTORY = 100_000
+PENDING = 300
+RETRY = 300  # half due, half not yet
+SCAN_N = 4
+SMALL = 10  # rows a bounded plan may discard; the history is 10,000 times that
+
+pytestmark = pytest.mark.timeout(120)
+
+# One INSERT ... SELECT per table: history first (one row a minute over ~70 days: mostly Sent,
+# some Failed and DeadLetter), then the work, newest: Pending, and Retry due or not yet due.
+_HISTORY_STATUS = (
+    "CASE WHEN g % 50 = 0 THEN 'Failed' WHEN g % 97 = 0 THEN 'DeadLetter' ELSE 'Sent' END"
+)
+_HISTORY_AGE = f"make_interval(mins => {HISTORY} - g)"
+_WORK_STATUS = f"CASE WHEN g <= {PENDING} THEN 'Pending' ELSE 'Retry' END"
+_WORK_RETRY_AT = (
+    f"CASE WHEN g <= {PENDING} THEN NULL "
+    "WHEN g % 2 = 0 THEN now() - make_interval(secs => g) "  # due
+    "ELSE now() + make_interval(secs => 3600 + g) END"  # not yet due
+)
+_CHANNEL_COLUMNS = {
+    "mail_send_record": ("to_addrs, subject, text_body", "'[\"ann@example.com\"]', 'Hello', 'Hi'"),
+    "sms_send_record": ("phone_number, country_code, content", "'+447911123456', 'GB', 'Hi'"),
+}
+
+
+def _fill(engine: Engine, table: str) -> None:
+    columns, values = _CHANNEL_COLUMNS[table]
+    common = "tenant_id, scope, status, version, retry_count, created_time, updated_time"
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                f"INSERT INTO {table} ({common}, sent_at, {columns}) "
+                f"SELECT 1 + g % 50, 'TENANT', {_HISTORY_STATUS}, 3, 0, "
+                f"now() - {_HISTORY_AGE}, now() - {_HISTORY_AGE} + interval '2 seconds', "
+                f"now() - {_HISTORY_AGE} + interval '2 seconds', {values} "
+                f"FROM generate_series(1, {HISTORY}) g"
+            )
+        )
+        conn.execute(
+            text(
+                f"INSERT INTO {table} ({common}, next_retry_at, {columns}) "
+                f"SELECT 1 + g % 50, 'TENANT', {_WORK_STATUS}, 2, "
+                f"CASE WHEN g <= {PENDING} THEN 0 ELSE 1 END, "
+                f"now() - make_interval(secs => g), now() - make_interval(secs => g), "
+                f"{_WORK_RETRY_AT}, {values} "
+                f"FROM generate_series(1, {PENDING + RETRY}) g"
+            )
+        )
+        conn.execute(text(f"ANALYZE {table}"))
+
+
+@pytest.fixture(scope="module")
+def plans_engine() -> Iterator[Engine]:
+    """A fresh database migrated to head and filled; dropped afterwards."""
+    name = f"{make_url(TEST_DATABASE_URL).database}_plans"
+    url = make_url(TEST_DATABASE_URL).set(database=name).render_as_string(hide_password=False)
+    admin = create_engine(ADMIN_URL, isolation_level="AUTOCOMMIT")
+    try:
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+            conn.execute(text(f'CREATE DATABASE "{name}"'))
+        app = make_app(url)
+        with app.app_context():
+            engine = db.engine
+        try:
+            for table in _CHANNEL_COLUMNS:
+                _fill(engine, table)
+            yield engine
+        finally:
+            engine.dispose()
+    finally:
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+# --- running a statement as a generic prepared statement -------------------------------------
+
+
+@dataclass(frozen=True)
+class Captured:
+    sql: str  # as handed to the driver: %(name)s placeholders
+    params: dict[str, Any]
+
+
+def captured_scan(engine: Engine, model: type[Any]) -> list[Captured]:
+    """The statements ``scan_due`` sends to the database, exactly as sent."""
+    seen: list[Captured] = []
+
+    def capture(
+        _conn: Any, _cursor: Any, statement: str, parameters: Any, _ctx: Any, _many: bool
+    ) -> None:
+        seen.append(Captured(statement, dict(parameters or {})))
+
+    event.listen(engine, "before_cursor_execute", capture)
+    try:
+        with Session(engine) as session:
+            found = scan_due(session, model, SCAN_N)
+    finally:
+        event.remove(engine, "before_cursor_execute", capture)
+    assert len(found) == SCAN_N
+    return seen
+
+
+def compiled(statement: Any) -> Captured:
+    """A Core statement compiled as the psycopg dialect would send it."""
+    result = statement.compile(dialect=postgresql.psycopg.dialect())
+    return Captured(str(result), dict(result.params))
+
+
+@dataclass(frozen=True)
+class Plan:
+    root: dict[str, Any]
+    execution_ms: float
+
+    def nodes(self) -> Iterator[dict[str, Any]]:
+        stack = [self.root]
+        while stack:
+            node = stack.pop()
+            yield node
+            stack.extend(reversed(node.get("Plans", [])))
+
+    def summary(self) -> str:
+        parts = []
+        for node in self.nodes():
+            what = node["Node Type"]
+            if "Index Name" in node:
+                what += f" on {node['Index Name']}"
+            elif "Relation Name" in node:
+                what += f" on {node['Relation Name']}"
+            what += f" (rows {node['Actual Rows']}"
+            if node.get("Rows Removed by Filter"):
+                what += f", removed by filter {node['Rows Removed by Filter']}"
+            what += ")"
+            parts.append(what)
+        blocks = self.root.get("Shared Hit Blocks", 0) + self.root.get("Shared Read Blocks", 0)
+        return f"{' > '.join(parts)}; {blocks} buffers; execution {self.execution_ms:.3f} ms"
+
+
+def explain_generic(engine: Engine, statement: Captured, name: str) -> Plan:
+    """PREPARE the statement with $n parameters and EXPLAIN ANALYZE a forced generic plan."""
+    order: list[str] = []
+
+    def placeholder(match: re.Match[str]) -> str:
+        if match.group(1) not in order:
+            order.append(match.group(1))
+        return f"${order.index(match.group(1)) + 1}"
+
+    sql = re.sub(r"%\((\w+)\)s", placeholder, statement.sql)
+    assert "%" not in sql, sql
+    with engine.connect() as conn:
+        pg = conn.connection.driver_connection
+        assert pg is not None
+        args = pgsql.SQL(", ").join(pgsql.Literal(statement.params[p]) for p in order)
+        with pg.cursor() as cur:
+            cur.execute("SET plan_cache_mode = force_generic_plan")
+            cur.execute(f"PREPARE {name} AS {sql}")
+            cur.execute(
+                f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE {name}({args.as_string(pg)})"
+            )
+            row = cur.fetchone()
+            cur.execute(f"DEALLOCATE {name}")
+        conn.rollback()
+    assert row is not None
+    (document,) = row[0] if isinstance(row[0], list) else json.loads(row[0])
+    return Plan(document["Plan"], float(document["Execution Time"]))
+
+
+def assert_index_bounded(plan: Plan, index: str, rows: int) -> None:
+    nodes = list(plan.nodes())
+    scans = [n for n in nodes if n["Node Type"] in ("Index Scan", "Index Only Scan")]
+    assert [n.get("Index Name") for n in scans] == [index], plan.summary()
+    (scan,) = scans
+    # A generic plan: the parameters are still symbols in the condition, not inlined values.
+    assert "$1" in scan.get("Index Cond", ""), scan.get("Index Cond")
+    assert scan["Actual Rows"] == rows, plan.summary()
+    for node in nodes:
+        assert node["Node Type"] not in ("Seq Scan", "Sort"), plan.summary()
+        assert "Filter" not in node, (node["Filter"], plan.summary())
+        assert node.get("Rows Removed by Filter", 0) <= SMALL, plan.summary()
+        assert node.get("Rows Removed by Index Recheck", 0) <= SMALL, plan.summary()
+
+
+# --- tests -----------------------------------------------------------------------------------
+
+CHANNELS = {
+    "mail": (MailSendRecord, "idx_mail_send_status_updated", "idx_mail_send_status_retry"),
+    "sms": (SmsSendRecord, "idx_sms_send_status_updated", "idx_sms_send_status_retry"),
+}
+
+
+def test_every_planner_switch_is_at_its_default(plans_engine: Engine) -> None:
+    with plans_engine.connect() as conn:
+        changed = conn.execute(
+            text(
+                "SELECT name, setting FROM pg_settings "
+                "WHERE (name LIKE 'enable%' OR name = 'plan_cache_mode') AND setting <> boot_val"
+            )
+        ).all()
+        counts = conn.execute(
+            text("SELECT status, count(*) FROM mail_send_record GROUP BY status ORDER BY status")
+        ).all()
+    assert changed == []
+    print(f"\nmail_send_record: {dict(counts)}")
+    assert sum(n for _, n in counts) == HISTORY + PENDING + RETRY
+
+
+@pytest.mark.parametrize("channel", list(CHANNELS))
+def test_the_two_scan_queries_walk_their_status_indexes(plans_engine: Engine, channel: str) -> None:
+    model, pending_index, retry_index = CHANNELS[channel]
+    statements = captured_scan(plans_engine, model)
+    statuses = {SendStatus.PENDING.value, SendStatus.RETRY.value}
+    by_status = {v: s for s in statements for v in s.params.values() if v in statuses}
+    assert set(by_status) == statuses, statements
+    assert len(statements) == 2, statements  # two queries, never one OR query
+
+    print()
+    for status, index in ((SendStatus.PENDING, pending_index), (SendStatus.RETRY, retry_index)):
+        statement = by_status[status.value]
+        plan = explain_generic(plans_engine, statement, f"scan_{channel}_{status.value.lower()}")
+        print(f"[{channel} {status.value}] {plan.summary()}")
+        assert_index_bounded(plan, index, rows=SCAN_N)
+
+
+@pytest.mark.parametrize("channel", list(CHANNELS))
+def test_one_or_query_would_walk_the_history_under_a_generic_plan(
+    plans_engine: Engine, channel: str
+) -> None:
+    """Why the scan is two queries: the seed's single query, generic plan, same data."""
+    model = CHANNELS[channel][0]
+    old = (
+        select(model.id)
+        .where(
+            or_(
+                model.status == SendStatus.PENDING.value,
+                and_(model.status == SendStatus.RETRY.value, model.next_retry_at <= db_now()),
+            )
+        )
+        .order_by(model.id)
+        .limit(SCAN_N)
+    )
+    plan = explain_generic(plans_engine, compiled(old), f"or_scan_{channel}")
+    print(f"\n[{channel} single OR query] {plan.summary()}")
+    assert plan.root["Actual Rows"] == SCAN_N
+    removed = sum(n.get("Rows Removed by Filter", 0) for n in plan.nodes())
+    seq = [n for n in plan.nodes() if n["Node Type"] == "Seq Scan"]
+    # Not index-bounded: it reads (nearly) the whole history to find four due rows.
+    assert removed >= HISTORY * 0.9 or seq, plan.summary()
