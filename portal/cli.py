@@ -38,8 +38,13 @@ def _load(path: Path) -> object:
         ) from None
 
 
-def _import(path: Path) -> str:
+def _import(path: Path, smtp_port: int | None = None) -> str:
     data = _load(path)
+    if smtp_port is not None and isinstance(data, dict):
+        # The demo's servers point at the local sink; follow it to the port it was given.
+        for server in data.get("mailServers", []):
+            if isinstance(server, dict) and server.get("host") == "127.0.0.1":
+                server["port"] = smtp_port
     try:
         report = import_config(db.session(), data)
         db.session.commit()
@@ -58,14 +63,15 @@ def import_config_command(file: Path) -> None:
 
 @click.command("seed-demo")
 @click.option("--if-empty", is_flag=True, help="Only when no tenant exists yet.")
-def seed_demo(if_empty: bool) -> None:
+@click.option("--smtp-port", type=int, default=None, help="Port of the local SMTP sink.")
+def seed_demo(if_empty: bool, smtp_port: int | None) -> None:
     """Load the demo configuration (demo/demo-config.json)."""
     if if_empty:
         count = db.session.scalar(select(func.count()).select_from(Tenant).where(Tenant.id > 0))
         if count:
             click.echo("demo: the database already has tenants; not loading the demo")
             return
-    click.echo(_import(DEMO_CONFIG))
+    click.echo(_import(DEMO_CONFIG, smtp_port))
 
 
 def _tenant_id(slug: str) -> int:

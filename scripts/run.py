@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
 
     print("postroom: migrating the database", flush=True)
     _run([*flask, "db", "upgrade"], env)
-    _run([*flask, "seed-demo", "--if-empty"], env)
+    _run([*flask, "seed-demo", "--if-empty", "--smtp-port", str(args.smtp_port)], env)
 
     children: list[subprocess.Popen[bytes]] = []
 
