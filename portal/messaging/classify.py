@@ -189,6 +189,9 @@ _HTTP_CATEGORIES: dict[str, ErrorCategory] = {
 _EXACT_CODES: dict[str, ErrorCategory] = {
     "NETWORK_ERROR": ErrorCategory.TRANSIENT,
     "TIMEOUT": ErrorCategory.TRANSIENT,
+    # The SMTP transport's own: the server config cannot work as written (no STARTTLS
+    # offered where it is required, no usable login method). A retry would not fix it.
+    "CONFIG_ERROR": ErrorCategory.CONFIG,
 }
 
 # A provider's own code naming a limit (e.g. "RATE_LIMITED", "DAILY_QUOTA", "THROTTLED").

@@ -61,6 +61,7 @@ CODE_ROWS = [
     ("HTTP_403", A),
     ("NETWORK_ERROR", T),
     ("TIMEOUT", T),
+    ("CONFIG_ERROR", ErrorCategory.CONFIG),
     # A provider's own code naming a limit.
     ("RATE_LIMITED", Q),
     ("daily_quota_reached", Q),
