@@ -1,8 +1,10 @@
 """The delivery process: ``python worker.py``.
 
-Builds the app, starts a delivery pool per channel, and shuts down in two stages: the first
-SIGTERM/SIGINT claims nothing more and waits up to SHUTDOWN_GRACE_S for sends in flight
-(what is left stays Sending for the stuck-send sweep); a second signal exits at once.
+Builds the app, starts a delivery pool per channel, registers the periodic chores with
+rq-scheduler and supervises, as child processes, the rq-scheduler daemon and an rq worker that
+runs them. Shutdown has two stages: the first SIGTERM/SIGINT claims nothing more and waits up
+to SHUTDOWN_GRACE_S for sends in flight (what is left stays Sending for the stuck-send sweep),
+then stops the children and exits 0; a second signal exits at once.
 """
 
 from __future__ import annotations
@@ -12,15 +14,34 @@ import os
 import signal
 import sys
 import threading
+from pathlib import Path
 from types import FrameType
 
 from portal import create_app
 from portal.config import Settings
+from portal.delivery.children import Supervisor, chore_children
+from portal.delivery.chores import ensure_schedules
 from portal.delivery.service import DeliveryService
 from portal.extensions import db
 from portal.logs import configure_logging
+from portal.redis_store import connect
 
 log = logging.getLogger("portal.worker")
+RESCHEDULE_EVERY_S = 30.0
+
+
+def keep_schedules(settings: Settings, stopping: threading.Event) -> None:
+    """Register the chores now and re-check them every 30 s: Redis may come back empty."""
+    wait = 0.0
+    while not stopping.wait(wait):
+        try:
+            done = ensure_schedules(connect(settings.redis_url), settings)
+            if done:
+                log.info("chore schedules updated", extra={"schedules": done})
+            wait = RESCHEDULE_EVERY_S
+        except Exception as exc:  # Redis away: delivery goes on; try again soon
+            log.warning("cannot register the chore schedules (%s); retrying", exc)
+            wait = min(RESCHEDULE_EVERY_S, max(1.0, wait * 2))
 
 
 def main() -> int:
@@ -29,6 +50,13 @@ def main() -> int:
     settings: Settings = app.config["SETTINGS"]
     with app.app_context():
         engine = db.engine
+    redis_url = settings.redis_url
+    if redis_url is None:  # embedded Redis: the children need its socket
+        redis_url = f"unix://{connect(None).socket_file}"  # type: ignore[attr-defined]
+    env = dict(os.environ, REDIS_URL=redis_url)
+    supervisor = Supervisor(
+        chore_children(redis_url, settings.sweep_interval_s), env, Path(__file__).parent
+    )
     service = DeliveryService(engine, settings)
     stopping = threading.Event()
 
@@ -42,14 +70,19 @@ def main() -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     if settings.worker_metrics_port:
-        from prometheus_client import start_http_server
+        from portal.metrics import start_worker_metrics
 
-        start_http_server(settings.worker_metrics_port, addr="127.0.0.1")
+        start_worker_metrics(settings.worker_metrics_port, engine)
     service.start()
+    supervisor.start()
+    threading.Thread(
+        target=keep_schedules, args=(settings, stopping), name="schedules", daemon=True
+    ).start()
     print(f"worker: delivering (pid {os.getpid()})", flush=True)
     stopping.wait()
     service.stop()
     service.wait(settings.shutdown_grace_s)
+    supervisor.stop()
     engine.dispose()
     log.info("worker stopped")
     return 0

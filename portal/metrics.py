@@ -1,8 +1,23 @@
-"""Prometheus metrics shared by the portal and the worker."""
+"""Prometheus metrics shared by the portal and the worker.
+
+Counters live in each process (multiprocess mode under gunicorn, when
+PROMETHEUS_MULTIPROC_DIR is set); the backlog is read from the database at scrape time along
+the status indexes, so every process reports the same truth.
+"""
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Histogram
+import logging
+import os
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+from sqlalchemy import Engine, func, select
+from sqlalchemy.orm import Session
+
+log = logging.getLogger(__name__)
 
 MESSAGE_SENT = Counter(
     "message_sent", "Sends the server or provider accepted", ["channel", "provider"]
@@ -12,9 +27,84 @@ MESSAGE_FAILED = Counter(
     "Failed attempts, preparation failures included, by what happened next",
     ["channel", "provider", "outcome"],
 )
+MESSAGE_ACCEPTED = Counter(
+    "message_accepted", "Records written by acceptance (duplicates excluded)", ["channel"]
+)
 SEND_DURATION = Histogram(
     "message_send_duration_seconds",
     "Time talking to the server or provider per attempt",
     ["channel"],
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
 )
+
+BACKLOG_STATUSES = ("Pending", "Retry", "Sending", "Uncertain")
+
+
+class BacklogCollector(Collector):
+    """Records waiting, by channel and status, and how long the oldest due one has waited."""
+
+    def __init__(self, engine: Engine):
+        self.engine = engine
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        from portal.models import MailSendRecord, SmsSendRecord, db_now
+
+        backlog = GaugeMetricFamily(
+            "message_backlog", "Records not yet settled, by status", labels=["channel", "status"]
+        )
+        oldest = GaugeMetricFamily(
+            "message_oldest_due_age_seconds",
+            "How long the longest-due record has been waiting to be claimed",
+            labels=["channel"],
+        )
+        try:
+            with Session(self.engine) as session:
+                for channel, model in (("mail", MailSendRecord), ("sms", SmsSendRecord)):
+                    counts = dict(
+                        session.execute(
+                            select(model.status, func.count())
+                            .where(model.status.in_(BACKLOG_STATUSES))
+                            .group_by(model.status)
+                        ).all()
+                    )
+                    for status in BACKLOG_STATUSES:
+                        backlog.add_metric([channel, status], counts.get(status, 0))
+                    pending = session.scalar(
+                        select(func.min(model.updated_time)).where(model.status == "Pending")
+                    )
+                    retry = session.scalar(
+                        select(func.min(model.next_retry_at)).where(
+                            model.status == "Retry", model.next_retry_at <= db_now()
+                        )
+                    )
+                    now = session.scalar(select(db_now()))
+                    due = [t for t in (pending, retry) if t is not None]
+                    age = (now - min(due)).total_seconds() if due and now else 0.0
+                    oldest.add_metric([channel], max(0.0, age))
+        except Exception as exc:  # a scrape must not fail because the database is away
+            log.warning("backlog metrics unavailable: %s", exc)
+            return
+        yield backlog
+        yield oldest
+
+
+def registry_for(engine: Engine) -> CollectorRegistry:
+    """The registry to expose: this process's (or all gunicorn workers') metrics + backlog."""
+    from prometheus_client import REGISTRY, multiprocess
+
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
+    else:
+        registry = CollectorRegistry()
+        for collector in list(REGISTRY._collector_to_names):  # the default process metrics
+            registry.register(collector)
+    registry.register(BacklogCollector(engine))
+    return registry
+
+
+def start_worker_metrics(port: int, engine: Engine) -> None:
+    """Serve /metrics for the worker on 127.0.0.1:``port``."""
+    from prometheus_client import start_http_server
+
+    start_http_server(port, addr="127.0.0.1", registry=registry_for(engine))

@@ -65,15 +65,27 @@ def main(argv: list[str] | None = None) -> int:
         redis_holder = connect(None)
         env["REDIS_URL"] = f"unix://{redis_holder.socket_file}"
 
+    # Prometheus multiprocess mode: every gunicorn worker writes its counters here.
+    metrics_dir = instance / "prometheus"
+    if metrics_dir.exists():
+        for stale in metrics_dir.glob("*.db"):
+            stale.unlink()
+    metrics_dir.mkdir(exist_ok=True)
+
     print("postroom: migrating the database", flush=True)
     _run([*flask, "db", "upgrade"], env)
     _run([*flask, "seed-demo", "--if-empty", "--smtp-port", str(args.smtp_port)], env)
 
     children: list[subprocess.Popen[bytes]] = []
+    portal_env = dict(env, PROMETHEUS_MULTIPROC_DIR=str(metrics_dir))
 
-    def start(name: str, command: list[str]) -> None:
+    def start(name: str, command: list[str], child_env: dict[str, str] | None = None) -> None:
         print(f"postroom: starting {name}", flush=True)
-        children.append(subprocess.Popen(command, cwd=ROOT, env=env))
+        # Each child in its own session: Ctrl-C reaches this launcher only, which then sends
+        # one SIGTERM to each (a second signal would make the worker exit at once).
+        children.append(
+            subprocess.Popen(command, cwd=ROOT, env=child_env or env, start_new_session=True)
+        )
 
     start(
         "SMTP sink",
@@ -90,6 +102,8 @@ def main(argv: list[str] | None = None) -> int:
         "portal",
         [
             str(BIN / "gunicorn"),
+            "--config",
+            "scripts/gunicorn_conf.py",
             "--workers",
             "2",
             "--threads",
@@ -100,6 +114,7 @@ def main(argv: list[str] | None = None) -> int:
             "-",
             "app:app",
         ],
+        portal_env,
     )
     start("worker", [sys.executable, "worker.py"])
 

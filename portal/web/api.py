@@ -20,6 +20,7 @@ from portal.config import Settings
 from portal.extensions import csrf, db
 from portal.messaging import acceptance
 from portal.messaging.acceptance import AcceptanceError
+from portal.metrics import MESSAGE_ACCEPTED
 from portal.models import ApiKey, MailSendRecord, SmsSendRecord, Tenant
 from portal.models.tenant import hash_api_token
 from portal.tenancy import new_trace_id, tenant_context
@@ -129,7 +130,8 @@ def _rejected(exc: AcceptanceError) -> Response:
     return error_response(exc.status, exc.code, exc.message, exc.field, exc.index)
 
 
-def _accepted(results: list[acceptance.Accepted]) -> list[dict[str, Any]]:
+def _accepted(channel: str, results: list[acceptance.Accepted]) -> list[dict[str, Any]]:
+    MESSAGE_ACCEPTED.labels(channel).inc(sum(not r.duplicate for r in results))
     return [{"id": r.id, "duplicate": r.duplicate} for r in results]
 
 
@@ -157,7 +159,8 @@ def mail_create() -> tuple[Response, int]:
     """Accept one mail."""
     result = acceptance.send_mail(db.session(), _json_body(), settings=_settings())
     db.session.commit()
-    return jsonify({"id": result.id, "duplicate": result.duplicate}), 202
+    (item,) = _accepted("mail", [result])
+    return jsonify(item), 202
 
 
 @bp.post("/mail/batch")
@@ -167,7 +170,7 @@ def mail_batch() -> tuple[Response, int]:
     items = _batch_items(_json_body())
     results = acceptance.send_mail_batch(db.session(), items, settings=_settings())
     db.session.commit()
-    return jsonify({"items": _accepted(results)}), 202
+    return jsonify({"items": _accepted("mail", results)}), 202
 
 
 @bp.post("/sms")
@@ -176,7 +179,8 @@ def sms_create() -> tuple[Response, int]:
     """Accept one SMS."""
     result = acceptance.send_sms(db.session(), _json_body(), settings=_settings())
     db.session.commit()
-    return jsonify({"id": result.id, "duplicate": result.duplicate}), 202
+    (item,) = _accepted("sms", [result])
+    return jsonify(item), 202
 
 
 @bp.post("/sms/batch")
@@ -186,7 +190,7 @@ def sms_batch() -> tuple[Response, int]:
     items = _batch_items(_json_body())
     results = acceptance.send_sms_batch(db.session(), items, settings=_settings())
     db.session.commit()
-    return jsonify({"items": _accepted(results)}), 202
+    return jsonify({"items": _accepted("sms", results)}), 202
 
 
 def _own_record(model: type[MailSendRecord] | type[SmsSendRecord], record_id: int) -> Any:

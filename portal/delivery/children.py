@@ -1,0 +1,148 @@
+"""Child processes the worker supervises: the rq-scheduler daemon and an rq worker for chores.
+
+Processes, not threads: rq forks and installs signal handlers in its own main thread. A child
+that exits is restarted with a growing pause; on shutdown each gets SIGTERM, then SIGKILL
+after a few seconds. Children also get SIGTERM if the worker itself dies (PR_SET_PDEATHSIG),
+so a SIGKILLed worker leaves no orphan behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+log = logging.getLogger("portal.worker")
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    # Not Linux: no such call; the supervisor's own shutdown still stops them.
+    with contextlib.suppress(OSError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+@dataclass
+class Child:
+    name: str
+    argv: list[str]
+    process: subprocess.Popen[bytes] | None = None
+    restarts: int = 0
+    next_start: float = 0.0
+    started_at: float = field(default=0.0)
+
+
+class Supervisor:
+    """Start, watch and stop a fixed set of child processes."""
+
+    def __init__(self, children: list[Child], env: dict[str, str], cwd: Path):
+        self.children = children
+        self.env = env
+        self.cwd = cwd
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(target=self._watch, name="supervisor", daemon=True)
+
+    def start(self) -> None:
+        for child in self.children:
+            self._spawn(child)
+        self.thread.start()
+
+    def _spawn(self, child: Child) -> None:
+        try:
+            child.process = subprocess.Popen(
+                child.argv,
+                cwd=self.cwd,
+                env=self.env,
+                preexec_fn=_die_with_parent,
+                # Out of the terminal's process group: a Ctrl-C reaches the worker only, and
+                # the worker stops its children in order.
+                start_new_session=True,
+            )
+            child.started_at = time.monotonic()
+            log.info("started %s (pid %s)", child.name, child.process.pid)
+        except OSError as exc:
+            log.error("cannot start %s: %s", child.name, exc)
+            child.process = None
+
+    def _watch(self) -> None:
+        while not self.stopping.wait(0.5):
+            for child in self.children:
+                process = child.process
+                if process is not None and process.poll() is None:
+                    continue
+                now = time.monotonic()
+                if process is not None:
+                    # Exited: restart after a pause that grows while it keeps failing fast.
+                    lived = now - child.started_at
+                    child.restarts = 0 if lived > 60 else child.restarts + 1
+                    pause = min(30.0, 0.5 * 2 ** min(child.restarts, 6))
+                    log.warning(
+                        "%s exited with %s; restarting in %.1f s",
+                        child.name,
+                        process.returncode,
+                        pause,
+                    )
+                    child.process = None
+                    child.next_start = now + pause
+                if now >= child.next_start and not self.stopping.is_set():
+                    self._spawn(child)
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """SIGTERM every child, SIGKILL what is still there after ``timeout_s``."""
+        self.stopping.set()
+        if self.thread.is_alive():
+            self.thread.join(2.0)
+        running = [c.process for c in self.children if c.process and c.process.poll() is None]
+        for process in running:
+            process.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + timeout_s
+        for process in running:
+            try:
+                process.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+
+def chore_children(redis_url: str, interval_s: float) -> list[Child]:
+    """The rq-scheduler daemon and one rq SimpleWorker for the chores queue."""
+    from portal.delivery.chores import QUEUE
+
+    bindir = Path(sys.executable).parent
+    return [
+        Child(
+            "rq-scheduler",
+            [
+                str(bindir / "rqscheduler"),
+                "--url",
+                redis_url,
+                "--interval",
+                f"{min(1.0, interval_s):g}",
+                "--quiet",
+            ],
+        ),
+        Child(
+            "rq-worker",
+            [
+                str(bindir / "rq"),
+                "worker",
+                "--url",
+                redis_url,
+                "--worker-class",
+                "rq.worker.SimpleWorker",
+                "--quiet",
+                "--name",
+                f"postroom-chores-{os.getpid()}",
+                QUEUE,
+            ],
+        ),
+    ]

@@ -1,0 +1,113 @@
+"""Scheduled chores on rq-scheduler: declared as data with fixed job ids (as Redash does).
+
+``ensure_schedules`` removes our schedules that are stale and adds the missing ones, so
+starting any number of workers, any number of times, never duplicates a schedule; workers
+call it at start and again every so often, because Redis may have restarted empty.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import redis
+from rq_scheduler import Scheduler
+
+from portal.config import Settings
+
+log = logging.getLogger("portal.chores")
+
+QUEUE = "postroom-chores"
+PREFIX = "postroom-"  # rq job ids allow letters, digits, "_" and "-" only
+
+
+@dataclass(frozen=True)
+class Schedule:
+    id: str
+    func: str
+    interval_s: int
+    description: str
+
+
+def schedules(settings: Settings) -> list[Schedule]:
+    """Every periodic chore, as data."""
+    return [
+        Schedule(
+            id=f"{PREFIX}sweep-stuck-sends",
+            func="portal.delivery.chores.sweep_job",
+            interval_s=max(1, round(settings.sweep_interval_s)),
+            description="Put sends stuck in Sending back to retry",
+        ),
+    ]
+
+
+def ensure_schedules(connection: redis.Redis, settings: Settings) -> dict[str, str]:
+    """Remove stale schedules of ours, add missing ones; returns what was done per id."""
+    scheduler = Scheduler(queue_name=QUEUE, connection=connection)
+    wanted = {s.id: s for s in schedules(settings)}
+    done: dict[str, str] = {}
+    present: set[str] = set()
+    for job in scheduler.get_jobs():
+        if not job.id.startswith(PREFIX):
+            continue
+        spec = wanted.get(job.id)
+        if (
+            spec is None
+            or job.meta.get("interval") != spec.interval_s
+            or job.func_name != spec.func
+        ):
+            scheduler.cancel(job)
+            job.delete()
+            done[job.id] = "removed"
+        else:
+            present.add(job.id)
+    for spec in wanted.values():
+        if spec.id in present:
+            continue
+        # The same id from two workers at once lands on one sorted-set member: no duplicate.
+        scheduler.schedule(
+            scheduled_time=datetime.now(UTC),
+            func=spec.func,
+            interval=spec.interval_s,
+            repeat=None,
+            id=spec.id,
+            queue_name=QUEUE,
+            description=spec.description,
+            meta={"interval": spec.interval_s},
+            result_ttl=spec.interval_s * 10,
+            timeout=max(60, spec.interval_s * 5),
+        )
+        done[spec.id] = "added" if done.get(spec.id) is None else "replaced"
+    return done
+
+
+# --- jobs (run by the rq worker child, a SimpleWorker: one app per process) ---------------
+
+_app: list[Any] = []
+
+
+def _engine_and_settings() -> tuple[Any, Settings]:
+    from portal import create_app
+    from portal.extensions import db
+
+    if not _app:
+        _app.append(create_app())
+    app = _app[0]
+    with app.app_context():
+        return db.engine, app.config["SETTINGS"]
+
+
+def sweep_job() -> dict[str, Any]:
+    """The stuck-send sweep, as an rq job."""
+    from portal.messaging.sweeper import sweep_stuck_sends
+
+    engine, settings = _engine_and_settings()
+    report = sweep_stuck_sends(engine, settings)
+    if report.total:
+        log.info(
+            "sweep done",
+            extra={"recovered": report.recovered, "exhausted": report.exhausted},
+        )
+    return {"recovered": report.recovered, "exhausted": report.exhausted}
