@@ -15,6 +15,8 @@ need_debs=()
 command -v pg_ctlcluster >/dev/null || need_debs+=(postgresql)
 command -v psql >/dev/null || need_debs+=(postgresql-client)
 command -v redis-server >/dev/null || need_debs+=(redis-server)
+# Browser tests drive Debian's Chromium with Playwright (never `playwright install`).
+[ -x /usr/bin/chromium ] || need_debs+=(chromium)
 if [ ${#need_debs[@]} -gt 0 ]; then
   log "installing Debian packages: ${need_debs[*]}"
   apt-get update -qq

@@ -88,6 +88,18 @@ class AppUser(Base):
     def role_enum(self) -> Role:
         return Role(self.role)
 
+    # The user protocol flask-login expects (is_active is the column above).
+    @property
+    def is_authenticated(self) -> bool:
+        return True
+
+    @property
+    def is_anonymous(self) -> bool:
+        return False
+
+    def get_id(self) -> str:
+        return str(self.id)
+
 
 def hash_api_token(token: str) -> str:
     """SHA-256 of an API token: tokens are long and random, so a slow hash buys nothing."""

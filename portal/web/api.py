@@ -12,9 +12,8 @@ from datetime import UTC, datetime
 from functools import wraps
 from typing import Any, ParamSpec, TypeVar
 
-from flask import Blueprint, Flask, Response, current_app, g, jsonify, request
+from flask import Blueprint, Response, current_app, g, jsonify, request
 from sqlalchemy import select, update
-from werkzeug.exceptions import HTTPException
 
 from portal.config import Settings
 from portal.extensions import csrf, db
@@ -43,23 +42,6 @@ def error_response(
     response = jsonify({"error": body})
     response.status_code = status
     return response
-
-
-def init_app(app: Flask) -> None:
-    """JSON errors for everything under /api/ (HTML pages keep their own handlers)."""
-
-    @app.errorhandler(HTTPException)
-    def _http_error(exc: HTTPException) -> Response | HTTPException:
-        if not _is_api_path():
-            return exc
-        code = (exc.name or "error").lower().replace(" ", "_")
-        return error_response(exc.code or 500, code, exc.description or exc.name or "error")
-
-
-def _is_api_path() -> bool:
-    return request.path.startswith(
-        ("/api/", "/MailSendRecord/", "/SmsSendRecord/", "/TenantMessageQuota/")
-    )
 
 
 def _settings() -> Settings:

@@ -1,0 +1,121 @@
+"""Who may do what in the portal: roles, permissions, the tenant being looked at.
+
+Every HTML view declares the permission it needs with ``@requires(...)``; a view that
+declares none is refused (default deny, enforced in ``init_app``). Queries are scoped with
+``viewed_tenant()``: a user of one tenant only ever sees that tenant's rows, and an id from
+another tenant is a 404, exactly like an id that does not exist.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from enum import StrEnum
+from functools import wraps
+from typing import Any, ParamSpec, TypeVar
+
+from flask import Flask, abort, request, session
+from flask_login import current_user, login_required
+
+from portal.models import AppUser, Role
+from portal.tenancy import PLATFORM_TENANT_ID
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+ALL_TENANTS = "all"
+
+
+class Permission(StrEnum):
+    VIEW_RECORDS = "view_records"
+    RETRY = "retry"
+    EDIT_TEMPLATES = "edit_templates"
+    EDIT_CONFIG = "edit_config"  # servers, providers, routes, bindings
+    VIEW_QUOTA = "view_quota"
+    EDIT_QUOTA = "edit_quota"
+    DEAD_LETTERS = "dead_letters"
+    API_KEYS = "api_keys"
+    SWITCH_TENANT = "switch_tenant"
+    SUPPRESSION = "suppression"
+
+
+ROLE_PERMISSIONS: dict[Role, frozenset[Permission]] = {
+    Role.PLATFORM_OPERATOR: frozenset(Permission),
+    Role.TENANT_ADMIN: frozenset(
+        {
+            Permission.VIEW_RECORDS,
+            Permission.RETRY,
+            Permission.EDIT_TEMPLATES,
+            Permission.EDIT_CONFIG,
+            Permission.VIEW_QUOTA,
+            Permission.API_KEYS,
+            Permission.SUPPRESSION,
+        }
+    ),
+    Role.SUPPORT: frozenset({Permission.VIEW_RECORDS, Permission.RETRY, Permission.VIEW_QUOTA}),
+}
+
+# Endpoints any visitor may reach (sign-in, static files, machine endpoints with their own auth).
+PUBLIC_BLUEPRINTS = {"auth", "api", "operator_api", "health", "metrics"}
+PUBLIC_ENDPOINTS = {"static"}
+
+
+def user() -> AppUser:
+    """The signed-in user (views behind ``requires`` only)."""
+    return current_user._get_current_object()  # type: ignore[no-any-return]
+
+
+def can(permission: Permission) -> bool:
+    """Whether the signed-in user holds ``permission``."""
+    if not current_user.is_authenticated:
+        return False
+    return permission in ROLE_PERMISSIONS[Role(current_user.role)]
+
+
+def requires(permission: Permission) -> Callable[[Callable[P, R]], Callable[P, R]]:
+    """Sign-in plus ``permission``, or 403."""
+
+    def decorate(view: Callable[P, R]) -> Callable[P, R]:
+        @wraps(view)
+        def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+            if not can(permission):
+                abort(403)
+            return view(*args, **kwargs)
+
+        wrapper.required_permission = permission  # type: ignore[attr-defined]
+        return login_required(wrapper)  # type: ignore[no-any-return]
+
+    return decorate
+
+
+def is_operator() -> bool:
+    return bool(current_user.is_authenticated and current_user.role == Role.PLATFORM_OPERATOR)
+
+
+def viewed_tenant(*, allow_all: bool = False) -> int | None:
+    """The tenant whose rows the page shows: the user's own, or the one an operator chose.
+
+    None means "every tenant", which only operators get and only where ``allow_all`` (lists of
+    records and dead letters); elsewhere an operator on "all" works in the platform tier.
+    """
+    if not is_operator():
+        return int(current_user.tenant_id)
+    chosen = session.get("view_tenant", PLATFORM_TENANT_ID)
+    if chosen == ALL_TENANTS:
+        return None if allow_all else PLATFORM_TENANT_ID
+    return int(chosen)
+
+
+def init_app(app: Flask) -> None:
+    """Default deny: an HTML view without a declared permission is never served."""
+
+    @app.before_request
+    def _default_deny() -> None:
+        endpoint = request.endpoint
+        if endpoint is None or endpoint in PUBLIC_ENDPOINTS:
+            return
+        blueprint = endpoint.split(".", 1)[0] if "." in endpoint else None
+        if blueprint in PUBLIC_BLUEPRINTS:
+            return
+        view: Any = app.view_functions.get(endpoint)
+        if getattr(view, "required_permission", None) is None:
+            abort(403)
