@@ -1,24 +1,56 @@
 """The seed's operator endpoints, kept at their paths: manual retry and quota usage.
 
-Authorised by a tenant API key (own records only). The portal's pages call the same domain
-functions with a signed-in user's permissions.
+Authorised by a tenant API key (own records only), or by a signed-in portal session whose role
+holds the permission; a session is an ambient cookie credential, so those requests must carry
+the CSRF token (API-key requests need none: nothing ambient to forge).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from functools import wraps
+from typing import Any, ParamSpec
 
 from flask import Blueprint, Response, current_app, g, jsonify, request
+from flask_login import current_user
 
 from portal.extensions import csrf, db
 from portal.messaging import quota
 from portal.messaging.retry import MAX_BULK, Model, retry_records
 from portal.models import MailSendRecord, SmsSendRecord
-from portal.tenancy import PLATFORM_TENANT_ID
+from portal.tenancy import PLATFORM_TENANT_ID, tenant_context
+from portal.web.access import Permission, can, viewed_tenant
 from portal.web.api import _BadRequest, _json_body, api_key_required, error_response
 
 bp = Blueprint("operator_api", __name__)
-csrf.exempt(bp)  # API-key authenticated; no cookie credential to forge
+csrf.exempt(bp)  # checked by hand below, for session-authenticated requests only
+
+P = ParamSpec("P")
+
+
+def key_or_session(
+    permission: Permission,
+) -> Callable[[Callable[P, Response]], Callable[P, Response]]:
+    """An API key (its tenant), else a portal session with ``permission`` (the viewed tenant)."""
+
+    def decorate(view: Callable[P, Response]) -> Callable[P, Response]:
+        by_key = api_key_required(view)
+
+        @wraps(view)
+        def wrapper(*args: P.args, **kwargs: P.kwargs) -> Response:
+            if "Authorization" in request.headers or not current_user.is_authenticated:
+                return by_key(*args, **kwargs)
+            if not can(permission):
+                return error_response(403, "forbidden", "your role does not allow this")
+            csrf.protect()  # raises a 400 CSRFError when the token is missing or wrong
+            g.tenant_id = viewed_tenant(allow_all=True)
+            with tenant_context(g.tenant_id):
+                return view(*args, **kwargs)
+
+        return wrapper
+
+    return decorate
+
 
 MODELS: dict[str, Model] = {"MailSendRecord": MailSendRecord, "SmsSendRecord": SmsSendRecord}
 
@@ -36,7 +68,7 @@ def _id_arg() -> int:
 
 
 @bp.post("/<any(MailSendRecord, SmsSendRecord):kind>/retry")
-@api_key_required
+@key_or_session(Permission.RETRY)
 def retry(kind: str) -> Response:
     """Requeue one record: Pending, Retry, Failed, DeadLetter -> Retry due now."""
     record_id = _id_arg()
@@ -53,7 +85,7 @@ def retry(kind: str) -> Response:
 
 
 @bp.post("/<any(MailSendRecord, SmsSendRecord):kind>/retryByIds")
-@api_key_required
+@key_or_session(Permission.RETRY)
 def retry_by_ids(kind: str) -> Response:
     """Requeue many records; those that cannot be retried are skipped, each with its reason."""
     body: Any = _json_body()
@@ -76,7 +108,7 @@ def retry_by_ids(kind: str) -> Response:
 
 
 @bp.get("/TenantMessageQuota/usage")
-@api_key_required
+@key_or_session(Permission.VIEW_QUOTA)
 def quota_usage() -> Response:
     """This month's usage of a bucket and the ceilings in force (a tenant reads its own)."""
     raw = request.args.get("tenantId", str(g.tenant_id))
@@ -84,7 +116,7 @@ def quota_usage() -> Response:
         tenant_id = int(raw)
     except ValueError:
         return error_response(422, "invalid", "tenantId must be a whole number", "tenantId")
-    if tenant_id != g.tenant_id and g.tenant_id != PLATFORM_TENANT_ID:
+    if g.tenant_id is not None and tenant_id != g.tenant_id and g.tenant_id != PLATFORM_TENANT_ID:
         return error_response(404, "not_found", "no such quota bucket", "tenantId")
     result = quota.usage(db.session(), tenant_id, current_app.config["SETTINGS"])
     return jsonify(
