@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import click
+from email_validator import EmailNotValidError, validate_email
 from flask import Flask
 from sqlalchemy import func, select
 
@@ -92,13 +93,19 @@ def _tenant_id(slug: str) -> int:
 def create_user(email: str, tenant_slug: str, role: str, name: str, password: str) -> None:
     """Create a portal user."""
     tenant_id = _tenant_id(tenant_slug)
-    if (role == Role.PLATFORM_OPERATOR) != (tenant_id == PLATFORM_TENANT_ID):
-        raise click.ClickException("platform_operator users belong to the platform tier only")
+    if role == Role.PLATFORM_OPERATOR and tenant_id != PLATFORM_TENANT_ID:
+        raise click.ClickException("platform_operator users belong to the platform tier")
+    if role != Role.PLATFORM_OPERATOR and tenant_id == PLATFORM_TENANT_ID:
+        raise click.ClickException("the platform tier's users are platform_operator users")
+    try:
+        email = validate_email(email, check_deliverability=False).normalized.lower()
+    except EmailNotValidError as exc:
+        raise click.ClickException(f"{email!r} is not a valid email address: {exc}") from None
     if len(password) < 8:
         raise click.ClickException("the password needs at least 8 characters")
-    if db.session.scalar(select(AppUser.id).where(AppUser.email == email.lower())):
+    if db.session.scalar(select(AppUser.id).where(AppUser.email == email)):
         raise click.ClickException(f"a user with email {email} already exists")
-    user = AppUser(email=email.lower(), tenant_id=tenant_id, role=role, name=name)
+    user = AppUser(email=email, tenant_id=tenant_id, role=role, name=name)
     user.set_password(password)
     db.session.add(user)
     db.session.commit()

@@ -7,6 +7,7 @@ an invalid entry raises ``ImportError_`` naming it, and nothing is written.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -128,7 +129,8 @@ class _Entry:
         if value is None:
             return None
         try:
-            return validate_email(value, check_deliverability=False).normalized
+            # Lower-cased whole: one mailbox, one account, whatever case it was typed in.
+            return validate_email(value, check_deliverability=False).normalized.lower()
         except EmailNotValidError as exc:
             raise self.fail(f"{name} is not a valid email address: {exc}") from None
 
@@ -258,7 +260,7 @@ class _Importer:
 
     def _tenants(self, e: _Entry) -> None:
         slug = e.req("slug", 64)
-        if slug == PLATFORM_SLUG or not slug.replace("-", "").isalnum() or slug != slug.lower():
+        if slug == PLATFORM_SLUG or not re.fullmatch(r"[a-z0-9][a-z0-9-]{0,63}", slug):
             raise e.fail("slug must be lower-case letters, digits and dashes, not 'platform'")
         row = self._upsert(Tenant, "tenants", slug=slug)
         row.name = e.req("name", 200)
@@ -295,6 +297,8 @@ class _Importer:
     def _apiKeys(self, e: _Entry) -> None:
         tenant_id = self.tenant_id(e)
         token = e.req("token", 200)
+        if token != token.strip() or any(c.isspace() for c in token):
+            raise e.fail("token must not contain spaces")
         if len(token) < 24:
             raise e.fail("token must be at least 24 characters (use create-api-key for a new one)")
         digest = hash_api_token(token)
@@ -373,7 +377,8 @@ class _Importer:
             SmsProviderRegion, "smsRoutes", provider_id=provider.id, country_code=country
         )
         row.tenant_id = tenant_id
-        row.priority = e.number("priority") or 100
+        priority = e.number("priority")
+        row.priority = 100 if priority is None else priority
 
     def _mailTemplates(self, e: _Entry) -> None:
         from portal.messaging.templating import TemplateRenderError, compile_check
@@ -456,6 +461,6 @@ def _country(e: _Entry, name: str, *, required: bool) -> str | None:
     value = e.text(name, required=required, max_len=2)
     if value is None:
         return None
-    if len(value) != 2 or not value.isalpha() or not value.isupper():
+    if not re.fullmatch(r"[A-Z]{2}", value):
         raise e.fail(f"{name} must be an ISO 3166 two-letter code such as GB")
     return value

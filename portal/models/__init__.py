@@ -57,8 +57,14 @@ __all__ = [
 
 
 def _bump_config_version(_mapper: object, _connection: object, target: object) -> None:
-    """Every save of a server or provider config bumps its version, so caches keyed by it
-    can never serve a stale config in any process."""
+    """Every save that changes a server or provider config bumps its version, so caches keyed
+    by it can never serve a stale config in any process. An assignment of an equal value is
+    no change: it must not throw every worker's cached connection away."""
+    from sqlalchemy.orm import object_session
+
+    session = object_session(target)
+    if session is None or not session.is_modified(target, include_collections=False):
+        return
     target.config_version = (target.config_version or 0) + 1  # type: ignore[attr-defined]
 
 

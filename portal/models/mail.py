@@ -90,6 +90,8 @@ class MailSendServerConfig(Base):
 
     @password.setter
     def password(self, value: str | None) -> None:
+        if value and self.password_encrypted and self.password == value:
+            return  # unchanged: a fresh ciphertext would look like a change
         self.password_encrypted = secretbox.encrypt(value) if value else None
 
 

@@ -82,6 +82,8 @@ class SmsProviderConfig(Base):
 
     @secret.setter
     def secret(self, value: str | None) -> None:
+        if value and self.secret_encrypted and self.secret == value:
+            return  # unchanged: a fresh ciphertext would look like a change
         self.secret_encrypted = secretbox.encrypt(value) if value else None
 
     @property
@@ -93,6 +95,8 @@ class SmsProviderConfig(Base):
 
     @webhook_secret.setter
     def webhook_secret(self, value: str | None) -> None:
+        if value and self.webhook_secret_encrypted and self.webhook_secret == value:
+            return
         self.webhook_secret_encrypted = secretbox.encrypt(value) if value else None
 
 

@@ -89,7 +89,10 @@ def _unauthorised(message: str) -> Response:
 def _json_body() -> Any:
     if not request.is_json:
         raise _BadRequest("unsupported_media_type", "send Content-Type: application/json", 415)
-    data = request.get_json(silent=True)
+    try:
+        data = request.get_json(silent=True)
+    except RecursionError:  # "[[[[..." nested past the decoder's stack: malformed all the same
+        data = None
     if data is None:
         raise _BadRequest("malformed_json", "the request body is not valid JSON")
     return data

@@ -7,6 +7,7 @@ the CSRF token (API-key requests need none: nothing ambient to forge).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from functools import wraps
 from typing import Any, ParamSpec
@@ -60,9 +61,14 @@ def _bad_request(exc: _BadRequest) -> Response:
     return error_response(exc.status, exc.code, exc.message, exc.field)
 
 
+_ID = re.compile(r"[0-9]{1,18}")  # ASCII digits only: str.isdigit() also accepts "²" and "٣"
+_TENANT_ID = re.compile(r"-?[0-9]{1,40}")
+_BIGINT = 2**63
+
+
 def _id_arg() -> int:
     raw = request.args.get("id", "")
-    if not raw.isdigit() or len(raw) > 18:
+    if not _ID.fullmatch(raw):
         raise _BadRequest("invalid", "id must be a positive whole number", 422, "id")
     return int(raw)
 
@@ -111,11 +117,18 @@ def retry_by_ids(kind: str) -> Response:
 @key_or_session(Permission.VIEW_QUOTA)
 def quota_usage() -> Response:
     """This month's usage of a bucket and the ceilings in force (a tenant reads its own)."""
-    raw = request.args.get("tenantId", str(g.tenant_id))
-    try:
-        tenant_id = int(raw)
-    except ValueError:
+    raw = request.args.get("tenantId")
+    if raw is None:
+        if g.tenant_id is None:
+            return error_response(
+                422, "required", "tenantId is required when viewing all tenants", "tenantId"
+            )
+        raw = str(g.tenant_id)
+    if not _TENANT_ID.fullmatch(raw):
         return error_response(422, "invalid", "tenantId must be a whole number", "tenantId")
+    tenant_id = int(raw)
+    if not -_BIGINT <= tenant_id < _BIGINT:  # no such tenant can exist
+        return error_response(404, "not_found", "no such quota bucket", "tenantId")
     if g.tenant_id is not None and tenant_id != g.tenant_id and g.tenant_id != PLATFORM_TENANT_ID:
         return error_response(404, "not_found", "no such quota bucket", "tenantId")
     result = quota.usage(db.session(), tenant_id, current_app.config["SETTINGS"])

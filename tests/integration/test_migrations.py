@@ -51,7 +51,9 @@ def test_there_is_exactly_one_head() -> None:
     assert len(script.get_heads()) == 1, script.get_heads()
     # Every revision is reachable from the head: no orphaned branch hides behind it.
     walked = {rev.revision for rev in script.walk_revisions()}
-    assert walked == {rev.revision for rev in script.revision_map.iterate_revisions("heads", "base")}
+    assert walked == {
+        rev.revision for rev in script.revision_map.iterate_revisions("heads", "base")
+    }
 
 
 def test_migrated_schema_equals_the_models(any_app: Flask) -> None:
@@ -65,9 +67,9 @@ def test_platform_tier_row_and_tenant_id_range(any_app: Flask) -> None:
     assert platform is not None
     assert (platform.slug, platform.is_active) == ("platform", True)
     db.session.rollback()  # on SQLite every transaction holds the write lock (BEGIN IMMEDIATE)
-    with pytest.raises(IntegrityError):  # the check constraint keeps 0 and other negatives out
-        with db.engine.begin() as connection:
-            connection.execute(text("INSERT INTO tenant (id, slug, name) VALUES (0, 'zero', 'Z')"))
+    # The check constraint keeps 0 and other negatives out.
+    with pytest.raises(IntegrityError), db.engine.begin() as connection:
+        connection.execute(text("INSERT INTO tenant (id, slug, name) VALUES (0, 'zero', 'Z')"))
     assert db.session.scalar(select(Tenant.id).where(Tenant.slug == "zero")) is None
 
 
