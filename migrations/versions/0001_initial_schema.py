@@ -8,6 +8,8 @@ Create Date: 2026-11-30 08:43:03.104377
 from alembic import op
 import sqlalchemy as sa
 
+from portal.models.base import now_default
+
 
 # revision identifiers, used by Alembic.
 revision = '0001'
@@ -16,15 +18,8 @@ branch_labels = None
 depends_on = None
 
 
-def _now():
-    """The database clock as a column default, in each dialect's words."""
-    if op.get_bind().dialect.name == "sqlite":
-        return sa.text("(strftime('%Y-%m-%d %H:%M:%f', 'now'))")
-    return sa.text("statement_timestamp()")
-
-
 def upgrade():
-    now = _now()
+    now = now_default(op.get_bind().dialect.name)
     op.create_table('dead_letter_message',
     sa.Column('id', sa.BigInteger().with_variant(sa.Integer(), 'sqlite'), nullable=False),
     sa.Column('tenant_id', sa.BigInteger().with_variant(sa.Integer(), 'sqlite'), nullable=False),

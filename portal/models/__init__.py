@@ -13,6 +13,13 @@ from portal.models.enums import (
     TriageStatus,
     UncertainPolicy,
 )
+from portal.models.events import (
+    DeliveryEvent,
+    MailReceiveConfig,
+    MailReceiveState,
+    ReceivedMail,
+    Suppression,
+)
 from portal.models.mail import MailSendRecipient, MailSendRecord, MailSendServerConfig, MailTemplate
 from portal.models.quota import TenantMessageQuota, TenantMessageUsage
 from portal.models.sms import (
@@ -31,10 +38,14 @@ __all__ = [
     "Channel",
     "DeadLetterMessage",
     "DeadLetterSource",
+    "DeliveryEvent",
+    "MailReceiveConfig",
+    "MailReceiveState",
     "MailSendRecipient",
     "MailSendRecord",
     "MailSendServerConfig",
     "MailTemplate",
+    "ReceivedMail",
     "Role",
     "Scope",
     "SendStatus",
@@ -45,6 +56,7 @@ __all__ = [
     "SmsTemplate",
     "SmsTemplateProviderBinding",
     "SmtpSecurity",
+    "Suppression",
     "Tenant",
     "TenantMessageQuota",
     "TenantMessageUsage",
@@ -71,7 +83,7 @@ def _bump_config_version(_mapper: object, _connection: object, target: object) -
 def _register_events() -> None:
     from sqlalchemy import event
 
-    for model in (MailSendServerConfig, SmsProviderConfig):
+    for model in (MailSendServerConfig, SmsProviderConfig, MailReceiveConfig):
         event.listen(model, "before_update", _bump_config_version)
 
 

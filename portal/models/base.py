@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import BigInteger, DateTime, Integer, MetaData, TypeDecorator
+from sqlalchemy import BigInteger, DateTime, Integer, MetaData, TextClause, TypeDecorator, text
 from sqlalchemy.engine import Dialect
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.orm import DeclarativeBase
@@ -100,3 +100,10 @@ def _db_now_plus_sqlite(element: db_now_plus, compiler: SQLCompiler, **kw: Any) 
     (seconds,) = list(element.clauses)
     modifier = f"printf('%+.6f seconds', {compiler.process(seconds, **kw)})"
     return f"strftime('%Y-%m-%d %H:%M:%f', 'now', {modifier})"
+
+
+def now_default(dialect_name: str) -> TextClause:
+    """The database clock as a column DEFAULT, in each dialect's words (for migrations)."""
+    if dialect_name == "sqlite":
+        return text("(strftime('%Y-%m-%d %H:%M:%f', 'now'))")
+    return text("statement_timestamp()")

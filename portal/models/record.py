@@ -50,5 +50,11 @@ class SendRecordMixin:
     ambiguous_reason: Mapped[str | None] = mapped_column(Text)
     delivery_outcome: Mapped[str | None] = mapped_column(String(16))
     delivery_outcome_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    # An operator's resolution of an Uncertain record (seed 002): accepted | failed.
+    resolution: Mapped[str | None] = mapped_column(String(16))
+    resolution_reason: Mapped[str | None] = mapped_column(Text)
+    resolved_by: Mapped[str | None] = mapped_column(String(320))
+    resolved_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    cancelled_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     created_time: Mapped[datetime] = mapped_column(UTCDateTime, server_default=db_now())
     updated_time: Mapped[datetime] = mapped_column(UTCDateTime, server_default=db_now())
