@@ -83,6 +83,9 @@ class Settings:
     smtp_read_timeout_s: float = 30.0
     sms_connect_timeout_s: float = 5.0
     sms_read_timeout_s: float = 30.0
+    # The rate-limit check asks Redis before every limited send: it must answer fast or the
+    # send is deferred (never sent unchecked).
+    rate_limit_timeout_s: float = 0.5
     mail_body_max_chars: int = 1_048_576
     mail_monthly_default: int | None = None
     sms_monthly_default: int | None = None
@@ -114,6 +117,9 @@ class Settings:
             shutdown_grace_s=_float(env, "SHUTDOWN_GRACE_S", 30.0),
             smtp_connect_timeout_s=_float(env, "SMTP_CONNECT_TIMEOUT_S", 5.0),
             smtp_read_timeout_s=_float(env, "SMTP_READ_TIMEOUT_S", 30.0),
+            sms_connect_timeout_s=_float(env, "SMS_CONNECT_TIMEOUT_S", 5.0),
+            sms_read_timeout_s=_float(env, "SMS_READ_TIMEOUT_S", 30.0),
+            rate_limit_timeout_s=_float(env, "RATE_LIMIT_TIMEOUT_S", 0.5),
             mail_body_max_chars=_int(env, "MAIL_BODY_MAX_CHARS", 1_048_576) or 0,
             mail_monthly_default=_int(env, "MAIL_MONTHLY_DEFAULT", None),
             sms_monthly_default=_int(env, "SMS_MONTHLY_DEFAULT", None),

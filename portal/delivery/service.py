@@ -12,13 +12,14 @@ from portal.config import Settings
 from portal.delivery.pool import ChannelPool, ChannelSpec
 from portal.delivery.wakeups import Listener
 from portal.messaging.backoff import BackoffPolicy
-from portal.messaging.pipeline import MailContext, process_mail
-from portal.models import Channel, MailSendRecord
+from portal.messaging.pipeline import MailContext, SmsContext, process_mail, process_sms
+from portal.models import Channel, MailSendRecord, SmsSendRecord
 
 log = logging.getLogger("portal.delivery")
 
 
 def mail_spec(engine: Engine, settings: Settings) -> ChannelSpec:
+    """The mail pool: one SMTP connection pool per worker."""
     policy = BackoffPolicy.from_settings(settings)
 
     def make_context() -> MailContext:
@@ -33,13 +34,29 @@ def mail_spec(engine: Engine, settings: Settings) -> ChannelSpec:
     )
 
 
+def sms_spec(engine: Engine, settings: Settings) -> ChannelSpec:
+    """The SMS pool: one HTTP client per worker, made in the worker's own thread."""
+    policy = BackoffPolicy.from_settings(settings)
+
+    def make_context() -> SmsContext:
+        return SmsContext(engine=engine, settings=settings, policy=policy)
+
+    return ChannelSpec(
+        channel=Channel.SMS,
+        model=SmsSendRecord,
+        concurrency=settings.sms_send_concurrency,
+        make_context=make_context,
+        process=process_sms,
+    )
+
+
 @dataclass
 class DeliveryService:
     engine: Engine
     settings: Settings
 
     def __post_init__(self) -> None:
-        specs = [mail_spec(self.engine, self.settings)]
+        specs = [mail_spec(self.engine, self.settings), sms_spec(self.engine, self.settings)]
         self.pools = {
             spec.channel: ChannelPool(self.engine, spec, self.settings.poll_interval_s)
             for spec in specs

@@ -467,7 +467,10 @@ def parse_phone_number(raw: Any, field_name: str = "phoneNumber") -> tuple[str, 
     if not phonenumbers.is_valid_number(number):
         raise _reject(field_name, f"{field_name} is not a valid phone number")
     e164 = phonenumbers.format_number(number, phonenumbers.PhoneNumberFormat.E164)
-    return e164, phonenumbers.region_code_for_number(number)
+    region = phonenumbers.region_code_for_number(number)
+    # Non-geographic numbers (+800, +882, ...) have the pseudo-region "001": no country to
+    # route by, so they take the tier's default providers.
+    return e164, region if region and len(region) == 2 and region.isalpha() else None
 
 
 def validate_sms(data: Any, settings: Settings, tenant_id: int | None) -> SmsRequest:

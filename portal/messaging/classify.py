@@ -32,6 +32,7 @@ class MarkerCode(StrEnum):
     MONTHLY_QUOTA_EXCEEDED = "MONTHLY_QUOTA_EXCEEDED"
     CONTENT_INVALID = "CONTENT_INVALID"
     QUOTA_EXCEEDED = "QUOTA_EXCEEDED"  # a local rate-limit window (daily / per minute) is full
+    RATE_LIMIT_UNAVAILABLE = "RATE_LIMIT_UNAVAILABLE"  # Redis could not be asked: send deferred
     ZOMBIE_RECOVERED = "ZOMBIE_RECOVERED"
     ZOMBIE_EXHAUSTED = "ZOMBIE_EXHAUSTED"
     EXPIRED = "EXPIRED"
@@ -71,6 +72,12 @@ MARKER_HELP: dict[MarkerCode, tuple[str, str]] = {
         "The send server's or SMS provider's rate limit (its daily or per-minute window) was full.",
         "Nothing: it is tried again automatically after at least 5 minutes. If this keeps "
         "happening, raise the limit on the server or provider, or spread the sends out.",
+    ),
+    MarkerCode.RATE_LIMIT_UNAVAILABLE: (
+        "The rate-limit counters (Redis) could not be reached, so the send was held back "
+        "rather than sent unchecked.",
+        "Nothing: it is tried again automatically without using up a retry. If this keeps "
+        "happening, check that Redis is running and reachable from the workers.",
     ),
     MarkerCode.ZOMBIE_RECOVERED: (
         "The send was stuck in Sending for too long (its worker stopped or crashed), "
@@ -145,6 +152,8 @@ _MARKER_CATEGORIES: dict[str, ErrorCategory] = {
     MarkerCode.MONTHLY_QUOTA_EXCEEDED: ErrorCategory.CONFIG,
     MarkerCode.CONTENT_INVALID: ErrorCategory.INVALID_INPUT,
     MarkerCode.QUOTA_EXCEEDED: ErrorCategory.QUOTA,
+    # Before QUOTA's keywords: "LIMIT" is in the name, but this is an outage, not a full window.
+    MarkerCode.RATE_LIMIT_UNAVAILABLE: ErrorCategory.TRANSIENT,
 }
 
 # Our SMTP transport reports the server's real reply code ("550 5.1.1 ..."); "SMTP_550" is
@@ -192,6 +201,17 @@ _EXACT_CODES: dict[str, ErrorCategory] = {
     # The SMTP transport's own: the server config cannot work as written (no STARTTLS
     # offered where it is required, no usable login method). A retry would not fix it.
     "CONFIG_ERROR": ErrorCategory.CONFIG,
+    # Our SMS adapters' names for provider codes that decide a category (each adapter maps its
+    # provider's documented codes onto these; the provider's own code is in the message).
+    "SMS_INVALID_RECIPIENT": ErrorCategory.INVALID_INPUT,
+    "SMS_INVALID_REQUEST": ErrorCategory.INVALID_INPUT,
+    "SMS_RECIPIENT_REFUSED": ErrorCategory.PERMANENT,
+    "SMS_AUTH_FAILED": ErrorCategory.AUTH,
+    "SMS_ACCOUNT_SUSPENDED": ErrorCategory.AUTH,
+    "SMS_SENDER_REJECTED": ErrorCategory.CONFIG,
+    "SMS_THROTTLED": ErrorCategory.QUOTA,
+    "SMS_CREDIT_EXHAUSTED": ErrorCategory.QUOTA,
+    "SMS_PROVIDER_ERROR": ErrorCategory.TRANSIENT,
 }
 
 # A provider's own code naming a limit (e.g. "RATE_LIMITED", "DAILY_QUOTA", "THROTTLED").

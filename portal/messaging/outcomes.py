@@ -15,7 +15,7 @@ from sqlalchemy import Engine, update
 from sqlalchemy.orm import Session
 
 from portal.messaging.backoff import BackoffPolicy, DeadLetter, Fail, Retry, RetryDecision
-from portal.messaging.classify import ErrorCategory, MarkerCode, classify
+from portal.messaging.classify import ErrorCategory, MarkerCode, classify, is_retryable
 from portal.metrics import MESSAGE_FAILED, MESSAGE_SENT
 from portal.models import (
     Channel,
@@ -64,9 +64,14 @@ def record_sent(
     provider_message_id: str | None,
     *,
     refused: dict[str, Any] | None = None,
+    duplicate: bool = False,
 ) -> bool:
     """Sent, by version. A failure to write it is not a send failure: it is logged at ERROR
-    and left to the stuck-send sweep (at least once)."""
+    and left to the stuck-send sweep (at least once).
+
+    ``duplicate``: the provider refused the idempotency key as already used, so an earlier
+    attempt was accepted (its id may be unknown); said in the log line.
+    """
     model = MODELS[claimed.channel]
     values: dict[str, Any] = {
         "status": SendStatus.SENT.value,
@@ -97,7 +102,10 @@ def record_sent(
     if result.rowcount != 1:  # type: ignore[attr-defined]
         return False
     MESSAGE_SENT.labels(claimed.channel.value, claimed.provider).inc()
-    log.info("sent", extra=_extra(claimed, provider_message_id=provider_message_id))
+    more: dict[str, Any] = {"provider_message_id": provider_message_id}
+    if duplicate:
+        more["duplicate_key"] = True  # accepted by an earlier attempt
+    log.info("sent", extra=_extra(claimed, **more))
     return True
 
 
@@ -110,10 +118,20 @@ def handle_failure(
     policy: BackoffPolicy,
     retry_after_s: float | None = None,
     ambiguous: bool = False,
+    consume_retry: bool = True,
 ) -> RetryDecision | None:
-    """Classify a failure and carry out the decision by version; None when the race was lost."""
+    """Classify a failure and carry out the decision by version; None when the race was lost.
+
+    ``consume_retry=False`` is a local deferral, not a failed send (a full rate-limit window,
+    the rate-limit store unreachable): the record goes to Retry no sooner than
+    ``retry_after_s`` with ``retry_count`` unchanged, so waiting for a window never uses up
+    the record's retries nor turns it into a dead letter.
+    """
     category = classify(code, message)
-    decision = policy.decide(category, claimed.retry_count, retry_after_s=retry_after_s)
+    if consume_retry:
+        decision = policy.decide(category, claimed.retry_count, retry_after_s=retry_after_s)
+    else:
+        decision = deferral(policy, category, retry_after_s)
     model = MODELS[claimed.channel]
     message = (message or "")[:MAX_ERROR_CHARS]
     values: dict[str, Any] = {
@@ -129,8 +147,9 @@ def handle_failure(
             values |= {
                 "status": SendStatus.RETRY.value,
                 "next_retry_at": db_now_plus(delay),
-                "retry_count": model.retry_count + 1,
             }
+            if consume_retry:
+                values["retry_count"] = model.retry_count + 1
             outcome = "retry"
         case Fail():
             values |= {"status": SendStatus.FAILED.value, "next_retry_at": None}
@@ -157,13 +176,29 @@ def handle_failure(
         error_code=code,
         error_category=category.value,
         outcome=outcome,
-        retry_count=claimed.retry_count + (1 if outcome == "retry" else 0),
+        retry_count=claimed.retry_count + (1 if outcome == "retry" and consume_retry else 0),
     )
-    if outcome == "retry":
+    if outcome == "retry" and not consume_retry:
+        log.warning("send deferred; will retry: %s", message, extra=extra)
+    elif outcome == "retry":
         log.warning("send failed; will retry: %s", message, extra=extra)
     else:
         log.error("send failed (%s): %s", outcome, message, extra=extra)
     return decision
+
+
+def deferral(policy: BackoffPolicy, category: ErrorCategory, wait_s: float | None) -> RetryDecision:
+    """A Retry that uses no retry: the policy's first delay (the QUOTA floor for a full window),
+    and no sooner than ``wait_s``.
+
+    ``wait_s`` is our own window's reset, not a provider's Retry-After, so the cap on those does
+    not apply: a daily window that resets in 9 hours is retried in 9 hours, not in one.
+    """
+    if not is_retryable(category):
+        return Fail()
+    first = replace(policy, max_retries=max(policy.max_retries, 1)).decide(category, 0)
+    assert isinstance(first, Retry)  # retryable, with a retry left: always a Retry
+    return Retry(delay_s=max(first.delay_s, wait_s or 0.0))
 
 
 def dead_letter_row(claimed: Claimed, code: str | None, reason: str | None) -> DeadLetterMessage:

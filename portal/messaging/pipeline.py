@@ -1,7 +1,9 @@
-"""One attempt of one claimed record: prepare on the first attempt, send, record the outcome.
+"""One attempt of one claimed record: prepare on the first attempt, check the rate limit, send,
+record the outcome.
 
 Runs in the record's tenant context under the trace id stored at acceptance. Each database
-write is its own short transaction; the send itself holds no connection.
+write is its own short transaction; the send itself holds no connection. The server or
+provider config is read at every send, so a saved change applies to the next one.
 """
 
 from __future__ import annotations
@@ -9,16 +11,26 @@ from __future__ import annotations
 import base64
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
+import httpx
 from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session
 
 from portal.config import Settings
-from portal.messaging import outcomes
+from portal.messaging import outcomes, ratelimit
 from portal.messaging.backoff import BackoffPolicy
+from portal.messaging.classify import MarkerCode
 from portal.messaging.outcomes import Claimed
-from portal.messaging.preparation import PreparationFailed, PreparedMail, prepare_mail
+from portal.messaging.preparation import (
+    PreparationFailed,
+    PreparedMail,
+    PreparedSms,
+    prepare_mail,
+    prepare_sms,
+)
+from portal.messaging.ratelimit import LimitedConfig, RateLimiter, RateLimitUnavailable
+from portal.messaging.transports import sms as sms_transport
 from portal.messaging.transports.smtp import (
     Attachment,
     OutgoingMail,
@@ -28,25 +40,106 @@ from portal.messaging.transports.smtp import (
     SmtpServer,
 )
 from portal.metrics import SEND_DURATION
-from portal.models import Channel, MailSendRecord, MailSendServerConfig
+from portal.models import (
+    Channel,
+    MailSendRecord,
+    MailSendServerConfig,
+    SmsProviderConfig,
+    SmsSendRecord,
+)
 from portal.models.secretbox import SecretUnavailable
 from portal.tenancy import tenant_context
 
 log = logging.getLogger("portal.delivery")
 
 
+def _limiter(settings: Settings, limiter: RateLimiter | None) -> RateLimiter:
+    """The given limiter, else the process-wide one on ``settings.redis_url``."""
+    return limiter or ratelimit.shared(settings.redis_url, settings.rate_limit_timeout_s)
+
+
 @dataclass
 class MailContext:
-    """What a mail worker keeps between records: its SMTP connections and the policy."""
+    """What a mail worker keeps between records: its SMTP connections and the policy.
+
+    ``limiter`` None: the process-wide rate limiter on ``settings.redis_url``.
+    """
 
     engine: Engine
     settings: Settings
     policy: BackoffPolicy
     pool: SmtpConnectionPool = field(default_factory=SmtpConnectionPool)
+    limiter: RateLimiter | None = None
 
     def close(self) -> None:
         """QUIT every open SMTP connection (the worker is stopping)."""
         self.pool.close_all()
+
+
+@dataclass
+class SmsContext:
+    """What an SMS worker keeps between records: its HTTP client (connections are kept
+    alive between sends), the policy and the rate limiter (None: the process-wide one)."""
+
+    engine: Engine
+    settings: Settings
+    policy: BackoffPolicy
+    limiter: RateLimiter | None = None
+    client: httpx.Client = field(init=False)
+
+    def __post_init__(self) -> None:
+        # Made here, in the worker thread that owns the context, and closed with it.
+        self.client = sms_transport.new_client(
+            self.settings.sms_connect_timeout_s, self.settings.sms_read_timeout_s
+        )
+
+    def close(self) -> None:
+        """Close the HTTP client's connections (the worker is stopping)."""
+        self.client.close()
+
+
+def admit(
+    engine: Engine,
+    claimed: Claimed,
+    config: LimitedConfig,
+    limiter: RateLimiter,
+    policy: BackoffPolicy,
+) -> bool:
+    """Check the config's rate-limit windows before a send; False when the record was deferred.
+
+    A full window defers the record to when it resets (QUOTA_EXCEEDED, never sooner than the
+    QUOTA floor); an unreachable Redis defers it as TRANSIENT. Neither uses up a retry: no
+    send failed.
+    """
+    if not ratelimit.has_limit(config):
+        return True
+    try:
+        admission = limiter.admit(claimed.channel, config)
+    except RateLimitUnavailable as exc:
+        outcomes.handle_failure(
+            engine,
+            claimed,
+            MarkerCode.RATE_LIMIT_UNAVAILABLE.value,
+            f"the rate-limit store could not be asked, so the send waits: {exc}",
+            policy=policy,
+            consume_retry=False,
+        )
+        return False
+    if admission.allowed:
+        return True
+    which = "daily" if admission.window == "daily" else "per-minute"
+    limit = config.daily_send_limit if admission.window == "daily" else config.rate_limit_per_minute
+    outcomes.handle_failure(
+        engine,
+        claimed,
+        MarkerCode.QUOTA_EXCEEDED.value,
+        f"rate limit: the {which} window of {claimed.provider!r} is full ({limit} sends); "
+        f"it resets in {admission.wait_s:.1f} s",
+        policy=policy,
+        retry_after_s=admission.wait_s,
+        consume_retry=False,
+    )
+    return False
 
 
 def _frozen(record: MailSendRecord) -> PreparedMail:
@@ -167,6 +260,8 @@ def _attempt(ctx: MailContext, record: MailSendRecord, claimed: Claimed) -> None
         retry_count=claimed.retry_count,
         provider=config.name,
     )
+    if not admit(ctx.engine, claimed, config, _limiter(ctx.settings, ctx.limiter), ctx.policy):
+        return
     mail = _outgoing(record, prepared, config)
     started = time.perf_counter()
     try:
@@ -185,3 +280,117 @@ def _attempt(ctx: MailContext, record: MailSendRecord, claimed: Claimed) -> None
     SEND_DURATION.labels("mail").observe(time.perf_counter() - started)
     refused = {k: list(v) for k, v in sent.refused.items()} or None
     outcomes.record_sent(ctx.engine, claimed, prepared.message_id, refused=refused)
+
+
+# --- SMS --------------------------------------------------------------------------------
+
+
+def _frozen_sms(record: SmsSendRecord) -> PreparedSms:
+    """What an earlier attempt prepared; retries replay it as it is."""
+    assert record.provider_config_id is not None
+    return PreparedSms(
+        content=record.rendered_content or "",
+        provider_id=record.provider_config_id,
+        provider_kind=record.provider_kind or "",
+        provider_name="",
+        external_template_id=record.external_template_id,
+        signature=record.signature,
+        variables=record.frozen_variables,
+    )
+
+
+def _account(config: SmsProviderConfig) -> sms_transport.ProviderAccount:
+    """The adapter's view of the config (decrypts the secret: may raise SecretUnavailable)."""
+    return sms_transport.ProviderAccount(
+        kind=config.provider,
+        name=config.name,
+        base_url=config.base_url or None,
+        account_id=config.account_id,
+        secret=config.secret,
+        sender_id=config.sender_id,
+    )
+
+
+def process_sms(ctx: SmsContext, record: SmsSendRecord) -> None:
+    """One attempt for a claimed SMS record (status Sending, version as claimed)."""
+    claimed = Claimed(
+        channel=Channel.SMS,
+        id=record.id,
+        version=record.version,
+        tenant_id=record.tenant_id,
+        retry_count=record.retry_count,
+    )
+    with tenant_context(record.tenant_id, record.trace_id):
+        try:
+            _attempt_sms(ctx, record, claimed)
+        except Exception as exc:  # an unexpected error must not kill the worker
+            log.exception("unexpected error while delivering", extra={"record_id": record.id})
+            outcomes.handle_failure(
+                ctx.engine, claimed, type(exc).__name__, str(exc), policy=ctx.policy
+            )
+
+
+def _attempt_sms(ctx: SmsContext, record: SmsSendRecord, claimed: Claimed) -> None:
+    if record.prepared_at is None:
+        try:
+            result = prepare_sms(ctx.engine, record, claimed, ctx.settings)
+        except PreparationFailed as failure:
+            outcomes.handle_failure(
+                ctx.engine, claimed, failure.code.value, failure.message, policy=ctx.policy
+            )
+            return
+        if result is None:
+            return  # lost a version race: someone else moved the record on
+        prepared, claimed = result
+    else:
+        prepared = _frozen_sms(record)
+    account: sms_transport.ProviderAccount | None = None
+    problem = "the SMS provider this record was prepared for no longer exists"
+    with Session(ctx.engine) as session:
+        # Loaded columns stay readable once the session closes (nothing expires them).
+        config = session.get(SmsProviderConfig, prepared.provider_id)
+        if config is not None and not config.enabled:
+            problem = f"the SMS provider {config.name!r} this record was prepared for is disabled"
+        elif config is not None:
+            try:
+                account = _account(config)
+            except SecretUnavailable as exc:
+                problem = str(exc)
+    if config is None or account is None:
+        outcomes.handle_failure(
+            ctx.engine,
+            claimed,
+            MarkerCode.CONFIG_NOT_RESOLVABLE.value,
+            problem,
+            policy=ctx.policy,
+        )
+        return
+    claimed = replace(claimed, provider=config.name)
+    if not admit(ctx.engine, claimed, config, _limiter(ctx.settings, ctx.limiter), ctx.policy):
+        return
+    outgoing = sms_transport.OutgoingSms(
+        record_id=record.id,
+        to=record.phone_number,
+        content=prepared.content,
+        idempotency_key=sms_transport.idempotency_key(record.id),
+        external_template_id=prepared.external_template_id,
+        signature=prepared.signature,
+        variables=prepared.variables,
+    )
+    started = time.perf_counter()
+    answer = sms_transport.send(ctx.client, account, outgoing)
+    SEND_DURATION.labels("sms").observe(time.perf_counter() - started)
+    if answer.accepted:
+        outcomes.record_sent(
+            ctx.engine, claimed, answer.provider_message_id, duplicate=answer.duplicate
+        )
+        return
+    outcomes.handle_failure(
+        ctx.engine,
+        claimed,
+        answer.code,
+        answer.message,
+        policy=ctx.policy,
+        retry_after_s=answer.retry_after_s,
+        ambiguous=answer.ambiguous,
+    )

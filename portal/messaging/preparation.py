@@ -1,5 +1,5 @@
 """Preparation on a record's first attempt (seed 000's table): template, render, content
-checks, server choice, quota charge, and the write-back that freezes it all.
+checks, server or provider choice, quota charge, and the write-back that freezes it all.
 
 Retries replay what was frozen: no second render, no second choice, no second charge. A record
 that cannot be prepared fails with a marker code saying why.
@@ -17,6 +17,7 @@ from sqlalchemy.orm import Session
 
 from portal.config import Settings
 from portal.messaging import quota, templating
+from portal.messaging.acceptance import MAX_SMS_CHARS
 from portal.messaging.classify import MarkerCode
 from portal.messaging.outcomes import Claimed
 from portal.models import (
@@ -25,6 +26,11 @@ from portal.models import (
     MailSendServerConfig,
     MailTemplate,
     Scope,
+    SmsProviderConfig,
+    SmsProviderRegion,
+    SmsSendRecord,
+    SmsTemplate,
+    SmsTemplateProviderBinding,
     db_now,
 )
 from portal.tenancy import PLATFORM_TENANT_ID
@@ -59,7 +65,7 @@ def message_id_for(record_id: int, from_address: str | None) -> str:
     return f"<mail-{record_id}@{domain or socket.getfqdn() or 'postroom.local'}>"
 
 
-def _tier(record: MailSendRecord) -> int:
+def _tier(record: MailSendRecord | SmsSendRecord) -> int:
     return PLATFORM_TENANT_ID if record.scope == Scope.PLATFORM.value else record.tenant_id
 
 
@@ -233,3 +239,229 @@ def prepare_mail(
         if result.rowcount != 1:  # type: ignore[attr-defined]
             return None  # the quota charge stays: a small over-count, reconcilable
     return prepared, claimed.bumped(provider=prepared.server_name)
+
+
+# --- SMS --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PreparedSms:
+    """What an SMS record sends and through which provider, as preparation froze it."""
+
+    content: str
+    provider_id: int
+    provider_kind: str
+    provider_name: str
+    external_template_id: str | None
+    signature: str | None
+    variables: dict[str, Any] | None
+
+
+def _find_sms_template(session: Session, record: SmsSendRecord) -> SmsTemplate | None:
+    if record.template_id is not None:
+        # As for mail: a test send names the row, which goes out even disabled.
+        return session.scalar(
+            select(SmsTemplate).where(
+                SmsTemplate.id == record.template_id, SmsTemplate.tenant_id == _tier(record)
+            )
+        )
+    return session.scalar(
+        select(SmsTemplate).where(
+            SmsTemplate.tenant_id == _tier(record),
+            SmsTemplate.code == record.template_code,
+            SmsTemplate.enabled.is_(True),
+        )
+    )
+
+
+def _routed_providers(session: Session, tier: int, country: str | None) -> list[SmsProviderConfig]:
+    """The tier's enabled providers with a route row for ``country``, in route priority order."""
+    if not country:
+        return []
+    return list(
+        session.scalars(
+            select(SmsProviderConfig)
+            .join(SmsProviderRegion, SmsProviderRegion.provider_id == SmsProviderConfig.id)
+            .where(
+                SmsProviderRegion.tenant_id == tier,
+                SmsProviderRegion.country_code == country,
+                SmsProviderConfig.tenant_id == tier,
+                SmsProviderConfig.enabled.is_(True),
+            )
+            .order_by(SmsProviderRegion.priority, SmsProviderConfig.id)
+        )
+    )
+
+
+def _default_providers(session: Session, tier: int) -> list[SmsProviderConfig]:
+    return list(
+        session.scalars(
+            select(SmsProviderConfig)
+            .where(
+                SmsProviderConfig.tenant_id == tier,
+                SmsProviderConfig.is_default.is_(True),
+                SmsProviderConfig.enabled.is_(True),
+            )
+            .order_by(SmsProviderConfig.id)
+        )
+    )
+
+
+def _has_providers(session: Session, tier: int) -> bool:
+    return (
+        session.scalar(
+            select(SmsProviderConfig.id)
+            .where(SmsProviderConfig.tenant_id == tier, SmsProviderConfig.enabled.is_(True))
+            .limit(1)
+        )
+        is not None
+    )
+
+
+def sms_candidates(session: Session, record: SmsSendRecord) -> list[SmsProviderConfig]:
+    """The providers that may carry this SMS, best first (before the template's bindings).
+
+    Route rows for the recipient's country win outright, in priority order; only when there
+    are none do the tier's default providers apply. Disabled providers count as absent.
+
+    Tier fallback: a TENANT send whose tenant has no enabled SMS provider at all uses the
+    platform tier's routes and defaults, as mail uses the platform's default server when the
+    tenant has none. A tenant that has providers of its own owns its routing: a country it
+    neither routes nor covers by a default fails CONFIG_NOT_RESOLVABLE rather than silently
+    going out (and being billed) through the platform's account. A PLATFORM send never uses
+    a tenant's providers.
+    """
+    tier = _tier(record)
+    country = (record.country_code or "").upper() or None
+    tiers = [tier]
+    if (
+        record.scope == Scope.TENANT.value
+        and tier != PLATFORM_TENANT_ID
+        and not _has_providers(session, tier)
+    ):
+        tiers = [PLATFORM_TENANT_ID]
+    for candidate_tier in tiers:
+        routed = _routed_providers(session, candidate_tier, country)
+        if routed:
+            return routed
+        defaults = _default_providers(session, candidate_tier)
+        if defaults:
+            return defaults
+    return []
+
+
+def _bound_provider(
+    session: Session,
+    template: SmsTemplate,
+    candidates: list[SmsProviderConfig],
+    country: str | None,
+) -> tuple[SmsProviderConfig, SmsTemplateProviderBinding | None]:
+    """The first candidate the template is bound to (with its binding), or the first candidate
+    when the template has no bindings at all."""
+    bindings = list(
+        session.scalars(
+            select(SmsTemplateProviderBinding)
+            .where(SmsTemplateProviderBinding.template_id == template.id)
+            .order_by(SmsTemplateProviderBinding.id)
+        )
+    )
+    if not bindings:
+        return candidates[0], None
+    usable: dict[int, SmsTemplateProviderBinding] = {}
+    for binding in bindings:
+        if binding.country_code is not None and binding.country_code.upper() != country:
+            continue
+        # An exact-region binding beats a generic one (country NULL) at the same provider.
+        if binding.country_code is not None or binding.provider_id not in usable:
+            usable[binding.provider_id] = binding
+    for provider in candidates:
+        if provider.id in usable:
+            return provider, usable[provider.id]
+    names = ", ".join(repr(p.name) for p in candidates)
+    raise PreparationFailed(
+        MarkerCode.CONFIG_NOT_RESOLVABLE,
+        f"SMS template {template.code!r} has no provider binding for country "
+        f"{country or '(unknown)'}: the providers for it ({names}) are not bound to the template",
+    )
+
+
+def build_sms(session: Session, record: SmsSendRecord) -> PreparedSms:
+    """Steps 1 to 4 for SMS: the content, and the provider with its binding (no writes)."""
+    template = None
+    if record.template_id is not None or record.template_code is not None:
+        template = _find_sms_template(session, record)
+        if template is None:
+            wanted = (
+                f"id {record.template_id}"
+                if record.template_id is not None
+                else f"code {record.template_code!r} (enabled)"
+            )
+            raise PreparationFailed(
+                MarkerCode.TEMPLATE_NOT_RESOLVABLE, f"no SMS template with {wanted}"
+            )
+    variables = record.variables or {}
+    content = record.content
+    if not content and template is not None:
+        content = _render(template.content, variables, html=False, what="content")
+    content = (content or "").strip()
+    if not content:
+        raise PreparationFailed(MarkerCode.CONTENT_INVALID, "the SMS content is empty")
+    if len(content) > MAX_SMS_CHARS:
+        raise PreparationFailed(
+            MarkerCode.CONTENT_INVALID,
+            f"the SMS content has {len(content)} characters, over the limit of {MAX_SMS_CHARS}",
+        )
+    country = (record.country_code or "").upper() or None
+    candidates = sms_candidates(session, record)
+    if not candidates:
+        raise PreparationFailed(
+            MarkerCode.CONFIG_NOT_RESOLVABLE,
+            f"no SMS provider serves country {country or '(unknown)'}: no route for it and "
+            "no default provider is configured",
+        )
+    provider, binding = (
+        _bound_provider(session, template, candidates, country)
+        if template is not None
+        else (candidates[0], None)
+    )
+    return PreparedSms(
+        content=content,
+        provider_id=provider.id,
+        provider_kind=provider.provider,
+        provider_name=provider.name,
+        external_template_id=binding.external_template_id if binding else None,
+        signature=binding.signature if binding else None,
+        variables=record.variables,
+    )
+
+
+def prepare_sms(
+    engine: Engine, record: SmsSendRecord, claimed: Claimed, settings: Settings
+) -> tuple[PreparedSms, Claimed] | None:
+    """Prepare, charge the SMS quota (last) and write back by version, as ``prepare_mail``."""
+    with Session(engine) as session:
+        prepared = build_sms(session, record)
+    if not quota.charge(engine, _tier(record), Channel.SMS, settings):
+        raise PreparationFailed(
+            MarkerCode.MONTHLY_QUOTA_EXCEEDED, "this month's SMS quota is used up"
+        )
+    with Session(engine) as session, session.begin():
+        result = session.execute(
+            update(SmsSendRecord)
+            .where(SmsSendRecord.id == claimed.id, SmsSendRecord.version == claimed.version)
+            .values(
+                version=SmsSendRecord.version + 1,
+                updated_time=db_now(),
+                prepared_at=db_now(),
+                rendered_content=prepared.content,
+                provider_config_id=prepared.provider_id,
+                provider_kind=prepared.provider_kind,
+                external_template_id=prepared.external_template_id,
+                signature=prepared.signature,
+                frozen_variables=prepared.variables,
+            )
+            .execution_options(synchronize_session=False)
+        )
+        if result.rowcount != 1:  # type: ignore[attr-defined]
+            return None  # the quota charge stays: a small over-count, reconcilable
+    return prepared, claimed.bumped(provider=prepared.provider_name)

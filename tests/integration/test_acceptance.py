@@ -177,6 +177,19 @@ def test_sms_is_parsed_to_e164_with_its_country(
     assert (record.phone_number, record.country_code) == ("+12025550143", "US")
 
 
+def test_non_geographic_numbers_have_no_country(
+    any_app: Flask, tenants: tuple[Tenant, Tenant]
+) -> None:
+    with tenant_context(tenants[0].id):
+        result = acceptance.send_sms(
+            db.session, SMS | {"phoneNumber": "+80012345678"}, settings=settings(any_app)
+        )
+        db.session.commit()
+    record = db.session.get(SmsSendRecord, result.id)
+    assert record is not None
+    assert (record.phone_number, record.country_code) == ("+80012345678", None)
+
+
 def test_tenant_context_and_platform_scope(any_app: Flask, tenants: tuple[Tenant, Tenant]) -> None:
     _, globex = tenants
     with tenant_context(globex.id):

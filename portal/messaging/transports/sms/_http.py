@@ -1,0 +1,140 @@
+"""What every HTTP adapter shares: one POST with its failures turned into results, Retry-After,
+and the status rules (408, 425, 429, 5xx retryable; 401/403 AUTH; other 4xx by the provider's
+code)."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from email.utils import parsedate_to_datetime
+from typing import Any
+
+import httpx
+
+from portal.messaging.transports.sms.result import (
+    CONFIG_ERROR,
+    NETWORK_ERROR,
+    TIMEOUT,
+    SmsResult,
+)
+
+# Statuses whose meaning does not depend on the provider's code: the code goes in the message.
+_STATUS_DECIDES = frozenset({401, 403, 408, 425, 429}) | frozenset(range(500, 600))
+_BODY_EXCERPT_CHARS = 300
+
+
+def post(
+    client: httpx.Client, url: str, *, provider: str, **kwargs: Any
+) -> httpx.Response | SmsResult:
+    """POST, or the failed result that says how far the request got.
+
+    A failure before the request was completely written cannot have been acted on; one after it
+    (no answer in time, connection dropped) may have been: that attempt is ambiguous.
+    """
+    try:
+        return client.post(url, **kwargs)
+    except httpx.ConnectTimeout as exc:
+        return SmsResult.failed(TIMEOUT, f"{provider}: connect timed out ({exc or 'no detail'})")
+    except httpx.ConnectError as exc:
+        return SmsResult.failed(NETWORK_ERROR, f"{provider}: cannot connect ({exc})")
+    except (httpx.WriteTimeout, httpx.PoolTimeout) as exc:
+        return SmsResult.failed(
+            TIMEOUT, f"{provider}: timed out before the request was sent ({exc or 'no detail'})"
+        )
+    except httpx.WriteError as exc:
+        return SmsResult.failed(
+            NETWORK_ERROR, f"{provider}: connection lost while sending the request ({exc})"
+        )
+    except httpx.ReadTimeout as exc:
+        return SmsResult.failed(
+            TIMEOUT,
+            f"{provider}: request sent, no answer in time ({exc or 'read timeout'}); "
+            "the provider may have accepted it",
+            ambiguous=True,
+        )
+    except (httpx.ReadError, httpx.RemoteProtocolError, httpx.CloseError) as exc:
+        return SmsResult.failed(
+            NETWORK_ERROR,
+            f"{provider}: request sent, connection lost before the answer ({exc}); "
+            "the provider may have accepted it",
+            ambiguous=True,
+        )
+    except (httpx.UnsupportedProtocol, httpx.InvalidURL) as exc:
+        return SmsResult.failed(
+            CONFIG_ERROR, f"{provider}: the base URL {url!r} is unusable: {exc}"
+        )
+    except (httpx.ProxyError, httpx.LocalProtocolError) as exc:
+        return SmsResult.failed(NETWORK_ERROR, f"{provider}: {type(exc).__name__}: {exc}")
+    except httpx.TransportError as exc:
+        # Not one we know: we cannot tell how far the request got, so do not assume it failed.
+        return SmsResult.failed(
+            NETWORK_ERROR, f"{provider}: {type(exc).__name__}: {exc}", ambiguous=True
+        )
+
+
+def retry_after_s(response: httpx.Response, now: datetime | None = None) -> float | None:
+    """The Retry-After header in seconds (delta-seconds or an HTTP date); None when absent."""
+    raw = response.headers.get("Retry-After", "").strip()
+    if not raw:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        try:
+            when = parsedate_to_datetime(raw)
+        except (TypeError, ValueError, IndexError):
+            return None
+        if when.tzinfo is None:
+            when = when.replace(tzinfo=UTC)
+        value = (when - (now or datetime.now(UTC))).total_seconds()
+    if not math.isfinite(value):
+        return None
+    return max(value, 0.0)
+
+
+def json_body(response: httpx.Response) -> dict[str, Any] | None:
+    """The body as a JSON object, or None when it is not one."""
+    try:
+        body = response.json()
+    except (json.JSONDecodeError, UnicodeDecodeError, ValueError):
+        return None
+    return body if isinstance(body, dict) else None
+
+
+def excerpt(response: httpx.Response) -> str:
+    """The start of the body, for an error message."""
+    text = response.text.strip().replace("\n", " ")
+    return text[:_BODY_EXCERPT_CHARS] or "(empty body)"
+
+
+def error_result(
+    response: httpx.Response,
+    *,
+    provider: str,
+    provider_code: str | None,
+    provider_message: str | None,
+    codes: Mapping[str, str],
+    own_code_prefix: str = "",
+) -> SmsResult:
+    """The result of a refused request (not 2xx).
+
+    The status decides for 401/403 (AUTH), 408/425/5xx (TRANSIENT) and 429 (QUOTA): the code is
+    ``HTTP_<status>``. Any other status is decided by the provider's code: ``codes`` maps it
+    to one of ours (``SmsErrorCode``); a provider code we do not know is kept as it is (with
+    ``own_code_prefix``: "TWILIO_21999"), and a body we do not understand gives ``HTTP_<status>``.
+    """
+    status = response.status_code
+    wait = retry_after_s(response)
+    if provider_code is None:
+        text = provider_message or excerpt(response)
+        return SmsResult.failed(
+            f"HTTP_{status}", f"{provider} answered HTTP {status}: {text}", retry_after_s=wait
+        )
+    message = f"{provider} {provider_code}: {provider_message or '(no message)'} (HTTP {status})"
+    if status in _STATUS_DECIDES:
+        code = f"HTTP_{status}"
+    else:
+        code = codes.get(provider_code) or f"{own_code_prefix}{provider_code}"
+    return SmsResult.failed(code, message, retry_after_s=wait)
