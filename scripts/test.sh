@@ -10,13 +10,15 @@ TEST_DB=${TEST_DB:-postroom_test}
 
 log() { printf '\n== %s\n' "$*"; }
 
-# Debian packages: the tests need a PostgreSQL server and client and a Redis server.
+# Debian packages: the tests need a PostgreSQL server and client, a Redis server and Dovecot.
 need_debs=()
 command -v pg_ctlcluster >/dev/null || need_debs+=(postgresql)
 command -v psql >/dev/null || need_debs+=(postgresql-client)
 command -v redis-server >/dev/null || need_debs+=(redis-server)
 # Browser tests drive Debian's Chromium with Playwright (never `playwright install`).
 [ -x /usr/bin/chromium ] || need_debs+=(chromium)
+# Bounce mailbox tests run their own Dovecot (tests/support/imap_server.py), never the system's.
+{ [ -x /usr/sbin/dovecot ] && [ -x /usr/lib/dovecot/imap ]; } || need_debs+=(dovecot-core dovecot-imapd)
 if [ ${#need_debs[@]} -gt 0 ]; then
   log "installing Debian packages: ${need_debs[*]}"
   apt-get update -qq

@@ -21,6 +21,7 @@ log = logging.getLogger("portal.chores")
 
 QUEUE = "postroom-chores"
 PREFIX = "postroom-"  # rq job ids allow letters, digits, "_" and "-" only
+FETCH_MAIL_INTERVAL_S = 60
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,12 @@ def schedules(settings: Settings) -> list[Schedule]:
             func="portal.delivery.chores.sweep_job",
             interval_s=max(1, round(settings.sweep_interval_s)),
             description="Put sends stuck in Sending back to retry",
+        ),
+        Schedule(
+            id=f"{PREFIX}fetch-mail",
+            func="portal.delivery.chores.fetch_mail_job",
+            interval_s=FETCH_MAIL_INTERVAL_S,
+            description="Read the bounce mailboxes: DSN bounces and read receipts",
         ),
     ]
 
@@ -111,3 +118,18 @@ def sweep_job() -> dict[str, Any]:
             extra={"recovered": report.recovered, "exhausted": report.exhausted},
         )
     return {"recovered": report.recovered, "exhausted": report.exhausted}
+
+
+def fetch_mail_job() -> dict[str, Any]:
+    """Read every enabled bounce mailbox once, as an rq job (at most 100 messages a mailbox)."""
+    from portal.messaging.receiving.fetch import fetch_all
+
+    engine, _settings = _engine_and_settings()
+    report = fetch_all(engine)
+    summary = report.as_dict()
+    if report.total("stored") or any(run.error for run in report.mailboxes):
+        log.info(
+            "mail fetch done",
+            extra={k: v for k, v in summary.items() if k != "mailboxes"},
+        )
+    return summary
