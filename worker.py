@@ -9,8 +9,16 @@ then stops the children and exits 0; a second signal exits at once.
 
 from __future__ import annotations
 
-import logging
 import os
+import tempfile
+
+# Prometheus multiprocess mode, set before any metric exists: the chore children (the sweep)
+# count into the same folder and this process's /metrics adds every process up.
+_OWN_METRICS_DIR = "PROMETHEUS_MULTIPROC_DIR" not in os.environ
+os.environ.setdefault("PROMETHEUS_MULTIPROC_DIR", tempfile.mkdtemp(prefix="postroom-metrics-"))
+
+import logging
+import shutil
 import signal
 import sys
 import threading
@@ -27,21 +35,21 @@ from portal.logs import configure_logging
 from portal.redis_store import connect
 
 log = logging.getLogger("portal.worker")
-RESCHEDULE_EVERY_S = 30.0
 
 
 def keep_schedules(settings: Settings, stopping: threading.Event) -> None:
-    """Register the chores now and re-check them every 30 s: Redis may come back empty."""
+    """Register the chores now and re-check them every SCHEDULE_CHECK_S: Redis may have
+    come back empty."""
     wait = 0.0
     while not stopping.wait(wait):
         try:
             done = ensure_schedules(connect(settings.redis_url), settings)
             if done:
                 log.info("chore schedules updated", extra={"schedules": done})
-            wait = RESCHEDULE_EVERY_S
+            wait = settings.schedule_check_s
         except Exception as exc:  # Redis away: delivery goes on; try again soon
             log.warning("cannot register the chore schedules (%s); retrying", exc)
-            wait = min(RESCHEDULE_EVERY_S, max(1.0, wait * 2))
+            wait = min(settings.schedule_check_s, max(1.0, wait * 2))
 
 
 def main() -> int:
@@ -84,6 +92,8 @@ def main() -> int:
     service.wait(settings.shutdown_grace_s)
     supervisor.stop()
     engine.dispose()
+    if _OWN_METRICS_DIR:
+        shutil.rmtree(os.environ["PROMETHEUS_MULTIPROC_DIR"], ignore_errors=True)
     log.info("worker stopped")
     return 0
 

@@ -6,6 +6,7 @@ tests can shorten it instead of sleeping.
 
 from __future__ import annotations
 
+import logging
 import os
 import secrets
 from dataclasses import dataclass, field, fields
@@ -78,6 +79,7 @@ class Settings:
     retry_after_cap_s: float = 3600.0
     stuck_send_threshold_s: float = 300.0
     sweep_interval_s: float = 60.0
+    schedule_check_s: float = 30.0
     shutdown_grace_s: float = 30.0
     smtp_connect_timeout_s: float = 5.0
     smtp_read_timeout_s: float = 30.0
@@ -101,7 +103,7 @@ class Settings:
         env = dict(os.environ if env is None else env)
         production = env.get("PORTAL_ENV", "development") == "production"
         database_url = env.get("DATABASE_URL") or f"sqlite:///{INSTANCE_DIR / 'postroom.db'}"
-        return cls(
+        settings = cls(
             database_url=normalise_database_url(database_url),
             redis_url=env.get("REDIS_URL") or None,
             secret_key=_secret_key(env, production),
@@ -114,6 +116,7 @@ class Settings:
             quota_retry_floor_s=_float(env, "QUOTA_RETRY_FLOOR_S", 300.0),
             stuck_send_threshold_s=_float(env, "STUCK_SEND_THRESHOLD_S", 300.0),
             sweep_interval_s=_float(env, "SWEEP_INTERVAL_S", 60.0),
+            schedule_check_s=_float(env, "SCHEDULE_CHECK_S", 30.0),
             shutdown_grace_s=_float(env, "SHUTDOWN_GRACE_S", 30.0),
             smtp_connect_timeout_s=_float(env, "SMTP_CONNECT_TIMEOUT_S", 5.0),
             smtp_read_timeout_s=_float(env, "SMTP_READ_TIMEOUT_S", 30.0),
@@ -125,6 +128,20 @@ class Settings:
             sms_monthly_default=_int(env, "SMS_MONTHLY_DEFAULT", None),
             worker_metrics_port=_int(env, "WORKER_METRICS_PORT", 9101) or 0,
         )
+        settings.warn_about_timeouts()
+        return settings
+
+    def warn_about_timeouts(self) -> None:
+        """The sweep must not take a send that is merely slow, or one a stopping worker waits
+        for: its threshold has to exceed the read timeouts and the shutdown grace."""
+        longest = max(self.smtp_read_timeout_s, self.sms_read_timeout_s, self.shutdown_grace_s)
+        if self.stuck_send_threshold_s <= longest:
+            logging.getLogger(__name__).warning(
+                "STUCK_SEND_THRESHOLD_S (%g s) is not above the longest read timeout or "
+                "shutdown grace (%g s): sends still in progress may be swept and sent twice",
+                self.stuck_send_threshold_s,
+                longest,
+            )
 
     def replace(self, **changes: Any) -> Settings:
         names = {f.name for f in fields(self)}

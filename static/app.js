@@ -13,3 +13,46 @@ document.addEventListener("change", (event) => {
   }
 });
 document.documentElement.classList.add("js");
+
+// --- Configuration pages (issue 6) ----------------------------------------------------------
+// An editor form marked data-dirty-guard: once one of its content fields changes, every button
+// marked data-needs-saved is disabled and every data-unsaved-note shown, because a mail test
+// sends the SAVED template (the server refuses an unsaved one too) and the attachment and
+// binding forms reload the page. Fields marked data-not-content (the sample variables, the
+// test address) change nothing that is saved.
+(() => {
+  const markDirty = () => {
+    document.querySelectorAll("[data-needs-saved]").forEach((button) => { button.disabled = true; });
+    document.querySelectorAll("[data-unsaved-note]").forEach((note) => { note.hidden = false; });
+  };
+  document.addEventListener("input", (event) => {
+    const field = event.target;
+    if (!(field instanceof Element) || field.hasAttribute("data-not-content")) return;
+    const form = field.closest("form[data-dirty-guard]");
+    if (form) {
+      form.dataset.dirty = "1";
+      markDirty();
+    }
+  });
+  // A fragment swapped in (the send-test result) brings its button back enabled: not while dirty.
+  document.addEventListener("htmx:afterSwap", () => {
+    if (document.querySelector("form[data-dirty-guard][data-dirty]")) markDirty();
+  });
+})();
+
+// A button marked data-copy copies the value of the field it names (a new API key).
+document.addEventListener("click", (event) => {
+  const button = event.target instanceof Element ? event.target.closest("[data-copy]") : null;
+  const field = button ? document.getElementById(button.dataset.copy) : null;
+  if (!field) return;
+  field.select();
+  if (navigator.clipboard) {
+    navigator.clipboard.writeText(field.value).then(() => { button.textContent = "Copied"; });
+  }
+});
+
+// A form that came back with errors: move focus to its summary (its links lead to the fields).
+document.addEventListener("DOMContentLoaded", () => {
+  const summary = document.querySelector("[data-focus-on-load]");
+  if (summary instanceof HTMLElement) summary.focus();
+});

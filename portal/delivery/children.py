@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import logging
-import os
 import signal
 import subprocess
 import sys
@@ -132,6 +131,8 @@ def chore_children(redis_url: str, interval_s: float) -> list[Child]:
         ),
         Child(
             "rq-worker",
+            # No --name: rq picks a fresh one per start. A fixed name would clash with the
+            # key a SIGKILLed predecessor left in Redis, and the restart would be refused.
             [
                 str(bindir / "rq"),
                 "worker",
@@ -140,8 +141,6 @@ def chore_children(redis_url: str, interval_s: float) -> list[Child]:
                 "--worker-class",
                 "rq.worker.SimpleWorker",
                 "--quiet",
-                "--name",
-                f"postroom-chores-{os.getpid()}",
                 QUEUE,
             ],
         ),

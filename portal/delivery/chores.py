@@ -7,12 +7,14 @@ call it at start and again every so often, because Redis may have restarted empt
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 import redis
+from rq.exceptions import InvalidJobOperation, NoSuchJobError
 from rq_scheduler import Scheduler
 
 from portal.config import Settings
@@ -66,7 +68,9 @@ def ensure_schedules(connection: redis.Redis, settings: Settings) -> dict[str, s
             or job.func_name != spec.func
         ):
             scheduler.cancel(job)
-            job.delete()
+            # Another worker may have removed it between our read and here: gone is gone.
+            with contextlib.suppress(InvalidJobOperation, NoSuchJobError):
+                job.delete()
             done[job.id] = "removed"
         else:
             present.add(job.id)
@@ -100,6 +104,10 @@ def _engine_and_settings() -> tuple[Any, Settings]:
     from portal.extensions import db
 
     if not _app:
+        from portal.logs import configure_logging
+
+        # The rq child's own log lines are JSON too, with record, tenant and trace ids.
+        configure_logging()
         _app.append(create_app())
     app = _app[0]
     with app.app_context():

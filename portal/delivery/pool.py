@@ -59,6 +59,8 @@ class ChannelPool:
         self._threads: list[threading.Thread] = []
         self._rng = random.Random()
         self.claimed_total = 0
+        self._failures = 0
+        self._last_report = 0.0
 
     # --- life cycle ----------------------------------------------------------------------
 
@@ -96,14 +98,21 @@ class ChannelPool:
                 records = claim_next(
                     session, self.spec.model, scan_size=scan_size, k=k, rng=self._rng
                 )
-        except Exception:
-            # The database is away (restart, failover): say so, wait a poll, try again.
-            log.exception(
-                "claim failed; retrying after the poll interval",
-                extra={"channel": self.spec.channel.value},
-            )
-            self.stop_claiming.wait(self.poll_interval_s)
+        except Exception as exc:
+            # The database is away (restart, failover): say so, wait, try again. Every
+            # thread polls, so an outage would print a traceback per thread per poll: one
+            # full report every 30 s, one line otherwise, and a wait that grows to 5 s.
+            self._failures += 1
+            now = time.monotonic()
+            extra = {"channel": self.spec.channel.value, "failures": self._failures}
+            if now - self._last_report > 30:
+                self._last_report = now
+                log.exception("claim failed; retrying", extra=extra)
+            else:
+                log.warning("claim failed again: %s", type(exc).__name__, extra=extra)
+            self.stop_claiming.wait(min(5.0, self.poll_interval_s * 2 ** min(self._failures, 6)))
             return []
+        self._failures = 0
         with self._lock:
             self.claimed_total += len(records)
         return records
@@ -136,6 +145,13 @@ class ChannelPool:
                     self._in_flight += 1
                 try:
                     self.spec.process(context, record)
+                except Exception:
+                    # Even the failure write failed (the database is away): the record stays
+                    # in Sending for the stuck-send sweep; this thread must live on.
+                    log.exception(
+                        "delivery attempt could not be recorded; leaving it to the sweep",
+                        extra={"channel": self.spec.channel.value, "record_id": record.id},
+                    )
                 finally:
                     with self._lock:
                         self._in_flight -= 1

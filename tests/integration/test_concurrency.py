@@ -9,32 +9,22 @@ with ``record_id``), so no product code is touched to observe the contention.
 
 from __future__ import annotations
 
-import json
-import os
-import signal
-import subprocess
-import sys
 import time
 from collections import Counter
 from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass, field, fields
-from datetime import datetime
 from pathlib import Path
-from typing import Any, TextIO
 
 import pytest
 from flask import Flask
 from sqlalchemy import func, select
 
-from portal.config import Settings
 from portal.extensions import db
 from portal.messaging import acceptance
 from portal.models import MailSendRecord, TenantMessageQuota, TenantMessageUsage
 from portal.tenancy import tenant_context
-from tests.conftest import TEST_DATABASE_URL, TEST_REDIS_URL
 from tests.support.delivery import mail_server, tenant
 from tests.support.smtp_server import ScriptedSmtpServer
+from tests.support.workers import Worker, stop, worker_processes
 
 pytestmark = [
     pytest.mark.slow,
@@ -43,132 +33,10 @@ pytestmark = [
     pytest.mark.filterwarnings("ignore:Requiring AUTH while not requiring TLS:UserWarning"),
 ]
 
-ROOT = Path(__file__).resolve().parents[2]
 SMTP_USER, SMTP_PASSWORD = "relay", "s3cret-relay-password"
 WAIT_LIMIT_S = 90.0
 POLL_S = 0.2
 UNFINISHED = ("Pending", "Sending", "Retry")
-# Every variable portal/config.py reads, so nothing from the caller's shell leaks into a worker.
-CONFIG_VARIABLES = {f.name.upper() for f in fields(Settings)} | {
-    "PORTAL_ENV",
-    "INSTANCE_PATH",
-    "LOG_LEVEL",
-}
-
-
-# --- worker processes ------------------------------------------------------------------------
-
-
-@dataclass
-class Worker:
-    name: str
-    process: subprocess.Popen[bytes]
-    stdout: Path
-    stderr: Path
-    files: list[TextIO] = field(default_factory=list)
-
-    def log_lines(self) -> list[dict[str, Any]]:
-        """The JSON log lines this worker wrote to stderr (other lines are skipped)."""
-        lines = []
-        for raw in self.stderr.read_text(errors="replace").splitlines():
-            try:
-                entry = json.loads(raw)
-            except ValueError:
-                continue
-            if isinstance(entry, dict):
-                lines.append(entry)
-        return lines
-
-    def sent_ids(self) -> list[int]:
-        return [e["record_id"] for e in self.log_lines() if e.get("msg") == "sent"]
-
-    def handled_ids(self) -> set[int]:
-        """Records this worker wrote an outcome for (sent, failed, retry)."""
-        return {e["record_id"] for e in self.log_lines() if "record_id" in e}
-
-    def sent_times(self) -> list[datetime]:
-        return [datetime.fromisoformat(e["ts"]) for e in self.log_lines() if e.get("msg") == "sent"]
-
-    def errors(self) -> list[dict[str, Any]]:
-        return [e for e in self.log_lines() if e.get("level") in ("ERROR", "CRITICAL")]
-
-
-def worker_env(instance: Path, secret_key: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in CONFIG_VARIABLES}
-    env.update(
-        DATABASE_URL=TEST_DATABASE_URL,
-        REDIS_URL=TEST_REDIS_URL,
-        SECRET_KEY=secret_key,  # the worker decrypts the stored SMTP password with it
-        MAIL_SEND_CONCURRENCY="10",
-        POLL_INTERVAL_S="0.05",
-        WORKER_METRICS_PORT="0",
-        SHUTDOWN_GRACE_S="10",
-        INSTANCE_PATH=str(instance),
-        LOG_LEVEL="INFO",
-        PYTHONUNBUFFERED="1",
-    )
-    return env
-
-
-def _dump(workers: list[Worker]) -> None:
-    for w in workers:
-        for label, path in (("stdout", w.stdout), ("stderr", w.stderr)):
-            text = path.read_text(errors="replace") if path.exists() else ""
-            lines = text.splitlines()
-            interesting = [ln for ln in lines if '"msg": "sent"' not in ln]
-            print(
-                f"----- {w.name} {label} (pid {w.process.pid}, rc {w.process.returncode}): "
-                f"{len(lines)} lines, {len(lines) - len(interesting)} 'sent' lines omitted -----"
-            )
-            print("\n".join(interesting[-200:]))
-
-
-@contextmanager
-def worker_processes(tmp_path: Path, secret_key: str, n: int = 2) -> Iterator[list[Worker]]:
-    """Start ``n`` worker processes; print their output if the block fails; never leak one."""
-    workers: list[Worker] = []
-    instance = tmp_path / "instance"
-    instance.mkdir(exist_ok=True)
-    env = worker_env(instance, secret_key)
-    try:
-        for i in range(n):
-            name = f"worker-{i}"
-            out, err = tmp_path / f"{name}.stdout", tmp_path / f"{name}.stderr"
-            out_file, err_file = out.open("w"), err.open("w")
-            process = subprocess.Popen(
-                [sys.executable, "worker.py"],
-                cwd=ROOT,
-                env=env,
-                stdout=out_file,
-                stderr=err_file,
-                stdin=subprocess.DEVNULL,
-            )
-            workers.append(Worker(name, process, out, err, [out_file, err_file]))
-        yield workers
-    except BaseException:
-        _dump(workers)
-        raise
-    finally:
-        for w in workers:
-            if w.process.poll() is None:
-                w.process.kill()
-                w.process.wait(10)
-            for f in w.files:
-                f.close()
-
-
-def stop(workers: list[Worker]) -> None:
-    """SIGTERM each worker (first stage: finish sends in flight) and expect exit code 0."""
-    for w in workers:
-        if w.process.poll() is None:
-            w.process.send_signal(signal.SIGTERM)
-    codes = {}
-    for w in workers:
-        try:
-            codes[w.name] = w.process.wait(30)
-        except subprocess.TimeoutExpired:
-            codes[w.name] = None
-    assert codes == {w.name: 0 for w in workers}, f"worker exit codes after SIGTERM: {codes}"
 
 
 # --- database helpers ------------------------------------------------------------------------

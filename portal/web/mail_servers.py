@@ -1,0 +1,299 @@
+"""Mail servers: the SMTP servers a tier sends through; create, edit, disable, test.
+
+The password is write-only: no page or response carries it, not even masked or encrypted. The
+form has a blank password field ("leave blank to keep") and a "remove" checkbox. A server that
+send records point at is never deleted (records keep its id to be retried through it): it is
+disabled instead.
+"""
+
+from __future__ import annotations
+
+from flask import (
+    Blueprint,
+    Response,
+    current_app,
+    flash,
+    redirect,
+    render_template,
+    request,
+    url_for,
+)
+from flask.typing import ResponseReturnValue
+from sqlalchemy import or_, select
+from sqlalchemy import update as sql_update
+from sqlalchemy.exc import IntegrityError
+
+from portal.config import Settings
+from portal.extensions import db
+from portal.messaging.transports.smtp import Security, SmtpServer, test_connection
+from portal.models import MailSendRecord, MailSendServerConfig, SmtpSecurity, UncertainPolicy
+from portal.models.secretbox import SecretUnavailable
+from portal.web.access import Permission, requires
+from portal.web.forms import Form, form_data, is_htmx, owned, tier_name, varies, viewed_tier
+
+bp = Blueprint("mail_servers", __name__, url_prefix="/mail-servers")
+
+LABELS = {
+    "name": "Name",
+    "host": "Host",
+    "port": "Port",
+    "security": "Security",
+    "verify_tls": "Check the server's TLS certificate",
+    "username": "Username",
+    "password": "Password",
+    "from_address": "From address",
+    "from_name": "From name",
+    "reply_to": "Reply-To",
+    "read_receipt": "Ask for read receipts",
+    "is_default": "Default server of this tier",
+    "enabled": "Enabled",
+    "daily_send_limit": "Daily send limit",
+    "rate_limit_per_minute": "Per-minute send limit",
+    "uncertain_policy": "When a send's outcome is uncertain",
+}
+SECURITY_OPTIONS = [
+    (SmtpSecurity.STARTTLS.value, "STARTTLS (usually port 587)"),
+    (SmtpSecurity.SSL.value, "TLS from the start (usually port 465)"),
+    (SmtpSecurity.PLAIN.value, "None (plain text; local relays only)"),
+]
+UNCERTAIN_OPTIONS = [
+    (UncertainPolicy.RETRY.value, "Retry (may deliver twice)"),
+    (UncertainPolicy.HOLD.value, "Hold for a person to decide"),
+]
+
+
+def _settings() -> Settings:
+    settings: Settings = current_app.config["SETTINGS"]
+    return settings
+
+
+def _read(form: Form, server: MailSendServerConfig, tier: int) -> bool:
+    """Check the form and copy it onto ``server``; False (nothing usable) when it has errors."""
+    name = form.text("name", required=True, max_len=200)
+    host = form.text("host", required=True, max_len=255)
+    port = form.number("port", lo=1, hi=65535)
+    security = form.choice("security", [s.value for s in SmtpSecurity], "starttls")
+    username = form.text("username", max_len=320)
+    password = form.text("password", max_len=500)
+    from_address = form.email("from_address")
+    from_name = form.text("from_name", max_len=200)
+    reply_to = form.email("reply_to")
+    daily = form.number("daily_send_limit")
+    per_minute = form.number("rate_limit_per_minute")
+    policy = form.choice("uncertain_policy", [p.value for p in UncertainPolicy], "retry")
+    if host is not None and any(c.isspace() or c in "/@" for c in host):
+        form.fail("host", "must be a host name or IP address, such as smtp.example.com")
+    if not from_address and not username and not {"from_address", "username"} & set(form.errors):
+        form.fail("from_address", "or a username is required (the sender is one of them)")
+    if name is not None and "name" not in form.errors:
+        clash = db.session.scalar(
+            select(MailSendServerConfig.id).where(
+                MailSendServerConfig.tenant_id == tier,
+                MailSendServerConfig.name == name,
+                MailSendServerConfig.id != (server.id or 0),
+            )
+        )
+        if clash is not None:
+            form.fail("name", f"{name!r} is already used by another mail server")
+    if not form.ok:
+        return False
+    assert name is not None
+    assert host is not None
+    server.tenant_id = tier
+    server.name = name
+    server.host = host
+    server.port = port or 587
+    server.security = security
+    server.verify_tls = form.flag("verify_tls")
+    server.username = username
+    if form.flag("remove_password"):
+        server.password = None
+    elif password is not None:
+        server.password = password
+    server.from_address = from_address
+    server.from_name = from_name
+    server.reply_to = reply_to
+    server.read_receipt = form.flag("read_receipt")
+    server.is_default = form.flag("is_default")
+    server.enabled = form.flag("enabled")
+    server.daily_send_limit = daily
+    server.rate_limit_per_minute = per_minute
+    server.uncertain_policy = policy
+    return True
+
+
+def _form_of(server: MailSendServerConfig) -> Form:
+    return Form(
+        form_data(
+            name=server.name,
+            host=server.host,
+            port=server.port,
+            security=server.security,
+            verify_tls=server.verify_tls,
+            username=server.username,
+            from_address=server.from_address,
+            from_name=server.from_name,
+            reply_to=server.reply_to,
+            read_receipt=server.read_receipt,
+            is_default=server.is_default,
+            enabled=server.enabled,
+            daily_send_limit=server.daily_send_limit,
+            rate_limit_per_minute=server.rate_limit_per_minute,
+            uncertain_policy=server.uncertain_policy,
+        ),
+        LABELS,
+    )
+
+
+def _page(server: MailSendServerConfig | None, form: Form, status: int = 200) -> tuple[str, int]:
+    tier = server.tenant_id if server is not None and server.id else viewed_tier()
+    return render_template(
+        "mail_servers/edit.html",
+        server=server if server is not None and server.id else None,
+        form=form,
+        tier_name=tier_name(tier),
+        security_options=SECURITY_OPTIONS,
+        uncertain_options=UNCERTAIN_OPTIONS,
+    ), status
+
+
+def _save(server: MailSendServerConfig, form: Form) -> bool:
+    """Commit; a default mail server takes the default from the tier's others."""
+    try:
+        db.session.flush()  # a new row gets its id, so the update below can leave it out
+        if server.is_default:
+            db.session.execute(
+                sql_update(MailSendServerConfig)
+                .where(
+                    MailSendServerConfig.tenant_id == server.tenant_id,
+                    MailSendServerConfig.id != server.id,
+                    MailSendServerConfig.is_default.is_(True),
+                )
+                .values(is_default=False, config_version=MailSendServerConfig.config_version + 1)
+            )
+        db.session.commit()
+    except IntegrityError:  # the same name saved by someone else a moment ago
+        db.session.rollback()
+        form.fail("name", "is already used by another mail server")
+        return False
+    return True
+
+
+@bp.get("/")
+@requires(Permission.EDIT_CONFIG)
+def index() -> str:
+    """The viewed tier's mail servers."""
+    tier = viewed_tier()
+    servers = db.session.scalars(
+        select(MailSendServerConfig)
+        .where(MailSendServerConfig.tenant_id == tier)
+        .order_by(MailSendServerConfig.name)
+    ).all()
+    return render_template("mail_servers/index.html", servers=servers, tier_name=tier_name(tier))
+
+
+@bp.get("/new")
+@requires(Permission.EDIT_CONFIG)
+def new() -> tuple[str, int]:
+    """An empty server form."""
+    defaults = {"port": "587", "security": "starttls", "verify_tls": "on", "enabled": "on"}
+    return _page(None, Form(defaults, LABELS))
+
+
+@bp.post("/")
+@requires(Permission.EDIT_CONFIG)
+def create() -> ResponseReturnValue:
+    """Add a server to the viewed tier."""
+    form = Form(request.form, LABELS)
+    server = MailSendServerConfig()
+    if not _read(form, server, viewed_tier()):
+        return _page(None, form, 422)
+    db.session.add(server)
+    if not _save(server, form):
+        return _page(None, form, 422)
+    flash(f"Mail server {server.name!r} added. Test its connection below.", "success")
+    return redirect(url_for("mail_servers.edit", server_id=server.id), 303)
+
+
+@bp.get("/<int:server_id>/edit")
+@requires(Permission.EDIT_CONFIG)
+def edit(server_id: int) -> tuple[str, int]:
+    """The server's form (the password is never shown)."""
+    server = owned(MailSendServerConfig, server_id, viewed_tier())
+    return _page(server, _form_of(server))
+
+
+@bp.post("/<int:server_id>")
+@requires(Permission.EDIT_CONFIG)
+def update(server_id: int) -> ResponseReturnValue:
+    """Save the server; the next send through it uses the new settings."""
+    server = owned(MailSendServerConfig, server_id, viewed_tier())
+    form = Form(request.form, LABELS)
+    if not _read(form, server, server.tenant_id):
+        db.session.rollback()
+        return _page(server, form, 422)
+    if not _save(server, form):
+        server = owned(MailSendServerConfig, server_id, viewed_tier())
+        return _page(server, form, 422)
+    flash("Mail server saved.", "success")
+    return redirect(url_for("mail_servers.edit", server_id=server.id), 303)
+
+
+@bp.post("/<int:server_id>/delete")
+@requires(Permission.EDIT_CONFIG)
+def delete(server_id: int) -> ResponseReturnValue:
+    """Delete a server no record points at; one that records use can only be disabled."""
+    server = owned(MailSendServerConfig, server_id, viewed_tier())
+    used = db.session.scalar(
+        # Any tenant's records: a platform-tier server is every tenant's fallback.
+        select(MailSendRecord.id)
+        .where(
+            or_(
+                MailSendRecord.server_config_id == server.id,
+                MailSendRecord.server_id == server.id,
+            )
+        )
+        .limit(1)
+    )
+    if used is not None:
+        flash(
+            "Send records use this server, so it cannot be deleted (their retries go through "
+            "it). Untick Enabled to stop new sends from using it.",
+            "error",
+        )
+        return redirect(url_for("mail_servers.edit", server_id=server.id), 303)
+    db.session.delete(server)
+    db.session.commit()
+    flash(f"Mail server {server.name!r} deleted.", "success")
+    return redirect(url_for("mail_servers.index"), 303)
+
+
+@bp.post("/<int:server_id>/test")
+@requires(Permission.EDIT_CONFIG)
+def test(server_id: int) -> ResponseReturnValue:
+    """Connect to the saved server, say hello, log in and quit: latency or the error."""
+    server = owned(MailSendServerConfig, server_id, viewed_tier())
+    settings = _settings()
+    error: str | None
+    try:
+        password = server.password
+    except SecretUnavailable:
+        latency, error = 0.0, "The stored password cannot be decrypted: enter it again and save."
+    else:
+        latency, error = test_connection(
+            SmtpServer(
+                key=f"test:{server.id}:{server.config_version}",
+                host=server.host,
+                port=server.port,
+                security=Security(server.security),
+                username=server.username,
+                password=password,
+                connect_timeout_s=settings.smtp_connect_timeout_s,
+                read_timeout_s=settings.smtp_connect_timeout_s,
+                verify_tls=server.verify_tls,
+            )
+        )
+    context = {"server": server, "latency_ms": round(latency * 1000), "error": error}
+    if is_htmx():
+        return varies(Response(render_template("mail_servers/_connection.html", **context)))
+    return varies(Response(render_template("mail_servers/test.html", **context)))

@@ -1,0 +1,412 @@
+"""SMS providers: the accounts a tier sends SMS through, their routes by country, and a
+credential check.
+
+Secrets (the auth token and the webhook secret) are write-only, as mail server passwords are.
+A provider that send records point at is never deleted, only disabled. Routes say which
+providers may carry SMS to a country, lower priority first; a country with routes never falls
+back to the default provider.
+"""
+
+from __future__ import annotations
+
+import time
+from urllib.parse import quote
+
+import httpx
+from flask import (
+    Blueprint,
+    Response,
+    abort,
+    current_app,
+    flash,
+    redirect,
+    render_template,
+    request,
+    url_for,
+)
+from flask.typing import ResponseReturnValue
+from sqlalchemy import select
+from sqlalchemy import update as sql_update
+from sqlalchemy.exc import IntegrityError
+
+from portal.config import Settings
+from portal.extensions import db
+from portal.messaging.transports.sms import twilio, vonage
+from portal.models import (
+    SmsProviderConfig,
+    SmsProviderKind,
+    SmsProviderRegion,
+    SmsSendRecord,
+    UncertainPolicy,
+)
+from portal.models.secretbox import SecretUnavailable
+from portal.web.access import Permission, requires
+from portal.web.forms import (
+    MAX_INT,
+    Form,
+    form_data,
+    is_htmx,
+    owned,
+    tier_name,
+    varies,
+    viewed_tier,
+)
+
+bp = Blueprint("sms_providers", __name__, url_prefix="/sms-providers")
+
+LABELS = {
+    "name": "Name",
+    "provider": "Provider",
+    "base_url": "Base URL",
+    "account_id": "Account id",
+    "secret": "Auth token",
+    "webhook_secret": "Webhook secret",
+    "sender_id": "Sender",
+    "is_default": "Default provider of this tier",
+    "enabled": "Enabled",
+    "daily_send_limit": "Daily send limit",
+    "rate_limit_per_minute": "Per-minute send limit",
+    "retry_window_s": "Retry window (seconds)",
+    "uncertain_policy": "When a send's outcome is uncertain",
+}
+ROUTE_LABELS = {"country": "Country", "priority": "Priority"}
+KIND_OPTIONS = [
+    (SmsProviderKind.TWILIO.value, "Twilio"),
+    (SmsProviderKind.VONAGE.value, "Vonage"),
+    (SmsProviderKind.HTTP_JSON.value, "Generic HTTP JSON"),
+    (SmsProviderKind.TEST.value, "Test (sends nothing)"),
+]
+UNCERTAIN_OPTIONS = [
+    (UncertainPolicy.RETRY.value, "Retry (may deliver twice)"),
+    (UncertainPolicy.HOLD.value, "Hold for a person to decide"),
+]
+
+
+def _settings() -> Settings:
+    settings: Settings = current_app.config["SETTINGS"]
+    return settings
+
+
+def _read(form: Form, provider: SmsProviderConfig, tier: int) -> bool:
+    """Check the form and copy it onto ``provider``; False when it has errors."""
+    name = form.text("name", required=True, max_len=200)
+    kind = form.choice("provider", [k.value for k in SmsProviderKind])
+    base_url = form.url("base_url")
+    account_id = form.text("account_id", max_len=200)
+    secret = form.text("secret", max_len=500)
+    webhook_secret = form.text("webhook_secret", max_len=500)
+    sender_id = form.text("sender_id", max_len=64)
+    daily = form.number("daily_send_limit")
+    per_minute = form.number("rate_limit_per_minute")
+    window = form.number("retry_window_s", lo=60)
+    policy = form.choice("uncertain_policy", [p.value for p in UncertainPolicy], "retry")
+    if kind == SmsProviderKind.HTTP_JSON.value and not base_url and "base_url" not in form.errors:
+        form.fail("base_url", "is required for a generic HTTP JSON provider")
+    if name is not None and "name" not in form.errors:
+        clash = db.session.scalar(
+            select(SmsProviderConfig.id).where(
+                SmsProviderConfig.tenant_id == tier,
+                SmsProviderConfig.name == name,
+                SmsProviderConfig.id != (provider.id or 0),
+            )
+        )
+        if clash is not None:
+            form.fail("name", f"{name!r} is already used by another SMS provider")
+    if not form.ok:
+        return False
+    assert name is not None
+    provider.tenant_id = tier
+    provider.name = name
+    provider.provider = kind
+    provider.base_url = base_url
+    provider.account_id = account_id
+    if form.flag("remove_secret"):
+        provider.secret = None
+    elif secret is not None:
+        provider.secret = secret
+    if form.flag("remove_webhook_secret"):
+        provider.webhook_secret = None
+    elif webhook_secret is not None:
+        provider.webhook_secret = webhook_secret
+    provider.sender_id = sender_id
+    provider.is_default = form.flag("is_default")
+    provider.enabled = form.flag("enabled")
+    provider.daily_send_limit = daily
+    provider.rate_limit_per_minute = per_minute
+    provider.retry_window_s = float(window) if window is not None else None
+    provider.uncertain_policy = policy
+    return True
+
+
+def _form_of(provider: SmsProviderConfig) -> Form:
+    window = provider.retry_window_s
+    return Form(
+        form_data(
+            name=provider.name,
+            provider=provider.provider,
+            base_url=provider.base_url,
+            account_id=provider.account_id,
+            sender_id=provider.sender_id,
+            is_default=provider.is_default,
+            enabled=provider.enabled,
+            daily_send_limit=provider.daily_send_limit,
+            rate_limit_per_minute=provider.rate_limit_per_minute,
+            retry_window_s=int(window) if window is not None else None,
+            uncertain_policy=provider.uncertain_policy,
+        ),
+        LABELS,
+    )
+
+
+def _routes(provider: SmsProviderConfig) -> list[SmsProviderRegion]:
+    return list(
+        db.session.scalars(
+            select(SmsProviderRegion)
+            .where(SmsProviderRegion.provider_id == provider.id)
+            .order_by(SmsProviderRegion.country_code)
+        )
+    )
+
+
+def _page(
+    provider: SmsProviderConfig | None,
+    form: Form,
+    status: int = 200,
+    route_form: Form | None = None,
+) -> tuple[str, int]:
+    saved = provider if provider is not None and provider.id else None
+    tier = saved.tenant_id if saved is not None else viewed_tier()
+    return render_template(
+        "sms_providers/edit.html",
+        provider=saved,
+        form=form,
+        tier_name=tier_name(tier),
+        kind_options=KIND_OPTIONS,
+        uncertain_options=UNCERTAIN_OPTIONS,
+        routes=_routes(saved) if saved is not None else [],
+        route_form=route_form or Form({"priority": "100"}, ROUTE_LABELS),
+    ), status
+
+
+def _save(provider: SmsProviderConfig, form: Form) -> bool:
+    """Commit; a default SMS provider takes the default from the tier's others."""
+    try:
+        db.session.flush()  # a new row gets its id, so the update below can leave it out
+        if provider.is_default:
+            db.session.execute(
+                sql_update(SmsProviderConfig)
+                .where(
+                    SmsProviderConfig.tenant_id == provider.tenant_id,
+                    SmsProviderConfig.id != provider.id,
+                    SmsProviderConfig.is_default.is_(True),
+                )
+                .values(is_default=False, config_version=SmsProviderConfig.config_version + 1)
+            )
+        db.session.commit()
+    except IntegrityError:  # the same name saved by someone else a moment ago
+        db.session.rollback()
+        form.fail("name", "is already used by another SMS provider")
+        return False
+    return True
+
+
+@bp.get("/")
+@requires(Permission.EDIT_CONFIG)
+def index() -> str:
+    """The viewed tier's SMS providers with their routes."""
+    tier = viewed_tier()
+    providers = db.session.scalars(
+        select(SmsProviderConfig)
+        .where(SmsProviderConfig.tenant_id == tier)
+        .order_by(SmsProviderConfig.name)
+    ).all()
+    countries: dict[int, list[str]] = {}
+    for route in db.session.scalars(
+        select(SmsProviderRegion)
+        .where(SmsProviderRegion.tenant_id == tier)
+        .order_by(SmsProviderRegion.priority, SmsProviderRegion.country_code)
+    ):
+        countries.setdefault(route.provider_id, []).append(route.country_code)
+    return render_template(
+        "sms_providers/index.html",
+        providers=providers,
+        countries=countries,
+        tier_name=tier_name(tier),
+        kinds=dict(KIND_OPTIONS),
+    )
+
+
+@bp.get("/new")
+@requires(Permission.EDIT_CONFIG)
+def new() -> tuple[str, int]:
+    """An empty provider form."""
+    return _page(None, Form({"provider": "twilio", "enabled": "on"}, LABELS))
+
+
+@bp.post("/")
+@requires(Permission.EDIT_CONFIG)
+def create() -> ResponseReturnValue:
+    """Add a provider to the viewed tier."""
+    form = Form(request.form, LABELS)
+    provider = SmsProviderConfig()
+    if not _read(form, provider, viewed_tier()):
+        return _page(None, form, 422)
+    db.session.add(provider)
+    if not _save(provider, form):
+        return _page(None, form, 422)
+    flash(f"SMS provider {provider.name!r} added.", "success")
+    return redirect(url_for("sms_providers.edit", provider_id=provider.id), 303)
+
+
+@bp.get("/<int:provider_id>/edit")
+@requires(Permission.EDIT_CONFIG)
+def edit(provider_id: int) -> tuple[str, int]:
+    """The provider's form and its routes (secrets are never shown)."""
+    provider = owned(SmsProviderConfig, provider_id, viewed_tier())
+    return _page(provider, _form_of(provider))
+
+
+@bp.post("/<int:provider_id>")
+@requires(Permission.EDIT_CONFIG)
+def update(provider_id: int) -> ResponseReturnValue:
+    """Save the provider; the next send through it uses the new settings."""
+    provider = owned(SmsProviderConfig, provider_id, viewed_tier())
+    form = Form(request.form, LABELS)
+    if not _read(form, provider, provider.tenant_id):
+        return _page(provider, form, 422)
+    if not _save(provider, form):
+        provider = owned(SmsProviderConfig, provider_id, viewed_tier())
+        return _page(provider, form, 422)
+    flash("SMS provider saved.", "success")
+    return redirect(url_for("sms_providers.edit", provider_id=provider.id), 303)
+
+
+@bp.post("/<int:provider_id>/delete")
+@requires(Permission.EDIT_CONFIG)
+def delete(provider_id: int) -> ResponseReturnValue:
+    """Delete a provider no record points at; one that records use can only be disabled."""
+    provider = owned(SmsProviderConfig, provider_id, viewed_tier())
+    used = db.session.scalar(
+        select(SmsSendRecord.id).where(SmsSendRecord.provider_config_id == provider.id).limit(1)
+    )
+    if used is not None:
+        flash(
+            "Send records use this provider, so it cannot be deleted (their retries go through "
+            "it). Untick Enabled to stop new sends from using it.",
+            "error",
+        )
+        return redirect(url_for("sms_providers.edit", provider_id=provider.id), 303)
+    db.session.delete(provider)
+    db.session.commit()
+    flash(f"SMS provider {provider.name!r} deleted.", "success")
+    return redirect(url_for("sms_providers.index"), 303)
+
+
+# --- routes by country -----------------------------------------------------------------------
+
+
+@bp.post("/<int:provider_id>/routes")
+@requires(Permission.EDIT_CONFIG)
+def create_route(provider_id: int) -> ResponseReturnValue:
+    """Let this provider carry SMS to one more country."""
+    provider = owned(SmsProviderConfig, provider_id, viewed_tier())
+    form = Form(request.form, ROUTE_LABELS)
+    country = form.country("country", required=True)
+    priority = form.number("priority", lo=0, hi=MAX_INT)
+    if country is not None:
+        clash = db.session.scalar(
+            select(SmsProviderRegion.id).where(
+                SmsProviderRegion.provider_id == provider.id,
+                SmsProviderRegion.country_code == country,
+            )
+        )
+        if clash is not None:
+            form.fail("country", f"{country} already has a route through this provider")
+    if not form.ok or country is None:
+        return _page(provider, _form_of(provider), 422, route_form=form)
+    db.session.add(
+        SmsProviderRegion(
+            tenant_id=provider.tenant_id,
+            provider_id=provider.id,
+            country_code=country,
+            priority=100 if priority is None else priority,
+        )
+    )
+    db.session.commit()
+    flash(f"Route for {country} added.", "success")
+    return redirect(url_for("sms_providers.edit", provider_id=provider.id), 303)
+
+
+@bp.post("/<int:provider_id>/routes/<int:route_id>/delete")
+@requires(Permission.EDIT_CONFIG)
+def delete_route(provider_id: int, route_id: int) -> ResponseReturnValue:
+    """Remove one country route."""
+    provider = owned(SmsProviderConfig, provider_id, viewed_tier())
+    route = owned(SmsProviderRegion, route_id, provider.tenant_id)
+    if route.provider_id != provider.id:
+        abort(404)
+    db.session.delete(route)
+    db.session.commit()
+    flash(f"Route for {route.country_code} removed.", "success")
+    return redirect(url_for("sms_providers.edit", provider_id=provider.id), 303)
+
+
+# --- credential check --------------------------------------------------------------------------
+
+
+def check_credentials(provider: SmsProviderConfig, timeout_s: float) -> tuple[float, str | None]:
+    """Ask the provider whether the saved credentials work, sending nothing: (latency, error).
+
+    Twilio: fetch the account resource; Vonage: read the account balance. Both are free reads
+    that only answer with the right credentials. Error texts never carry the secret.
+    """
+    started = time.monotonic()
+    try:
+        secret = provider.secret
+    except SecretUnavailable:
+        return 0.0, "The stored auth token cannot be decrypted: enter it again and save."
+    if not provider.account_id or not secret:
+        return 0.0, "Enter the account id and the auth token first."
+    kind = provider.provider
+    try:
+        with httpx.Client(timeout=timeout_s, follow_redirects=False) as client:
+            if kind == SmsProviderKind.TWILIO.value:
+                base = (provider.base_url or twilio.DEFAULT_BASE_URL).rstrip("/")
+                account = quote(provider.account_id, safe="")
+                answer = client.get(
+                    f"{base}/2010-04-01/Accounts/{account}.json",
+                    auth=(provider.account_id, secret),
+                )
+            else:
+                base = (provider.base_url or vonage.DEFAULT_BASE_URL).rstrip("/")
+                answer = client.get(
+                    f"{base}/account/get-balance",
+                    params={"api_key": provider.account_id, "api_secret": secret},
+                )
+    except httpx.HTTPError as exc:
+        message = f"{type(exc).__name__}: {exc}".replace(secret, "***")
+        return time.monotonic() - started, f"No answer from the provider ({message})"
+    latency = time.monotonic() - started
+    if answer.status_code in (401, 403):
+        return latency, f"The provider refused the credentials (HTTP {answer.status_code})"
+    if not answer.is_success:
+        return latency, f"The provider answered HTTP {answer.status_code}"
+    return latency, None
+
+
+@bp.post("/<int:provider_id>/test")
+@requires(Permission.EDIT_CONFIG)
+def test(provider_id: int) -> ResponseReturnValue:
+    """Check the saved credentials where the provider offers a cheap way to."""
+    provider = owned(SmsProviderConfig, provider_id, viewed_tier())
+    context: dict[str, object] = {"provider": provider, "latency_ms": 0, "error": None}
+    if provider.provider == SmsProviderKind.TEST.value:
+        context["note"] = "The test provider accepts every message without any network."
+    elif provider.provider in (SmsProviderKind.TWILIO.value, SmsProviderKind.VONAGE.value):
+        latency, error = check_credentials(provider, _settings().sms_connect_timeout_s)
+        context.update(latency_ms=round(latency * 1000), error=error)
+    else:
+        context["unavailable"] = True
+    if is_htmx():
+        return varies(Response(render_template("sms_providers/_connection.html", **context)))
+    return varies(Response(render_template("sms_providers/test.html", **context)))
