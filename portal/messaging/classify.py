@@ -37,6 +37,8 @@ class MarkerCode(StrEnum):
     ZOMBIE_EXHAUSTED = "ZOMBIE_EXHAUSTED"
     EXPIRED = "EXPIRED"
     RETRY_WINDOW_EXPIRED = "RETRY_WINDOW_EXPIRED"
+    SUPPRESSED = "SUPPRESSED"  # every recipient is on the tenant's suppression list
+    RESOLVED_FAILED = "RESOLVED_FAILED"  # an operator resolved an Uncertain record as failed
 
 
 _RETRYABLE = frozenset({ErrorCategory.TRANSIENT, ErrorCategory.QUOTA, ErrorCategory.UNKNOWN})
@@ -100,6 +102,17 @@ MARKER_HELP: dict[MarkerCode, tuple[str, str]] = {
         "Check with the provider whether an earlier attempt was delivered before pressing "
         "Retry: its duplicate protection may no longer cover this message.",
     ),
+    MarkerCode.SUPPRESSED: (
+        "Not sent: the recipient is on the suppression list (an earlier hard bounce, a "
+        "complaint, or added by hand).",
+        "If the address or number works again, remove it from the suppression list and "
+        "send a new message.",
+    ),
+    MarkerCode.RESOLVED_FAILED: (
+        "The outcome of an earlier attempt was uncertain, and an operator checked with the "
+        "provider and marked it failed.",
+        "Read the operator's reason; send a new message if it should still go out.",
+    ),
 }
 
 CATEGORY_HELP: dict[ErrorCategory, tuple[str, str]] = {
@@ -154,6 +167,8 @@ _MARKER_CATEGORIES: dict[str, ErrorCategory] = {
     MarkerCode.QUOTA_EXCEEDED: ErrorCategory.QUOTA,
     # Before QUOTA's keywords: "LIMIT" is in the name, but this is an outage, not a full window.
     MarkerCode.RATE_LIMIT_UNAVAILABLE: ErrorCategory.TRANSIENT,
+    MarkerCode.SUPPRESSED: ErrorCategory.PERMANENT,
+    MarkerCode.RESOLVED_FAILED: ErrorCategory.PERMANENT,
 }
 
 # Our SMTP transport reports the server's real reply code ("550 5.1.1 ..."); "SMTP_550" is

@@ -102,10 +102,57 @@ def record_sent(
     if result.rowcount != 1:  # type: ignore[attr-defined]
         return False
     MESSAGE_SENT.labels(claimed.channel.value, claimed.provider).inc()
+    if provider_message_id:
+        _apply_retained(engine, claimed)
     more: dict[str, Any] = {"provider_message_id": provider_message_id}
     if duplicate:
         more["duplicate_key"] = True  # accepted by an earlier attempt
     log.info("sent", extra=_extra(claimed, **more))
+    return True
+
+
+def _apply_retained(engine: Engine, claimed: Claimed) -> None:
+    """Events that arrived before the provider id was written apply now (seed 002)."""
+    from portal.messaging import events  # events imports suppression -> acceptance
+
+    try:
+        with Session(engine) as session, session.begin():
+            events.apply_retained(session, claimed.channel, claimed.id)
+    except Exception:
+        log.exception("applying retained delivery events failed", extra=_extra(claimed))
+
+
+def finish(
+    engine: Engine,
+    claimed: Claimed,
+    status: SendStatus,
+    code: str,
+    message: str,
+    **more: Any,
+) -> bool:
+    """End the attempt without a send (expired, suppressed, past the retry window), by
+    version; ``ambiguous_attempt`` is never cleared. False when the race was lost."""
+    model = MODELS[claimed.channel]
+    with Session(engine) as session, session.begin():
+        result = session.execute(
+            update(model)
+            .where(model.id == claimed.id, model.version == claimed.version)
+            .values(
+                status=status.value,
+                version=model.version + 1,
+                updated_time=db_now(),
+                next_retry_at=None,
+                error_code=code[:100],
+                error_message=message[:MAX_ERROR_CHARS],
+                **more,
+            )
+            .execution_options(synchronize_session=False)
+        )
+    if result.rowcount != 1:  # type: ignore[attr-defined]
+        return False
+    outcome = "failed" if status is SendStatus.FAILED else status.value.lower()
+    MESSAGE_FAILED.labels(claimed.channel.value, claimed.provider, outcome).inc()
+    log.warning("not sent (%s): %s", code, message, extra=_extra(claimed, error_code=code))
     return True
 
 
@@ -119,6 +166,7 @@ def handle_failure(
     retry_after_s: float | None = None,
     ambiguous: bool = False,
     consume_retry: bool = True,
+    hold: bool = False,
 ) -> RetryDecision | None:
     """Classify a failure and carry out the decision by version; None when the race was lost.
 
@@ -126,6 +174,10 @@ def handle_failure(
     the rate-limit store unreachable): the record goes to Retry no sooner than
     ``retry_after_s`` with ``retry_count`` unchanged, so waiting for a window never uses up
     the record's retries nor turns it into a dead letter.
+
+    ``ambiguous`` (the request was written, no answer came) marks the attempt ambiguous; it is
+    never cleared by a later write. With ``hold`` (the config's uncertain policy), an ambiguous
+    failure ends Uncertain instead of being retried: it is never resent automatically.
     """
     category = classify(code, message)
     if consume_retry:
@@ -142,6 +194,24 @@ def handle_failure(
     }
     if ambiguous:
         values |= {"ambiguous_attempt": True, "ambiguous_at": db_now(), "ambiguous_reason": message}
+        if hold:
+            values |= {"status": SendStatus.UNCERTAIN.value, "next_retry_at": None}
+            with Session(engine) as session, session.begin():
+                held = session.execute(
+                    update(model)
+                    .where(model.id == claimed.id, model.version == claimed.version)
+                    .values(**values)
+                    .execution_options(synchronize_session=False)
+                )
+            if held.rowcount != 1:  # type: ignore[attr-defined]
+                return None
+            MESSAGE_FAILED.labels(claimed.channel.value, claimed.provider, "uncertain").inc()
+            log.error(
+                "send outcome unknown; held as Uncertain: %s",
+                message,
+                extra=_extra(claimed, error_code=code),
+            )
+            return Fail()
     match decision:
         case Retry(delay_s=delay):
             values |= {
@@ -227,4 +297,11 @@ def is_marker(code: str | None) -> bool:
     return code in MARKER_CODES
 
 
-__all__ = ["Claimed", "ErrorCategory", "handle_failure", "is_marker", "record_sent"]
+__all__ = [
+    "Claimed",
+    "ErrorCategory",
+    "finish",
+    "handle_failure",
+    "is_marker",
+    "record_sent",
+]

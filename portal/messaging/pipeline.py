@@ -23,11 +23,13 @@ from portal.messaging.backoff import BackoffPolicy
 from portal.messaging.classify import MarkerCode
 from portal.messaging.outcomes import Claimed
 from portal.messaging.preparation import (
+    SUPPRESSED,
     PreparationFailed,
     PreparedMail,
     PreparedSms,
     prepare_mail,
     prepare_sms,
+    suppressed_recipients,
 )
 from portal.messaging.ratelimit import LimitedConfig, RateLimiter, RateLimitUnavailable
 from portal.messaging.transports import sms as sms_transport
@@ -44,8 +46,10 @@ from portal.models import (
     Channel,
     MailSendRecord,
     MailSendServerConfig,
+    SendStatus,
     SmsProviderConfig,
     SmsSendRecord,
+    UncertainPolicy,
 )
 from portal.models.secretbox import SecretUnavailable
 from portal.tenancy import tenant_context
@@ -142,6 +146,64 @@ def admit(
     return False
 
 
+def past_deadline(
+    engine: Engine,
+    claimed: Claimed,
+    record: MailSendRecord | SmsSendRecord,
+    retry_window_s: float | None = None,
+) -> bool:
+    """Each claim checks the deadlines before sending (seed 002); True when the record ended.
+
+    ``record.updated_time`` is the claim's time on the database clock. Past ``expiresAt`` the
+    record ends Failed with EXPIRED; past the provider's retry window after the first claim,
+    Failed with RETRY_WINDOW_EXPIRED. Either ends Uncertain instead when an earlier attempt
+    was ambiguous: the message may have gone out, and failing it would hide that.
+    """
+    now = record.updated_time
+    code: MarkerCode | None = None
+    if record.expires_at is not None and now >= record.expires_at:
+        code = MarkerCode.EXPIRED
+        message = f"not sent: it expired at {record.expires_at.isoformat()} before it was due"
+    elif (
+        retry_window_s is not None
+        and record.first_claimed_at is not None
+        and (now - record.first_claimed_at).total_seconds() > retry_window_s
+    ):
+        code = MarkerCode.RETRY_WINDOW_EXPIRED
+        message = (
+            f"not retried: over {retry_window_s:g} s since the first attempt, the provider's "
+            "idempotency key may have lapsed, so another attempt could send it twice"
+        )
+    if code is None:
+        return False
+    status = SendStatus.FAILED
+    if record.ambiguous_attempt:
+        status = SendStatus.UNCERTAIN
+        message += "; an earlier attempt may have been accepted: resolve it by hand"
+    outcomes.finish(engine, claimed, status, code.value, message)
+    return True
+
+
+def _suppressed(
+    engine: Engine, claimed: Claimed, record: MailSendRecord | SmsSendRecord
+) -> dict[str, str] | None:
+    """The suppressed recipients (address -> why); None when every recipient is suppressed
+    and the record has been ended Suppressed (no provider call)."""
+    with Session(engine) as session:
+        blocked, total = suppressed_recipients(session, record)
+    if blocked and len(blocked) >= total:
+        why = "; ".join(f"{a}: {r}" for a, r in blocked.items())
+        outcomes.finish(
+            engine,
+            claimed,
+            SendStatus.SUPPRESSED,
+            SUPPRESSED,
+            f"not sent: the recipient is on the suppression list ({why})",
+        )
+        return None
+    return blocked
+
+
 def _frozen(record: MailSendRecord) -> PreparedMail:
     """What an earlier attempt prepared; retries replay it as it is."""
     assert record.server_config_id is not None
@@ -175,16 +237,23 @@ def _server(config: MailSendServerConfig, settings: Settings) -> SmtpServer:
 
 
 def _outgoing(
-    record: MailSendRecord, prepared: PreparedMail, config: MailSendServerConfig
+    record: MailSendRecord,
+    prepared: PreparedMail,
+    config: MailSendServerConfig,
+    skip: dict[str, str] | None = None,
 ) -> OutgoingMail:
     from_addr = config.from_address or config.username or ""
+
+    def kept(addresses: list[str] | None) -> list[str]:
+        return [a for a in addresses or [] if a.strip().lower() not in (skip or {})]
+
     return OutgoingMail(
         message_id=prepared.message_id,
         from_addr=from_addr,
         from_name=config.from_name,
-        to=list(record.to_addrs),
-        cc=list(record.cc_addrs or []),
-        bcc=list(record.bcc_addrs or []),
+        to=kept(record.to_addrs),
+        cc=kept(record.cc_addrs),
+        bcc=kept(record.bcc_addrs),
         reply_to=prepared.reply_to,
         subject=prepared.subject,
         html=prepared.html,
@@ -223,6 +292,11 @@ def process_mail(ctx: MailContext, record: MailSendRecord) -> None:
 
 
 def _attempt(ctx: MailContext, record: MailSendRecord, claimed: Claimed) -> None:
+    if past_deadline(ctx.engine, claimed, record):
+        return
+    skip = _suppressed(ctx.engine, claimed, record)
+    if skip is None:
+        return
     if record.prepared_at is None:
         try:
             result = prepare_mail(ctx.engine, record, claimed, ctx.settings)
@@ -262,7 +336,7 @@ def _attempt(ctx: MailContext, record: MailSendRecord, claimed: Claimed) -> None
     )
     if not admit(ctx.engine, claimed, config, _limiter(ctx.settings, ctx.limiter), ctx.policy):
         return
-    mail = _outgoing(record, prepared, config)
+    mail = _outgoing(record, prepared, config, skip)
     started = time.perf_counter()
     try:
         sent = ctx.pool.send(server, mail)
@@ -275,11 +349,14 @@ def _attempt(ctx: MailContext, record: MailSendRecord, claimed: Claimed) -> None
             error.message,
             policy=ctx.policy,
             ambiguous=error.after_data,
+            hold=config.uncertain_policy == UncertainPolicy.HOLD.value,
         )
         return
     SEND_DURATION.labels("mail").observe(time.perf_counter() - started)
-    refused = {k: list(v) for k, v in sent.refused.items()} or None
-    outcomes.record_sent(ctx.engine, claimed, prepared.message_id, refused=refused)
+    refused = {k: list(v) for k, v in sent.refused.items()}
+    # Suppressed recipients were left out; the record says so beside the server's refusals.
+    refused |= {a: [SUPPRESSED, why] for a, why in skip.items()}
+    outcomes.record_sent(ctx.engine, claimed, prepared.message_id, refused=refused or None)
 
 
 # --- SMS --------------------------------------------------------------------------------
@@ -331,6 +408,10 @@ def process_sms(ctx: SmsContext, record: SmsSendRecord) -> None:
 
 
 def _attempt_sms(ctx: SmsContext, record: SmsSendRecord, claimed: Claimed) -> None:
+    if past_deadline(ctx.engine, claimed, record):
+        return
+    if _suppressed(ctx.engine, claimed, record) is None:
+        return
     if record.prepared_at is None:
         try:
             result = prepare_sms(ctx.engine, record, claimed, ctx.settings)
@@ -366,6 +447,8 @@ def _attempt_sms(ctx: SmsContext, record: SmsSendRecord, claimed: Claimed) -> No
         )
         return
     claimed = replace(claimed, provider=config.name)
+    if past_deadline(ctx.engine, claimed, record, config.retry_window_s):
+        return
     if not admit(ctx.engine, claimed, config, _limiter(ctx.settings, ctx.limiter), ctx.policy):
         return
     outgoing = sms_transport.OutgoingSms(
@@ -393,4 +476,5 @@ def _attempt_sms(ctx: SmsContext, record: SmsSendRecord, claimed: Claimed) -> No
         policy=ctx.policy,
         retry_after_s=answer.retry_after_s,
         ambiguous=answer.ambiguous,
+        hold=config.uncertain_policy == UncertainPolicy.HOLD.value,
     )

@@ -16,7 +16,7 @@ from sqlalchemy import Engine, select, update
 from sqlalchemy.orm import Session
 
 from portal.config import Settings
-from portal.messaging import quota, templating
+from portal.messaging import quota, suppression, templating
 from portal.messaging.acceptance import MAX_SMS_CHARS
 from portal.messaging.classify import MarkerCode
 from portal.messaging.outcomes import Claimed
@@ -31,9 +31,57 @@ from portal.models import (
     SmsSendRecord,
     SmsTemplate,
     SmsTemplateProviderBinding,
+    Suppression,
     db_now,
 )
 from portal.tenancy import PLATFORM_TENANT_ID
+
+SUPPRESSED = MarkerCode.SUPPRESSED.value  # the error code of a record the list stopped
+
+
+def suppressed_recipients(
+    session: Session, record: MailSendRecord | SmsSendRecord
+) -> tuple[dict[str, str], int]:
+    """The record's recipients on its tenant's suppression list (address -> why), and how many
+    distinct recipients it has.
+
+    Checked before every attempt, ahead of preparation and its quota charge, so a recipient
+    suppressed while the record waited in Retry is not sent to either. The caller decides:
+    every recipient suppressed ends the record ``Suppressed`` (no provider call); for mail with
+    some suppressed, the rest are sent to and the suppressed ones are listed in
+    ``refused_recipients`` as ``[SUPPRESSED, why]``.
+    """
+    channel = Channel.SMS if isinstance(record, SmsSendRecord) else Channel.MAIL
+    if isinstance(record, SmsSendRecord):
+        raw = [record.phone_number]
+    else:
+        raw = [*record.to_addrs, *(record.cc_addrs or []), *(record.bcc_addrs or [])]
+    wanted: dict[str, str] = {}  # normalised -> as written (lower-cased for mail)
+    for address in raw:
+        try:
+            wanted.setdefault(suppression.normalise(channel, address), address.strip().lower())
+        except suppression.InvalidAddress:
+            continue
+    if not wanted:
+        return {}, len(set(raw))
+    rows = session.scalars(
+        select(Suppression).where(
+            Suppression.tenant_id == record.tenant_id,
+            Suppression.channel == channel.value,
+            Suppression.address.in_(list(wanted)),
+            Suppression.removed_at.is_(None),
+        )
+    ).all()
+    blocked: dict[str, str] = {}
+    for row in rows:
+        when = row.created_time.strftime("%Y-%m-%d %H:%M UTC") if row.created_time else "?"
+        why = f"{row.reason.replace('_', ' ')} since {when}"
+        if row.created_by:
+            why += f" by {row.created_by}"
+        if row.detail:
+            why += f": {row.detail[:200]}"
+        blocked[wanted[row.address]] = why
+    return blocked, len(wanted)
 
 
 class PreparationFailed(Exception):

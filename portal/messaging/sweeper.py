@@ -5,6 +5,12 @@ stopped mid-send. The sweep puts it back to Retry, due now, with ``ZOMBIE_RECOVE
 retries are already used up becomes a dead letter with ``ZOMBIE_EXHAUSTED`` (and its archive
 row). Each transition goes by version in its own transaction and tenant context, so two
 sweeps at once, or a sweep racing a late worker, change each record once.
+
+A stuck record that was prepared may have been accepted (seed 002: a lost lease is
+uncertain), so its attempt is marked ambiguous, and what happens next is the server's or
+provider's ``uncertain_policy``: ``retry`` (at least once, relying on the stable Message-ID or
+idempotency key) puts it back to Retry as above; ``hold`` makes it ``Uncertain``, never resent
+automatically, for an operator to resolve. A record stuck before preparation sent nothing.
 """
 
 from __future__ import annotations
@@ -20,7 +26,16 @@ from portal.config import Settings
 from portal.messaging.classify import MarkerCode
 from portal.messaging.outcomes import MODELS, Claimed, dead_letter_row
 from portal.metrics import MESSAGE_FAILED
-from portal.models import Channel, SendStatus, db_now, db_now_plus
+from portal.models import (
+    Channel,
+    MailSendRecord,
+    MailSendServerConfig,
+    SendStatus,
+    SmsProviderConfig,
+    UncertainPolicy,
+    db_now,
+    db_now_plus,
+)
 from portal.tenancy import tenant_context
 
 log = logging.getLogger("portal.sweeper")
@@ -32,10 +47,11 @@ BATCH = 200
 class SweepReport:
     recovered: dict[str, int] = field(default_factory=dict)
     exhausted: dict[str, int] = field(default_factory=dict)
+    held: dict[str, int] = field(default_factory=dict)
 
     @property
     def total(self) -> int:
-        return sum(self.recovered.values()) + sum(self.exhausted.values())
+        return sum(self.recovered.values()) + sum(self.exhausted.values()) + sum(self.held.values())
 
 
 def sweep_stuck_sends(engine: Engine, settings: Settings) -> SweepReport:
@@ -44,7 +60,15 @@ def sweep_stuck_sends(engine: Engine, settings: Settings) -> SweepReport:
     for channel, model in MODELS.items():
         with Session(engine) as session:
             stuck = session.execute(
-                select(model.id, model.version, model.tenant_id, model.trace_id, model.retry_count)
+                select(
+                    model.id,
+                    model.version,
+                    model.tenant_id,
+                    model.trace_id,
+                    model.retry_count,
+                    model.prepared_at.is_not(None),
+                    _route(channel),
+                )
                 .where(
                     model.status == SendStatus.SENDING.value,
                     model.updated_time < db_now_plus(-settings.stuck_send_threshold_s),
@@ -52,17 +76,50 @@ def sweep_stuck_sends(engine: Engine, settings: Settings) -> SweepReport:
                 .order_by(model.updated_time)
                 .limit(BATCH)
             ).all()
-        for record_id, version, tenant_id, trace_id, retry_count in stuck:
+            holding = _holding_routes(session, channel)
+        for record_id, version, tenant_id, trace_id, retry_count, prepared, route in stuck:
             claimed = Claimed(channel, record_id, version, tenant_id, retry_count)
             with tenant_context(tenant_id, trace_id):
-                outcome = _transition(engine, claimed, settings)
+                outcome = _transition(
+                    engine,
+                    claimed,
+                    settings,
+                    ambiguous=prepared,
+                    hold=prepared and route in holding,
+                )
             if outcome is not None:
-                counts = report.recovered if outcome == "retry" else report.exhausted
+                counts = {
+                    "retry": report.recovered,
+                    "dead_letter": report.exhausted,
+                    "uncertain": report.held,
+                }[outcome]
                 counts[channel.value] = counts.get(channel.value, 0) + 1
     return report
 
 
-def _transition(engine: Engine, claimed: Claimed, settings: Settings) -> str | None:
+def _route(channel: Channel) -> Any:
+    model = MODELS[channel]
+    return model.server_config_id if model is MailSendRecord else model.provider_config_id  # type: ignore[union-attr]
+
+
+def _holding_routes(session: Session, channel: Channel) -> set[int]:
+    """The ids of the configs of this channel whose uncertain policy is ``hold``."""
+    config = MailSendServerConfig if channel is Channel.MAIL else SmsProviderConfig
+    return set(
+        session.scalars(
+            select(config.id).where(config.uncertain_policy == UncertainPolicy.HOLD.value)
+        )
+    )
+
+
+def _transition(
+    engine: Engine,
+    claimed: Claimed,
+    settings: Settings,
+    *,
+    ambiguous: bool = False,
+    hold: bool = False,
+) -> str | None:
     model = MODELS[claimed.channel]
     exhausted = claimed.retry_count >= settings.max_retries
     reason = (
@@ -70,12 +127,20 @@ def _transition(engine: Engine, claimed: Claimed, settings: Settings) -> str | N
         "claimed it stopped or crashed mid-send; the server may or may not have accepted it"
     )
     values: dict[str, Any]
-    if exhausted:
+    if ambiguous:
+        values = {"ambiguous_attempt": True, "ambiguous_at": db_now(), "ambiguous_reason": reason}
+    else:
+        values = {}
+    if hold:
+        code = MarkerCode.ZOMBIE_RECOVERED.value
+        values |= {"status": SendStatus.UNCERTAIN.value, "next_retry_at": None}
+        exhausted = False
+    elif exhausted:
         code = MarkerCode.ZOMBIE_EXHAUSTED.value
-        values = {"status": SendStatus.DEAD_LETTER.value, "next_retry_at": None}
+        values |= {"status": SendStatus.DEAD_LETTER.value, "next_retry_at": None}
     else:
         code = MarkerCode.ZOMBIE_RECOVERED.value
-        values = {
+        values |= {
             "status": SendStatus.RETRY.value,
             "next_retry_at": db_now(),
             "retry_count": model.retry_count + 1,
@@ -101,7 +166,7 @@ def _transition(engine: Engine, claimed: Claimed, settings: Settings) -> str | N
             return None  # the worker finished it, or another sweep got there first
         if exhausted:
             session.add(dead_letter_row(claimed, code, reason))
-    outcome = "dead_letter" if exhausted else "retry"
+    outcome = "uncertain" if hold else "dead_letter" if exhausted else "retry"
     MESSAGE_FAILED.labels(claimed.channel.value, "sweeper", outcome).inc()
     extra = {
         "record_id": claimed.id,
@@ -109,7 +174,9 @@ def _transition(engine: Engine, claimed: Claimed, settings: Settings) -> str | N
         "error_code": code,
         "outcome": outcome,
     }
-    if exhausted:
+    if hold:
+        log.error("stuck send held as Uncertain: it is not resent automatically", extra=extra)
+    elif exhausted:
         log.error("stuck send dead-lettered: its retries were used up", extra=extra)
     else:
         log.warning("stuck send put back to retry", extra=extra)

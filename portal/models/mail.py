@@ -103,6 +103,9 @@ class MailSendRecord(SendRecordMixin, Base):
         Index("idx_mail_send_status_updated", "status", "updated_time"),
         Index("idx_mail_send_status_retry", "status", "next_retry_at"),
         Index("idx_mail_send_tenant_created", "tenant_id", "id"),
+        # The dashboard: per-tenant status counts and the last 24 hours.
+        Index("idx_mail_send_tenant_status", "tenant_id", "status", "id"),
+        Index("idx_mail_send_created", "created_time"),
         UniqueConstraint("tenant_id", "business_key", name="uq_mail_send_business_key"),
         {"postgresql_with": {"autovacuum_vacuum_scale_factor": 0.01}},
     )

@@ -149,6 +149,8 @@ class SmsSendRecord(SendRecordMixin, Base):
         Index("idx_sms_send_status_retry", "status", "next_retry_at"),
         Index("idx_sms_send_recipient", "tenant_id", "phone_number", "id"),
         Index("idx_sms_send_tenant_created", "tenant_id", "id"),
+        Index("idx_sms_send_tenant_status", "tenant_id", "status", "id"),
+        Index("idx_sms_send_created", "created_time"),
         UniqueConstraint("tenant_id", "business_key", name="uq_sms_send_business_key"),
         {"postgresql_with": {"autovacuum_vacuum_scale_factor": 0.01}},
     )

@@ -30,7 +30,7 @@ PAGES: list[tuple[str, str, str]] = [
     ("suppressions", "Suppression list", "suppression"),
     ("api_keys", "API keys", "api_keys"),
 ]
-MACHINE = ["api", "operator_api", "health", "metrics", "auth", "tenants"]
+MACHINE = ["api", "operator_api", "health", "metrics", "auth", "tenants", "webhooks"]
 
 
 @dataclass(frozen=True)

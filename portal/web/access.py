@@ -13,7 +13,7 @@ from enum import StrEnum
 from functools import wraps
 from typing import Any, ParamSpec, TypeVar
 
-from flask import Flask, abort, request, session
+from flask import Flask, abort, make_response, request, session, url_for
 from flask_login import current_user, login_required
 
 from portal.models import AppUser, Role
@@ -55,7 +55,7 @@ ROLE_PERMISSIONS: dict[Role, frozenset[Permission]] = {
 }
 
 # Endpoints any visitor may reach (sign-in, static files, machine endpoints with their own auth).
-PUBLIC_BLUEPRINTS = {"auth", "api", "operator_api", "health", "metrics"}
+PUBLIC_BLUEPRINTS = {"auth", "api", "operator_api", "health", "metrics", "webhooks"}
 PUBLIC_ENDPOINTS = {"static"}
 
 
@@ -81,8 +81,18 @@ def requires(permission: Permission) -> Callable[[Callable[P, R]], Callable[P, R
                 abort(403)
             return view(*args, **kwargs)
 
-        wrapper.required_permission = permission  # type: ignore[attr-defined]
-        return login_required(wrapper)  # type: ignore[no-any-return]
+        @wraps(view)
+        def signed_in(*args: P.args, **kwargs: P.kwargs) -> R:
+            if not current_user.is_authenticated and request.headers.get("HX-Request"):
+                # An htmx poll after the session expired: send the whole page to sign-in,
+                # instead of swapping the login form into a fragment.
+                response = make_response("", 401)
+                response.headers["HX-Redirect"] = url_for("auth.login", next=request.path)
+                abort(response)
+            return login_required(wrapper)(*args, **kwargs)  # type: ignore[no-any-return]
+
+        signed_in.required_permission = permission  # type: ignore[attr-defined]
+        return signed_in
 
     return decorate
 

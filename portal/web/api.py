@@ -13,11 +13,12 @@ from functools import wraps
 from typing import Any, ParamSpec, TypeVar
 
 from flask import Blueprint, Response, current_app, g, jsonify, request
+from markupsafe import escape
 from sqlalchemy import select, update
 
 from portal.config import Settings
 from portal.extensions import csrf, db
-from portal.messaging import acceptance
+from portal.messaging import acceptance, cancel, uncertain
 from portal.messaging.acceptance import AcceptanceError
 from portal.metrics import MESSAGE_ACCEPTED
 from portal.models import ApiKey, MailSendRecord, SmsSendRecord, Tenant
@@ -204,6 +205,184 @@ def sms_show(record_id: int) -> Response:
     if record is None:
         return error_response(404, "not_found", "no such SMS record", "id")
     return jsonify(sms_record_json(record))
+
+
+# --- cancel and resolve ----------------------------------------------------------------
+
+
+def _key_or_session(permission: str) -> Callable[[Callable[P, Response]], Callable[P, Response]]:
+    """An API key (its tenant's records) or a portal session with ``permission`` and the CSRF
+    token, as the seed's operator endpoints (``operator_api.key_or_session``, imported late:
+    that module imports this one)."""
+
+    def decorate(view: Callable[P, Response]) -> Callable[P, Response]:
+        @wraps(view)
+        def wrapper(*args: P.args, **kwargs: P.kwargs) -> Response:
+            from portal.web.access import Permission
+            from portal.web.operator_api import key_or_session
+
+            return key_or_session(Permission(permission))(view)(*args, **kwargs)
+
+        return wrapper
+
+    return decorate
+
+
+def _for_portal(response: Response) -> Response:
+    """The portal's record page posts these with htmx (a signed-in session): on success it is
+    told to reload (``HX-Refresh``); an error comes back as a line of HTML for its error slot.
+    API clients (no ``HX-Request``) get the JSON answer unchanged."""
+    if request.headers.get("HX-Request") != "true" or getattr(g, "api_key_id", None):
+        return response
+    if response.status_code < 300:
+        reload = Response(status=204)
+        reload.headers["HX-Refresh"] = "true"
+        return reload
+    data = response.get_json(silent=True) or {}
+    message = str((data.get("error") or {}).get("message") or "That did not work.")
+    html = Response(
+        f'<p class="field-error" role="alert">{escape(message)}</p>', 200, mimetype="text/html"
+    )
+    html.vary.add("HX-Request")
+    return html
+
+
+def _portal_form() -> dict[str, Any] | None:
+    """A form-encoded body from a signed-in portal session (the record page's buttons)."""
+    if (
+        request.is_json
+        or getattr(g, "api_key_id", None)
+        or request.mimetype
+        not in (
+            "application/x-www-form-urlencoded",
+            "multipart/form-data",
+        )
+    ):
+        return None
+    return {k: v for k, v in request.form.items() if k != "csrf_token"}
+
+
+CHANNEL_MODELS: dict[str, type[MailSendRecord] | type[SmsSendRecord]] = {
+    "mail": MailSendRecord,
+    "sms": SmsSendRecord,
+}
+
+
+def _ids_body() -> list[int]:
+    ids: Any
+    if _portal_form() is not None:  # the records list's checkboxes: ids=1&ids=2
+        raw = request.form.getlist("ids")
+        ids = [int(i) if i.isascii() and i.isdigit() and len(i) <= 19 else i for i in raw]
+    else:
+        body: Any = _json_body()
+        ids = body.get("ids") if isinstance(body, dict) else None
+    if not isinstance(ids, list) or not all(
+        isinstance(i, int) and not isinstance(i, bool) and 0 < i <= acceptance.MAX_ID for i in ids
+    ):
+        raise _BadRequest("invalid", "ids must be a list of positive whole numbers", 422, "ids")
+    if len(ids) > cancel.MAX_BULK:
+        raise _BadRequest("too_large", f"at most {cancel.MAX_BULK} ids at once", 422, "ids")
+    return ids
+
+
+@bp.post("/<any(mail, sms):channel>/<int:record_id>/cancel")
+@_key_or_session("retry")
+def cancel_one(channel: str, record_id: int) -> Response:
+    """Cancel one Pending or Retry record that has no ambiguous earlier attempt."""
+    if record_id > acceptance.MAX_ID:
+        return _for_portal(error_response(404, "not_found", "no such record", "id"))
+    report = cancel.cancel_records(db.session(), CHANNEL_MODELS[channel], [record_id], g.tenant_id)
+    db.session.commit()
+    if report.cancelled:
+        return _for_portal(jsonify({"id": record_id, "status": "Cancelled"}))
+    reason = report.skipped[record_id]
+    if reason == "no such record":
+        return _for_portal(error_response(404, "not_found", "no such record", "id"))
+    return _for_portal(
+        error_response(
+            409, "not_cancellable", f"record {record_id} cannot be cancelled: {reason}", "id"
+        )
+    )
+
+
+@bp.post("/<any(mail, sms):channel>/cancel")
+@_key_or_session("retry")
+def cancel_many(channel: str) -> Response:
+    """Cancel many records; those that cannot be cancelled are skipped, each with its reason."""
+    try:
+        ids = _ids_body()
+    except _BadRequest as exc:
+        return _for_portal(error_response(exc.status, exc.code, exc.message, exc.field))
+    report = cancel.cancel_records(db.session(), CHANNEL_MODELS[channel], ids, g.tenant_id)
+    db.session.commit()
+    return _for_portal(
+        jsonify(
+            {
+                "cancelled": len(report.cancelled),
+                "cancelledIds": report.cancelled,
+                "skipped": [{"id": i, "reason": r} for i, r in report.skipped.items()],
+            }
+        )
+    )
+
+
+@bp.post("/<any(mail, sms):channel>/<int:record_id>/resolve")
+@_key_or_session("retry")
+def resolve(channel: str, record_id: int) -> Response:
+    """Resolve an Uncertain record (operators: a platform-tier API key or an operator session)."""
+    try:
+        return _for_portal(_resolve(channel, record_id))
+    except _BadRequest as exc:
+        return _for_portal(error_response(exc.status, exc.code, exc.message, exc.field))
+
+
+def _resolve(channel: str, record_id: int) -> Response:
+    from flask_login import current_user
+
+    from portal.tenancy import PLATFORM_TENANT_ID
+    from portal.web.access import is_operator
+
+    by_key = getattr(g, "api_key_id", None) is not None
+    if (by_key and g.tenant_id != PLATFORM_TENANT_ID) or (not by_key and not is_operator()):
+        return error_response(
+            403, "forbidden", "only platform operators resolve uncertain outcomes"
+        )
+    body: Any = _portal_form()
+    if body is None:
+        body = _json_body()
+    if not isinstance(body, dict):
+        raise _BadRequest("invalid", "the body must be a JSON object", 422)
+    outcome = body.get("outcome")
+    if outcome not in ("accepted", "failed"):
+        raise _BadRequest("invalid", "outcome must be accepted or failed", 422, "outcome")
+    pid, reason = body.get("providerMessageId"), body.get("reason")
+    for name, value in (("providerMessageId", pid), ("reason", reason)):
+        if value is not None and not isinstance(value, str):
+            raise _BadRequest("invalid", f"{name} must be a string", 422, name)
+    if record_id > acceptance.MAX_ID:
+        return error_response(404, "not_found", "no such record", "id")
+    by = f"api-key:{g.api_key_id}" if by_key else str(current_user.email)
+    try:
+        result = uncertain.resolve_uncertain(
+            db.session(),
+            channel,
+            record_id,
+            accepted=outcome == "accepted",
+            provider_message_id=pid,
+            reason=reason,
+            by=by,
+        )
+    except uncertain.ResolveError as exc:
+        db.session.rollback()
+        return error_response(exc.status, exc.code, exc.message, exc.field)
+    db.session.commit()
+    return jsonify(
+        {
+            "id": result.id,
+            "status": result.status,
+            "providerMessageId": result.provider_message_id,
+        }
+    )
 
 
 @bp.get("/openapi.json")

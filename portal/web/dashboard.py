@@ -1,16 +1,232 @@
-"""The dashboard: what is waiting, what went out, what failed."""
+"""The dashboard: what is waiting, what went out, what failed; it refreshes itself with htmx.
+
+Every figure is bounded, so the page costs about the same on a day-old database and on one
+with millions of records: status counts stop at COUNT_CAP ("10,000+"), the backlog walks the
+delivery loop's own status indexes, the chart reads one day by created_time. That last read
+(and the per-tenant status counts) want indexes the migrations do not have yet:
+(created_time) and (tenant_id, status, id) on each record table; bench/pages.py measures the
+dashboard with and without them.
+"""
 
 from __future__ import annotations
 
-from flask import Blueprint, render_template
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
 
-from portal.web.access import Permission, requires
+from flask import Blueprint, redirect, render_template, request, url_for
+from flask.typing import ResponseReturnValue
+from sqlalchemy import ColumnElement, func, literal, select
+
+from portal.extensions import db
+from portal.models import Channel, DeadLetterMessage, SendStatus, TriageStatus
+from portal.web import explain
+from portal.web.access import Permission, can, requires, viewed_tenant
+from portal.web.mail_records import MAIL, Kind, tenant_names, wants_fragment
+from portal.web.sms_records import SMS
 
 bp = Blueprint("dashboard", __name__, url_prefix="/")
+
+COUNT_CAP = 10_000
+CHART_HOURS = 24
+FAILED = (SendStatus.FAILED.value, SendStatus.DEAD_LETTER.value)
+REFRESH = "every 15s"
+# Bar heights are classes h-0 .. h-20 (5 % steps): the CSP forbids style attributes.
+HEIGHT_STEPS = 20
+
+
+@dataclass
+class StatusCount:
+    status: str
+    label: str
+    count: int
+
+    @property
+    def capped(self) -> bool:
+        return self.count > COUNT_CAP
+
+
+@dataclass
+class Hour:
+    start: datetime
+    total: int
+    failed: int
+    ok_height: int = 0
+    failed_height: int = 0
+
+
+@dataclass
+class ChannelSummary:
+    kind: Kind
+    counts: list[StatusCount]
+    due: int
+    oldest_due: tuple[int, datetime] | None  # record id, due since
+    hours: list[Hour]
+
+    @property
+    def day_total(self) -> int:
+        return sum(h.total for h in self.hours)
+
+    @property
+    def day_failed(self) -> int:
+        return sum(h.failed for h in self.hours)
+
+
+def _scope(model: Any, tenant: int | None) -> list[ColumnElement[bool]]:
+    return [] if tenant is None else [model.tenant_id == tenant]
+
+
+def _capped_count(model: Any, *where: ColumnElement[bool]) -> Any:
+    """count(*) of at most COUNT_CAP + 1 rows: an index range read that stops early."""
+    inner = select(literal(1)).select_from(model).where(*where).limit(COUNT_CAP + 1).subquery()
+    return select(func.count()).select_from(inner).scalar_subquery()
+
+
+def status_counts(kind: Kind, tenant: int | None) -> list[StatusCount]:
+    """Records per status (each count capped), in one round trip."""
+    model = kind.model
+    scope = _scope(model, tenant)
+    columns = [
+        _capped_count(model, model.status == status.value, *scope).label(status.name)
+        for status in SendStatus
+    ]
+    row = db.session.execute(select(*columns)).one()
+    return [
+        StatusCount(status.value, explain.label(status.value), int(count or 0))
+        for status, count in zip(SendStatus, row, strict=True)
+    ]
+
+
+def backlog(
+    kind: Kind, tenant: int | None, now: datetime
+) -> tuple[int, tuple[int, datetime] | None]:
+    """How many are due (Pending, and Retry whose time has come) and the longest-due one.
+
+    Both reads are the due scan's own (status, updated_time) / (status, next_retry_at) walks.
+    """
+    model = kind.model
+    scope = _scope(model, tenant)
+    retry_due = [model.status == SendStatus.RETRY.value, model.next_retry_at <= now, *scope]
+    pending = [model.status == SendStatus.PENDING.value, *scope]
+    row = db.session.execute(
+        select(_capped_count(model, *pending), _capped_count(model, *retry_due))
+    ).one()
+    due = int(row[0] or 0) + int(row[1] or 0)
+    candidates: list[tuple[int, datetime]] = []
+    oldest_pending = db.session.execute(
+        select(model.id, model.updated_time).where(*pending).order_by(model.updated_time).limit(1)
+    ).first()
+    if oldest_pending is not None:
+        candidates.append((oldest_pending[0], oldest_pending[1]))
+    oldest_retry = db.session.execute(
+        select(model.id, model.next_retry_at)
+        .where(*retry_due)
+        .order_by(model.next_retry_at)
+        .limit(1)
+    ).first()
+    if oldest_retry is not None and oldest_retry[1] is not None:
+        candidates.append((oldest_retry[0], oldest_retry[1]))
+    return due, min(candidates, key=lambda c: c[1]) if candidates else None
+
+
+def _hour_bucket(column: Any) -> Any:
+    if db.engine.dialect.name == "sqlite":
+        return func.strftime("%Y-%m-%d %H:00:00", column)
+    # In UTC whatever the session's TimeZone, so the buckets are the chart's clock hours.
+    return func.date_trunc("hour", func.timezone("UTC", column))
+
+
+def hourly(kind: Kind, tenant: int | None, now: datetime) -> list[Hour]:
+    """Records created in each of the last 24 clock hours, and how many of them failed."""
+    model = kind.model
+    first = now.replace(minute=0, second=0, microsecond=0) - timedelta(hours=CHART_HOURS - 1)
+    bucket = _hour_bucket(model.created_time).label("hour")
+    rows = db.session.execute(
+        select(
+            bucket,
+            func.count(),
+            func.count().filter(model.status.in_(FAILED)),
+        )
+        .where(model.created_time >= first, *_scope(model, tenant))
+        .group_by(bucket)
+    ).all()
+    found: dict[datetime, tuple[int, int]] = {}
+    for start, total, failed in rows:
+        if isinstance(start, str):  # SQLite hands the bucket back as text
+            start = datetime.fromisoformat(start)
+        found[start.replace(tzinfo=UTC) if start.tzinfo is None else start.astimezone(UTC)] = (
+            int(total),
+            int(failed),
+        )
+    hours = []
+    for i in range(CHART_HOURS):
+        start = first + timedelta(hours=i)
+        total, failed = found.get(start, (0, 0))
+        hours.append(Hour(start, total, failed))
+    peak = max((h.total for h in hours), default=0)
+    for h in hours:
+        if peak:
+            # Round up, so that an hour with a few sends still shows a sliver.
+            h.failed_height = -(-h.failed * HEIGHT_STEPS // peak)
+            h.ok_height = min(
+                HEIGHT_STEPS - h.failed_height, -(-(h.total - h.failed) * HEIGHT_STEPS // peak)
+            )
+    return hours
+
+
+def summary(kind: Kind, tenant: int | None, now: datetime) -> ChannelSummary:
+    due, oldest = backlog(kind, tenant, now)
+    return ChannelSummary(kind, status_counts(kind, tenant), due, oldest, hourly(kind, tenant, now))
+
+
+def recent_dead_letters(tenant: int | None, limit: int = 5) -> list[DeadLetterMessage]:
+    """The newest dead letters still waiting for triage."""
+    stmt = select(DeadLetterMessage).where(DeadLetterMessage.status == TriageStatus.PENDING.value)
+    if tenant is not None:
+        stmt = stmt.where(DeadLetterMessage.tenant_id == tenant)
+    return list(db.session.scalars(stmt.order_by(DeadLetterMessage.id.desc()).limit(limit)))
+
+
+def age_text(seconds: float) -> str:
+    """ "3 minutes", "2 hours 5 minutes", "4 days": how long something has waited."""
+    seconds = max(0, int(seconds))
+    if seconds < 60:
+        return f"{seconds} second{'s' if seconds != 1 else ''}"
+    minutes = seconds // 60
+    if minutes < 60:
+        return f"{minutes} minute{'s' if minutes != 1 else ''}"
+    hours, minutes = divmod(minutes, 60)
+    if hours < 48:
+        return f"{hours} hour{'s' if hours != 1 else ''} {minutes} min"
+    return f"{hours // 24} days"
 
 
 @bp.get("")
 @requires(Permission.VIEW_RECORDS)
-def index() -> str:
-    """Counts by status per channel (the full dashboard is built on this page)."""
-    return render_template("dashboard/index.html")
+def index() -> ResponseReturnValue:
+    """Counts by status, backlog, the last 24 hours and recent dead letters (htmx: the panel)."""
+    tenant = viewed_tenant(allow_all=True)
+    now = datetime.now(UTC)
+    context = {
+        "channels": [summary(MAIL, tenant, now), summary(SMS, tenant, now)],
+        "dead_letters": recent_dead_letters(tenant) if can(Permission.DEAD_LETTERS) else None,
+        "names": tenant_names(tenant),
+        "now": now,
+        "age_text": age_text,
+        "count_cap": COUNT_CAP,
+        "refresh": REFRESH,
+        "channel_of": {Channel.MAIL.value: MAIL, Channel.SMS.value: SMS},
+    }
+    template = "dashboard/_summary.html" if wants_fragment() else "dashboard/index.html"
+    return render_template(template, **context), 200, {"Vary": "HX-Request"}
+
+
+@bp.get("search")
+@requires(Permission.VIEW_RECORDS)
+def search() -> ResponseReturnValue:
+    """One box for an email address or a phone number: off to the right list."""
+    q = (request.args.get("q") or "").strip()  # the list checks its length
+    if not q:
+        return redirect(url_for("dashboard.index"))
+    target = "mail_records.index" if "@" in q else "sms_records.index"
+    return redirect(url_for(target, q=q))

@@ -74,6 +74,68 @@ def _get(summary: str, ok_ref: str) -> dict[str, Any]:
     }
 
 
+def _id_param() -> dict[str, Any]:
+    return {
+        "name": "id",
+        "in": "path",
+        "required": True,
+        "schema": {"type": "integer", "minimum": 0},
+    }
+
+
+def _action(
+    summary: str, ok_ref: str, *, body_ref: str | None = None, errors: tuple[str, ...] = ()
+) -> dict[str, Any]:
+    """A POST on a record (``with an id``) or on a list of them (``body_ref``)."""
+    operation: dict[str, Any] = {
+        "summary": summary,
+        "security": [{"apiKey": []}],
+        "responses": {
+            "200": {
+                "description": "Done",
+                "content": {"application/json": {"schema": {"$ref": ok_ref}}},
+            },
+            **_errors(*errors),
+        },
+    }
+    if body_ref is not None:
+        operation["requestBody"] = {
+            "required": True,
+            "content": {"application/json": {"schema": {"$ref": body_ref}}},
+        }
+    return {"post": operation}
+
+
+def _cancel_one(channel: str) -> dict[str, Any]:
+    operation = _action(
+        f"Cancel one {channel} record (Pending or Retry, no ambiguous earlier attempt)",
+        "#/components/schemas/Cancelled",
+        errors=("401", "403", "404", "409"),
+    )
+    operation["post"]["parameters"] = [_id_param()]
+    return operation
+
+
+def _cancel_many(channel: str) -> dict[str, Any]:
+    return _action(
+        f"Cancel many {channel} records; the others are skipped with a reason",
+        "#/components/schemas/BulkCancelled",
+        body_ref="#/components/schemas/Ids",
+        errors=("400", "401", "403", "413", "415", "422"),
+    )
+
+
+def _resolve(channel: str) -> dict[str, Any]:
+    operation = _action(
+        f"Resolve an Uncertain {channel} record (platform operators); never resends",
+        "#/components/schemas/Resolved",
+        body_ref="#/components/schemas/Resolution",
+        errors=("400", "401", "403", "404", "409", "413", "415", "422"),
+    )
+    operation["post"]["parameters"] = [_id_param()]
+    return operation
+
+
 _COMMON_RECORD = {
     "id": {"type": "integer"},
     "status": {
@@ -140,6 +202,12 @@ def openapi_document() -> dict[str, Any]:
             ),
             "/api/v1/mail/{id}": _get("Read one mail record", "#/components/schemas/MailRecord"),
             "/api/v1/sms/{id}": _get("Read one SMS record", "#/components/schemas/SmsRecord"),
+            "/api/v1/mail/{id}/cancel": _cancel_one("mail"),
+            "/api/v1/sms/{id}/cancel": _cancel_one("SMS"),
+            "/api/v1/mail/cancel": _cancel_many("mail"),
+            "/api/v1/sms/cancel": _cancel_many("SMS"),
+            "/api/v1/mail/{id}/resolve": _resolve("mail"),
+            "/api/v1/sms/{id}/resolve": _resolve("SMS"),
         },
         "components": {
             "securitySchemes": {"apiKey": {"type": "http", "scheme": "bearer"}},
@@ -233,6 +301,62 @@ def openapi_document() -> dict[str, Any]:
                             "type": "array",
                             "items": {"$ref": "#/components/schemas/Accepted"},
                         }
+                    },
+                },
+                "Ids": {
+                    "type": "object",
+                    "required": ["ids"],
+                    "properties": {
+                        "ids": {
+                            "type": "array",
+                            "maxItems": 1000,
+                            "items": {"type": "integer", "minimum": 1},
+                        }
+                    },
+                },
+                "Cancelled": {
+                    "type": "object",
+                    "required": ["id", "status"],
+                    "properties": {
+                        "id": {"type": "integer"},
+                        "status": {"type": "string", "enum": ["Cancelled"]},
+                    },
+                },
+                "BulkCancelled": {
+                    "type": "object",
+                    "required": ["cancelled", "cancelledIds", "skipped"],
+                    "properties": {
+                        "cancelled": {"type": "integer"},
+                        "cancelledIds": {"type": "array", "items": {"type": "integer"}},
+                        "skipped": {
+                            "type": "array",
+                            "items": {
+                                "type": "object",
+                                "required": ["id", "reason"],
+                                "properties": {
+                                    "id": {"type": "integer"},
+                                    "reason": {"type": "string"},
+                                },
+                            },
+                        },
+                    },
+                },
+                "Resolution": {
+                    "type": "object",
+                    "required": ["outcome"],
+                    "properties": {
+                        "outcome": {"type": "string", "enum": ["accepted", "failed"]},
+                        "providerMessageId": {"type": "string", "maxLength": 200},
+                        "reason": {"type": "string"},
+                    },
+                },
+                "Resolved": {
+                    "type": "object",
+                    "required": ["id", "status"],
+                    "properties": {
+                        "id": {"type": "integer"},
+                        "status": {"type": "string", "enum": ["Sent", "Failed"]},
+                        "providerMessageId": _NULLABLE_STR,
                     },
                 },
                 "Error": {

@@ -21,6 +21,12 @@ OPERATIONS = [
     ("POST", "/api/v1/sms/batch"),
     ("GET", "/api/v1/mail/{id}"),
     ("GET", "/api/v1/sms/{id}"),
+    ("POST", "/api/v1/mail/{id}/cancel"),
+    ("POST", "/api/v1/sms/{id}/cancel"),
+    ("POST", "/api/v1/mail/cancel"),
+    ("POST", "/api/v1/sms/cancel"),
+    ("POST", "/api/v1/mail/{id}/resolve"),
+    ("POST", "/api/v1/sms/{id}/resolve"),
 ]
 
 

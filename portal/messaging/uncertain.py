@@ -1,0 +1,148 @@
+"""Resolving an Uncertain record by hand (seed 002 "Resolve an uncertain record").
+
+An operator who has checked with the provider says what happened: accepted, with the
+provider's message id (one not already assigned to another record on the same route), which
+makes the record Sent and applies any delivery events kept for that id; or failed, with a
+reason. It never resends, and the ambiguity stays recorded (``ambiguous_attempt``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session
+
+from portal.messaging import events
+from portal.messaging.classify import MarkerCode
+from portal.models import Channel, MailSendRecord, SendStatus, SmsSendRecord, db_now
+
+MAX_REASON_CHARS = 2000
+RESOLVED_FAILED = MarkerCode.RESOLVED_FAILED.value
+
+
+class ResolveError(Exception):
+    """The resolution was refused; ``status`` is the HTTP status that fits."""
+
+    def __init__(self, status: int, code: str, message: str, field: str | None = None):
+        super().__init__(message)
+        self.status, self.code, self.message, self.field = status, code, message, field
+
+
+@dataclass(frozen=True)
+class Resolved:
+    id: int
+    status: str
+    provider_message_id: str | None
+
+
+def resolve_uncertain(
+    session: Session,
+    channel: Channel | str,
+    record_id: int,
+    *,
+    accepted: bool,
+    provider_message_id: str | None = None,
+    reason: str | None = None,
+    by: str,
+    tenant_id: int | None = None,
+) -> Resolved:
+    """Resolve one Uncertain record (of ``tenant_id``; None: any), in the caller's transaction.
+
+    Raises ResolveError: 404 no such record, 409 not Uncertain (or resolved meanwhile) or the
+    provider id is taken on that route, 422 a missing provider id or reason.
+    """
+    channel = Channel(channel)
+    model = events.model_for(channel)
+    where: list[Any] = [model.id == record_id]
+    if tenant_id is not None:
+        where.append(model.tenant_id == tenant_id)
+    record: MailSendRecord | SmsSendRecord | None = session.scalar(  # type: ignore[assignment]
+        select(model).where(*where)
+    )
+    if record is None:
+        raise ResolveError(404, "not_found", "no such record", "id")
+    if record.status != SendStatus.UNCERTAIN.value:
+        raise ResolveError(
+            409,
+            "not_uncertain",
+            f"record {record_id} is {record.status}, not Uncertain: only an uncertain outcome "
+            "is resolved by hand",
+            "id",
+        )
+    reason = (reason or "").strip() or None
+    values: dict[str, Any] = {
+        "version": model.version + 1,
+        "updated_time": db_now(),
+        "next_retry_at": None,
+        "resolved_by": by[:320],
+        "resolved_at": db_now(),
+        "resolution_reason": reason[:MAX_REASON_CHARS] if reason else None,
+    }
+    pid = (provider_message_id or "").strip() or None
+    if accepted:
+        if pid is None or len(pid) > 200:
+            raise ResolveError(
+                422,
+                "required",
+                "an accepted resolution needs the provider's message id (at most 200 characters)",
+                "providerMessageId",
+            )
+        route_col: Any = (
+            MailSendRecord.server_config_id
+            if channel is Channel.MAIL
+            else SmsSendRecord.provider_config_id
+        )
+        route = (
+            record.server_config_id
+            if isinstance(record, MailSendRecord)
+            else record.provider_config_id
+        )
+        taken = session.scalar(
+            select(model.id)
+            .where(route_col == route, model.provider_message_id == pid, model.id != record.id)
+            .limit(1)
+        )
+        if taken is not None:
+            raise ResolveError(
+                409,
+                "provider_id_taken",
+                f"provider message id {pid!r} is already assigned to record {taken} on this route",
+                "providerMessageId",
+            )
+        values |= {
+            "status": SendStatus.SENT.value,
+            "resolution": "accepted",
+            "provider_message_id": pid,
+            "sent_at": record.sent_at or db_now(),
+            "error_code": None,
+            "error_message": None,
+        }
+    else:
+        if reason is None:
+            raise ResolveError(422, "required", "a failed resolution needs a reason", "reason")
+        values |= {
+            "status": SendStatus.FAILED.value,
+            "resolution": "failed",
+            "error_code": RESOLVED_FAILED,
+            "error_message": reason[:MAX_REASON_CHARS],
+        }
+    result = session.execute(
+        update(model)
+        .where(
+            model.id == record.id,
+            model.version == record.version,
+            model.status == SendStatus.UNCERTAIN.value,
+        )
+        .values(**values)
+        .execution_options(synchronize_session=False)
+    )
+    if result.rowcount != 1:  # type: ignore[attr-defined]
+        raise ResolveError(409, "conflict", "the record changed meanwhile; look again", "id")
+    if accepted:
+        events.apply_retained(session, channel, record.id)
+    return Resolved(record.id, values["status"], pid if accepted else record.provider_message_id)
+
+
+__all__ = ["RESOLVED_FAILED", "ResolveError", "Resolved", "resolve_uncertain"]

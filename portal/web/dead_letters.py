@@ -1,0 +1,244 @@
+"""Dead letters: records whose retries are used up, for operators to triage in one place.
+
+Triage is Pending -> Resolved or Discarded with a remark; it never resends anything. To send
+again, the page links to the send record and its Retry (seed 000, "Dead letters").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from flask import Blueprint, abort, flash, redirect, render_template, request, url_for
+from flask.typing import ResponseReturnValue
+from sqlalchemy import select
+from sqlalchemy import update as sql_update
+
+from portal.extensions import db
+from portal.models import Channel, DeadLetterMessage, TriageStatus, db_now
+from portal.web.access import Permission, can, requires, user, viewed_tenant
+from portal.web.mail_records import MAIL as MAIL_KIND
+from portal.web.mail_records import (
+    MAX_ID,
+    MAX_TEMPLATE_CHARS,
+    PAGE_SIZE,
+    Kind,
+    parse_id,
+    pretty_json,
+    refusal,
+    tenant_names,
+    wants_fragment,
+)
+from portal.web.sms_records import SMS as SMS_KIND
+
+bp = Blueprint("dead_letters", __name__, url_prefix="/dead-letters")
+
+TRIAGE_STATUSES = [s.value for s in TriageStatus]
+DECISIONS = [TriageStatus.RESOLVED.value, TriageStatus.DISCARDED.value]
+CHANNELS = [c.value for c in Channel]
+KINDS: dict[str, Kind] = {Channel.MAIL.value: MAIL_KIND, Channel.SMS.value: SMS_KIND}
+MAX_REMARK_CHARS = 2000
+
+
+@dataclass
+class DeadLetterFilters:
+    status: str = ""
+    channel: str = ""
+    code: str = ""
+    tenant: int | None = None
+    before: int | None = None
+    raw: dict[str, str] = field(default_factory=dict)
+    errors: dict[str, str] = field(default_factory=dict)
+
+    def args(self, **overrides: Any) -> dict[str, Any]:
+        values = {k: v for k, v in self.raw.items() if v and k != "before"}
+        return values | {k: v for k, v in overrides.items() if v is not None}
+
+    @property
+    def active(self) -> bool:
+        return any(v for k, v in self.raw.items() if k != "before")
+
+
+def parse_filters(source: Any, all_tenants: bool) -> DeadLetterFilters:
+    """Read and check the list's query; never raises."""
+    names = ("status", "channel", "code", "tenant", "before")
+    raw = {name: (source.get(name) or "").strip() for name in names}
+    filters = DeadLetterFilters(raw=raw)
+    errors = filters.errors
+    if raw["status"] and raw["status"] not in TRIAGE_STATUSES:
+        errors["status"] = "Choose Pending, Resolved or Discarded."
+    else:
+        filters.status = raw["status"]
+    if raw["channel"] and raw["channel"] not in CHANNELS:
+        errors["channel"] = "Choose mail or SMS."
+    else:
+        filters.channel = raw["channel"]
+    if len(raw["code"]) > MAX_TEMPLATE_CHARS:
+        errors["code"] = f"An error code has at most {MAX_TEMPLATE_CHARS} characters."
+    else:
+        filters.code = raw["code"]
+    if raw["tenant"] and all_tenants:
+        # The platform tier is -1; every other tenant id is positive.
+        filters.tenant = -1 if raw["tenant"] == "-1" else parse_id(raw["tenant"])
+        if filters.tenant is None:
+            errors["tenant"] = "Choose a tenant from the list."
+    if raw["before"]:
+        filters.before = parse_id(raw["before"])
+        if filters.before is None:
+            errors["before"] = "That page link is broken: start again from the newest."
+    return filters
+
+
+def find_dead_letter(letter_id: int, tenant: int | None) -> DeadLetterMessage:
+    """The dead letter, if it is in the tenant being viewed; 404 otherwise."""
+    if letter_id > MAX_ID:
+        abort(404)
+    stmt = select(DeadLetterMessage).where(DeadLetterMessage.id == letter_id)
+    if tenant is not None:
+        stmt = stmt.where(DeadLetterMessage.tenant_id == tenant)
+    letter = db.session.scalar(stmt)
+    if letter is None:
+        abort(404)
+    return letter
+
+
+@dataclass
+class LinkedRecord:
+    kind: Kind
+    id: int
+    status: str
+    refusal: str | None
+
+
+def linked_record(letter: DeadLetterMessage, tenant: int | None) -> LinkedRecord | None:
+    """The send record the dead letter archived, if it still exists and may be seen."""
+    kind = KINDS.get(letter.channel or "")
+    record_id = parse_id(letter.event_id)
+    if kind is None or record_id is None:
+        return None
+    model = kind.model
+    stmt = select(model.status).where(model.id == record_id, model.tenant_id == letter.tenant_id)
+    if tenant is not None:
+        stmt = stmt.where(model.tenant_id == tenant)
+    status = db.session.scalar(stmt)
+    if status is None:
+        return None
+    return LinkedRecord(kind, record_id, status, refusal(status))
+
+
+def _show(
+    letter: DeadLetterMessage,
+    tenant: int | None,
+    *,
+    errors: dict[str, str] | None = None,
+    form: dict[str, str] | None = None,
+    status: int = 200,
+) -> ResponseReturnValue:
+    fragment = wants_fragment()
+    template = "dead_letters/_triage.html" if fragment else "dead_letters/show.html"
+    html = render_template(
+        template,
+        letter=letter,
+        record=linked_record(letter, tenant),
+        payload=pretty_json(letter.payload) if letter.payload is not None else None,
+        names=tenant_names(None),
+        errors=errors or {},
+        form=form or {},
+        decisions=DECISIONS,
+        can_retry=can(Permission.RETRY),
+        max_remark=MAX_REMARK_CHARS,
+    )
+    return html, status, {"Vary": "HX-Request"}
+
+
+@bp.get("/")
+@requires(Permission.DEAD_LETTERS)
+def index() -> ResponseReturnValue:
+    """Dead letters, newest first, filtered by triage status, channel, error code and tenant."""
+    tenant = viewed_tenant(allow_all=True)
+    filters = parse_filters(request.args, all_tenants=tenant is None)
+    rows: list[DeadLetterMessage] = []
+    older = None
+    if not filters.errors:
+        stmt = select(DeadLetterMessage)
+        scope = tenant if tenant is not None else filters.tenant
+        if scope is not None:
+            stmt = stmt.where(DeadLetterMessage.tenant_id == scope)
+        if filters.status:
+            stmt = stmt.where(DeadLetterMessage.status == filters.status)
+        if filters.channel:
+            stmt = stmt.where(DeadLetterMessage.channel == filters.channel)
+        if filters.code:
+            stmt = stmt.where(DeadLetterMessage.error_code == filters.code)
+        if filters.before is not None:
+            stmt = stmt.where(DeadLetterMessage.id < filters.before)
+        found = list(
+            db.session.scalars(stmt.order_by(DeadLetterMessage.id.desc()).limit(PAGE_SIZE + 1))
+        )
+        rows = found[:PAGE_SIZE]
+        older = found[PAGE_SIZE - 1].id if len(found) > PAGE_SIZE else None
+    html = render_template(
+        "dead_letters/index.html",
+        filters=filters,
+        rows=rows,
+        older=older,
+        all_tenants=tenant is None,
+        names=tenant_names(None),
+        statuses=TRIAGE_STATUSES,
+        channels=CHANNELS,
+    )
+    return html, 422 if filters.errors else 200
+
+
+@bp.get("/<int:letter_id>")
+@requires(Permission.DEAD_LETTERS)
+def show(letter_id: int) -> ResponseReturnValue:
+    """One dead letter: why, its payload, the record it came from, and the triage form."""
+    tenant = viewed_tenant(allow_all=True)
+    return _show(find_dead_letter(letter_id, tenant), tenant)
+
+
+@bp.post("/<int:letter_id>")
+@requires(Permission.DEAD_LETTERS)
+def update(letter_id: int) -> ResponseReturnValue:
+    """Triage: Pending -> Resolved or Discarded, with a remark (it resends nothing)."""
+    tenant = viewed_tenant(allow_all=True)
+    letter = find_dead_letter(letter_id, tenant)
+    decision = (request.form.get("decision") or "").strip()
+    remark = (request.form.get("remark") or "").strip()
+    form = {"decision": decision, "remark": remark}
+    errors: dict[str, str] = {}
+    if decision not in DECISIONS:
+        errors["decision"] = "Choose Resolved or Discarded."
+    if not remark:
+        errors["remark"] = "Write a remark: what was done, or why it is discarded."
+    elif len(remark) > MAX_REMARK_CHARS:
+        errors["remark"] = f"Keep the remark to {MAX_REMARK_CHARS:,} characters."
+    if letter.status != TriageStatus.PENDING.value:
+        errors["decision"] = "This dead letter has already been handled."
+    if errors:
+        return _show(letter, tenant, errors=errors, form=form, status=422)
+    # Conditional on Pending: two operators triaging at once cannot both win.
+    done = db.session.execute(
+        sql_update(DeadLetterMessage)
+        .where(
+            DeadLetterMessage.id == letter.id,
+            DeadLetterMessage.status == TriageStatus.PENDING.value,
+        )
+        .values(
+            status=decision,
+            remark=remark,
+            handled_by=user().email,
+            handled_at=db_now(),
+        )
+        .execution_options(synchronize_session=False)
+    )
+    db.session.commit()
+    db.session.refresh(letter)
+    if not done.rowcount:  # type: ignore[attr-defined]
+        errors["decision"] = "Someone else handled this dead letter a moment ago."
+        return _show(letter, tenant, errors=errors, form=form, status=422)
+    if wants_fragment():
+        return _show(letter, tenant)
+    flash(f"Dead letter {letter.id} marked {decision}.", "info")
+    return redirect(url_for("dead_letters.show", letter_id=letter.id))

@@ -1,0 +1,687 @@
+"""Mail records: search, filters, keyset pages, detail, the message as sent, retry (one and bulk).
+
+Both channels' record pages work the same way, so the machinery lives here once (``Kind``,
+``Filters`` and the functions that take them) and ``sms_records`` reuses it with SMS's
+search and columns. Support staff's main tool is the search box: an address goes through
+``mail_send_recipient``'s index, a subject is looked for in a bounded window of recent records.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import UTC, date, datetime, time, timedelta
+from typing import Any
+from urllib.parse import urlsplit
+
+from flask import (
+    Blueprint,
+    abort,
+    flash,
+    make_response,
+    redirect,
+    render_template,
+    request,
+    url_for,
+)
+from flask.typing import ResponseReturnValue
+from sqlalchemy import ColumnElement, Select, func, or_, select
+from sqlalchemy.orm import load_only
+from werkzeug.datastructures import MultiDict
+
+from portal.extensions import db
+from portal.messaging.events import events_for
+from portal.messaging.retry import MAX_BULK, REFUSAL_REASONS, Model, retry_records
+from portal.models import (
+    Channel,
+    MailSendRecipient,
+    MailSendRecord,
+    MailSendServerConfig,
+    SendStatus,
+    Tenant,
+)
+from portal.models.enums import RETRYABLE_BY_HAND
+from portal.web import explain
+from portal.web.access import Permission, can, requires, viewed_tenant
+from portal.web.security import sandboxed
+
+bp = Blueprint("mail_records", __name__, url_prefix="/mail-records")
+
+PAGE_SIZE = 50
+MAX_SEARCH_CHARS = 320  # the longest email address; anything longer is not a search we can do
+MAX_TEMPLATE_CHARS = 100
+MAX_ID = 2**63 - 1  # bigint: a larger id would make PostgreSQL raise instead of find nothing
+BULK_CAP = MAX_BULK
+# A subject search has no index to walk (ILIKE '%x%'), so each page reads at most this many of
+# the newest records (by the tenant's id index) and offers "Older" to go on from there.
+SUBJECT_WINDOW = 20_000
+RETRYABLE = frozenset(s.value for s in RETRYABLE_BY_HAND)
+STATUSES = [s.value for s in SendStatus]
+_DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
+_ID = re.compile(r"[1-9]\d{0,18}")
+
+
+# --- filters ------------------------------------------------------------------------------
+
+
+@dataclass
+class Filters:
+    """What the list shows: the search box, status, template, dates, and the keyset cursor."""
+
+    q: str = ""
+    status: str = ""
+    template: str = ""
+    date_from: date | None = None
+    date_to: date | None = None
+    before: int | None = None
+    raw: dict[str, str] = field(default_factory=dict)  # as typed, to put back in the form
+    errors: dict[str, str] = field(default_factory=dict)
+
+    def args(self, **overrides: Any) -> dict[str, Any]:
+        """The filter's query arguments (for links that keep it), without the cursor."""
+        values = {k: v for k, v in self.raw.items() if v and k != "before"}
+        return values | {k: v for k, v in overrides.items() if v is not None}
+
+    @property
+    def active(self) -> bool:
+        return any(v for k, v in self.raw.items() if k != "before")
+
+
+def parse_id(raw: str | None) -> int | None:
+    """A positive bigint id from text, or None when it is not one."""
+    raw = (raw or "").strip()
+    if not _ID.fullmatch(raw):
+        return None
+    value = int(raw)
+    return value if value <= MAX_ID else None
+
+
+def _parse_date(raw: str) -> date | None:
+    if not _DATE.fullmatch(raw):
+        return None
+    try:
+        return date.fromisoformat(raw)
+    except ValueError:
+        return None
+
+
+def parse_filters(source: Mapping[str, str]) -> Filters:
+    """Read and check the list's query (or a bulk form's copy of it); never raises."""
+    raw = {
+        name: (source.get(name) or "").strip()
+        for name in ("q", "status", "template", "from", "to", "before")
+    }
+    filters = Filters(raw=raw)
+    errors = filters.errors
+    if len(raw["q"]) > MAX_SEARCH_CHARS:
+        errors["q"] = f"Search for at most {MAX_SEARCH_CHARS} characters."
+    else:
+        filters.q = raw["q"]
+    if raw["status"] and raw["status"] not in STATUSES:
+        errors["status"] = "Choose a status from the list."
+    else:
+        filters.status = raw["status"]
+    if len(raw["template"]) > MAX_TEMPLATE_CHARS:
+        errors["template"] = f"A template code has at most {MAX_TEMPLATE_CHARS} characters."
+    else:
+        filters.template = raw["template"]
+    for name in ("from", "to"):
+        if raw[name]:
+            parsed = _parse_date(raw[name])
+            if parsed is None:
+                errors[name] = "Enter a real date, like 2025-03-31."
+            elif name == "from":
+                filters.date_from = parsed
+            else:
+                filters.date_to = parsed
+    if filters.date_from and filters.date_to and filters.date_from > filters.date_to:
+        errors["to"] = "The end date must be on or after the start date."
+    if raw["before"]:
+        filters.before = parse_id(raw["before"])
+        if filters.before is None:
+            errors["before"] = "That page link is broken: start again from the newest."
+    return filters
+
+
+def _day_start(day: date) -> datetime:
+    return datetime.combine(day, time.min, tzinfo=UTC)
+
+
+# --- what differs per channel ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Search:
+    """The conditions a search box adds, and (subject search) where its window stops."""
+
+    clauses: list[ColumnElement[bool]]
+    description: str
+    floor: int | None = None  # the oldest id the window reached; None: it reached the end
+
+
+@dataclass(frozen=True)
+class Kind:
+    """One channel's record pages: its blueprint, model, search and list columns."""
+
+    blueprint: str
+    model: Model
+    channel: Channel
+    title: str
+    noun: str
+    search_label: str
+    search_hint: str
+    preview_heading: str
+    search: Callable[[str, int | None, int | None], Search]
+    list_columns: tuple[str, ...]
+
+    @property
+    def row_prefix(self) -> str:
+        return f"{self.blueprint.replace('_', '-')}-row-"
+
+    def endpoint(self, view: str) -> str:
+        return f"{self.blueprint}.{view}"
+
+
+def tenant_scope(column: Any, tenant: int | None) -> ColumnElement[bool]:
+    """``column`` restricted to ``tenant``; for all tenants, to every tenant id.
+
+    "Every tenant id" is not a no-op: it lets an index that starts with tenant_id serve a
+    search across tenants (one range scan per tenant) instead of a full scan.
+    """
+    if tenant is None:
+        return column.in_(select(Tenant.id))  # type: ignore[no-any-return]
+    return column == tenant  # type: ignore[no-any-return]
+
+
+def escape_like(text: str) -> str:
+    return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+
+
+def window_floor(model: Model, tenant: int | None, before: int | None) -> int | None:
+    """The id SUBJECT_WINDOW records below ``before`` (None: fewer are left)."""
+    stmt = select(model.id)
+    if tenant is not None:
+        stmt = stmt.where(model.tenant_id == tenant)
+    if before is not None:
+        stmt = stmt.where(model.id < before)
+    return db.session.scalar(stmt.order_by(model.id.desc()).offset(SUBJECT_WINDOW - 1).limit(1))
+
+
+def _mail_search(q: str, tenant: int | None, before: int | None) -> Search:
+    if "@" in q:
+        address = q.lower()
+        recipients = select(MailSendRecipient.record_id).where(
+            tenant_scope(MailSendRecipient.tenant_id, tenant),
+            MailSendRecipient.address == address,
+        )
+        if before is not None:  # keeps the index range scan short on older pages too
+            recipients = recipients.where(MailSendRecipient.record_id < before)
+        return Search([MailSendRecord.id.in_(recipients)], f"to, cc or bcc {address}")
+    pattern = f"%{escape_like(q)}%"
+    floor = window_floor(MailSendRecord, tenant, before)
+    clauses: list[ColumnElement[bool]] = [
+        or_(
+            MailSendRecord.rendered_subject.ilike(pattern, escape="\\"),
+            MailSendRecord.subject.ilike(pattern, escape="\\"),
+        )
+    ]
+    if floor is not None:
+        clauses.append(MailSendRecord.id >= floor)
+    return Search(clauses, f"subject containing “{q}”", floor)
+
+
+MAIL = Kind(
+    blueprint="mail_records",
+    model=MailSendRecord,
+    channel=Channel.MAIL,
+    title="Mail records",
+    noun="mail",
+    search_label="Email address or subject",
+    search_hint="An exact address finds every mail to, cc or bcc it; other text searches "
+    "subjects of recent mail.",
+    preview_heading="Subject",
+    search=_mail_search,
+    list_columns=(
+        "to_addrs",
+        "cc_addrs",
+        "bcc_addrs",
+        "subject",
+        "rendered_subject",
+    ),
+)
+
+# What every list row needs, whatever the channel; the heavy columns (bodies) stay unloaded.
+COMMON_LIST_COLUMNS = (
+    "id",
+    "tenant_id",
+    "status",
+    "retry_count",
+    "error_code",
+    "error_message",
+    "template_code",
+    "created_time",
+)
+
+
+# --- queries ----------------------------------------------------------------------------------
+
+
+def conditions(
+    kind: Kind, filters: Filters, tenant: int | None
+) -> tuple[list[ColumnElement[bool]], Search | None]:
+    """The WHERE of a filtered list (without the cursor)."""
+    model = kind.model
+    where: list[ColumnElement[bool]] = []
+    if tenant is not None:
+        where.append(model.tenant_id == tenant)
+    if filters.status:
+        where.append(model.status == filters.status)
+    if filters.template:
+        where.append(model.template_code == filters.template)
+    if filters.date_from:
+        where.append(model.created_time >= _day_start(filters.date_from))
+    if filters.date_to:
+        where.append(model.created_time < _day_start(filters.date_to) + timedelta(days=1))
+    search = kind.search(filters.q, tenant, filters.before) if filters.q else None
+    if search is not None:
+        where.extend(search.clauses)
+    return where, search
+
+
+@dataclass
+class RecordPage:
+    rows: Sequence[Any]
+    older: int | None  # the cursor of the next (older) page, None on the last
+    search: Search | None
+    tenant_names: dict[int, str]
+
+
+def tenant_names(tenant: int | None) -> dict[int, str]:
+    """Tenant names for the "all tenants" view (a short table: read it whole)."""
+    if tenant is not None:
+        return {}
+    rows = db.session.execute(select(Tenant.id, Tenant.name)).all()
+    return {tid: ("Platform tier" if tid < 0 else name) for tid, name in rows}
+
+
+def list_page(kind: Kind, filters: Filters, tenant: int | None) -> RecordPage:
+    """One page of matching records, newest first (keyset on id: no OFFSET, any depth)."""
+    model = kind.model
+    where, search = conditions(kind, filters, tenant)
+    stmt: Select[Any] = select(model).options(
+        load_only(*(getattr(model, c) for c in COMMON_LIST_COLUMNS + kind.list_columns))
+    )
+    if filters.before is not None:
+        stmt = stmt.where(model.id < filters.before)
+    rows = db.session.scalars(
+        stmt.where(*where).order_by(model.id.desc()).limit(PAGE_SIZE + 1)
+    ).all()
+    if len(rows) > PAGE_SIZE:
+        older: int | None = rows[PAGE_SIZE - 1].id
+    else:
+        older = search.floor if search is not None else None
+    return RecordPage(rows[:PAGE_SIZE], older, search, tenant_names(tenant))
+
+
+def find_record(kind: Kind, record_id: int, tenant: int | None) -> Any:
+    """The record, if the viewer may see it; 404 otherwise (another tenant's included)."""
+    if record_id > MAX_ID:
+        abort(404)
+    stmt = select(kind.model).where(kind.model.id == record_id)
+    if tenant is not None:
+        stmt = stmt.where(kind.model.tenant_id == tenant)
+    record = db.session.scalar(stmt)
+    if record is None:
+        abort(404)
+    return record
+
+
+def refusal(status: str) -> str | None:
+    """Why a record in ``status`` cannot be retried, or None when it can."""
+    if status in RETRYABLE:
+        return None
+    return REFUSAL_REASONS.get(status, f"its status {status} cannot be retried")
+
+
+def pretty_json(value: Any) -> str:
+    return json.dumps(value, indent=2, ensure_ascii=False, sort_keys=True, default=str)
+
+
+def wants_fragment() -> bool:
+    """An htmx request (not a history restore, which needs the whole page)."""
+    return (
+        request.headers.get("HX-Request") == "true"
+        and request.headers.get("HX-History-Restore-Request") != "true"
+    )
+
+
+def safe_next(target: str | None, fallback: str) -> str:
+    """Only same-site relative paths: no open redirect through ``next``.
+
+    Browsers read a backslash as a slash and drop tabs and newlines, so a path with any of
+    them could still leave the site ("/", backslash, "evil.example"): those are refused.
+    """
+    if not target or not target.startswith("/"):
+        return fallback
+    if "\\" in target or any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in target):
+        return fallback
+    parts = urlsplit(target)
+    if parts.scheme or parts.netloc:
+        return fallback
+    return target
+
+
+# --- bulk retry -------------------------------------------------------------------------------
+
+
+@dataclass
+class StatusLine:
+    status: str
+    count: int
+    reason: str | None  # None: it will be requeued
+
+
+@dataclass
+class RetryPlan:
+    """What "Retry" would do to a set of ids, counted by status, without changing anything."""
+
+    ids: list[int]
+    requeue: int
+    skip: int
+    lines: list[StatusLine]
+    capped: bool = False
+
+
+def parse_ids(values: Iterable[str]) -> tuple[list[int], str | None]:
+    """Ids from checkboxes (one each) or a confirmation (comma-separated); error or None."""
+    ids: list[int] = []
+    for value in values:
+        for part in value.split(","):
+            if not part.strip():
+                continue
+            parsed = parse_id(part)
+            if parsed is None:
+                return [], "Those record ids are not valid: reload the page and select again."
+            ids.append(parsed)
+    ids = list(dict.fromkeys(ids))
+    if len(ids) > BULK_CAP:
+        return [], f"Select at most {BULK_CAP:,} records at a time."
+    return ids, None
+
+
+def matching_ids(kind: Kind, filters: Filters, tenant: int | None) -> tuple[list[int], bool]:
+    """The newest BULK_CAP ids matching the filter (every page, not just this one)."""
+    unpaged = replace(filters, before=None)
+    where, _ = conditions(kind, unpaged, tenant)
+    ids = list(
+        db.session.scalars(
+            select(kind.model.id).where(*where).order_by(kind.model.id.desc()).limit(BULK_CAP + 1)
+        )
+    )
+    return ids[:BULK_CAP], len(ids) > BULK_CAP
+
+
+def plan_retry(kind: Kind, ids: Sequence[int], tenant: int | None) -> RetryPlan:
+    """Count the ids by status: which would be requeued, which skipped and why."""
+    model = kind.model
+    stmt = select(model.status, func.count()).where(model.id.in_(ids)).group_by(model.status)
+    if tenant is not None:
+        stmt = stmt.where(model.tenant_id == tenant)
+    counts: dict[str, int] = {status: n for status, n in db.session.execute(stmt)}
+    lines = [
+        StatusLine(status, counts[status], refusal(status))
+        for status in sorted(counts, key=lambda s: (refusal(s) is not None, s))
+    ]
+    missing = len(ids) - sum(counts.values())
+    if missing:
+        lines.append(StatusLine("", missing, "no such record"))
+    requeue = sum(line.count for line in lines if line.reason is None)
+    return RetryPlan(list(ids), requeue, len(ids) - requeue, lines)
+
+
+def skipped_summary(skipped: Mapping[int, str]) -> list[tuple[str, int]]:
+    """Skipped ids grouped by reason, the commonest first."""
+    return Counter(skipped.values()).most_common()
+
+
+# --- template helpers (app-wide: the dashboard and dead-letter pages show records too) -----
+
+
+@bp.app_template_filter("when")
+def when(value: datetime | None) -> str:
+    """A time as every record page shows it: UTC, to the second."""
+    if value is None:
+        return "—"
+    return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S")
+
+
+@bp.app_template_filter("num")
+def num(value: int) -> str:
+    """A count with thousands separators."""
+    return f"{value:,}"
+
+
+bp.add_app_template_global(explain.label, "status_label")
+bp.add_app_template_global(refusal, "retry_refusal")
+
+
+# --- the views' shared bodies ------------------------------------------------------------------
+
+
+def index_view(kind: Kind) -> ResponseReturnValue:
+    tenant = viewed_tenant(allow_all=True)
+    filters = parse_filters(request.args)
+    page = None if filters.errors else list_page(kind, filters, tenant)
+    html = render_template(
+        f"{kind.blueprint}/index.html",
+        kind=kind,
+        filters=filters,
+        page=page,
+        all_tenants=tenant is None,
+        statuses=STATUSES,
+        page_size=PAGE_SIZE,
+        window=SUBJECT_WINDOW,
+        bulk_cap=BULK_CAP,
+    )
+    return html, 422 if filters.errors else 200
+
+
+def show_context(kind: Kind, record: Any) -> dict[str, Any]:
+    now = datetime.now(UTC)
+    waited = (now - record.updated_time).total_seconds() if record.updated_time else None
+    return {
+        "kind": kind,
+        "record": record,
+        "explanation": explain.explain(
+            record.status,
+            kind.channel,
+            record.error_code,
+            record.error_message,
+            waited_s=waited,
+            ambiguous=record.ambiguous_attempt,
+        ),
+        "refusal": refusal(record.status),
+        "tenant_name": db.session.scalar(select(Tenant.name).where(Tenant.id == record.tenant_id)),
+        "pretty_json": pretty_json,
+        "channel": kind.channel,
+        "events": events_for(db.session(), kind.channel, record.id),
+    }
+
+
+def retry_one(kind: Kind, record_id: int) -> ResponseReturnValue:
+    """Requeue one record; the list row swaps itself, a page form redirects back."""
+    tenant = viewed_tenant(allow_all=True)
+    find_record(kind, record_id, tenant)
+    report = retry_records(db.session(), kind.model, [record_id], tenant)
+    db.session.commit()
+    if report.requeued:
+        message, category = f"Record {record_id} requeued: it will be sent again shortly.", "info"
+    else:
+        message = f"Record {record_id} not retried — {report.skipped[record_id]}."
+        category = "error"
+    if wants_fragment() and request.form.get("view") == "row":
+        row = find_record(kind, record_id, tenant)
+        response = make_response(
+            render_template(
+                f"{kind.blueprint}/_row.html",
+                kind=kind,
+                r=row,
+                all_tenants=tenant is None,
+                names=tenant_names(tenant),
+                row_message=message,
+            )
+        )
+        response.headers["Vary"] = "HX-Request"
+        return response
+    flash(message, category)
+    fallback = url_for(kind.endpoint("show"), record_id=record_id)
+    return redirect(safe_next(request.form.get("next"), fallback))
+
+
+def bulk_retry_view(kind: Kind) -> ResponseReturnValue:
+    """Two steps on one endpoint: without ``confirm`` count what would happen; with it, do it."""
+    tenant = viewed_tenant(allow_all=True)
+    form: MultiDict[str, str] = request.form
+    filters = parse_filters(form)
+    list_url = url_for(kind.endpoint("index"), **filters.args())
+    fragment = wants_fragment()
+    decision = form.get("confirm", "")
+    if decision == "no":  # Cancel: clear the confirmation
+        return ("", 200, {"Vary": "HX-Request"}) if fragment else redirect(list_url)
+
+    def render(name: str, status: int = 200, **context: Any) -> ResponseReturnValue:
+        page = "bulk_retry" if not fragment else f"_{name}"
+        template = f"{kind.blueprint}/{page}.html"
+        html = render_template(
+            template, kind=kind, filters=filters, list_url=list_url, step=name, **context
+        )
+        return html, status, {"Vary": "HX-Request"}
+
+    if decision == "yes":
+        ids, error = parse_ids([form.get("confirmed", "")])
+        if error or not ids:
+            return render("confirm", 422, error=error or "Nothing to retry.", plan=None)
+        report = retry_records(db.session(), kind.model, ids, tenant)
+        db.session.commit()
+        summary = skipped_summary(report.skipped)
+        if not fragment:
+            flash(_outcome_text(len(report.requeued), summary), "info")
+            return redirect(list_url)
+        shown, _ = parse_ids(form.getlist("shown"))
+        visible = set(shown) & set(ids)
+        rows = []
+        if visible:
+            rows = list(
+                db.session.scalars(
+                    select(kind.model)
+                    .where(kind.model.id.in_(visible))
+                    .order_by(kind.model.id.desc())
+                )
+            )
+        return render(
+            "outcome",
+            requeued=len(report.requeued),
+            summary=summary,
+            rows=rows,
+            all_tenants=tenant is None,
+            names=tenant_names(tenant),
+        )
+
+    # Step one: which records, and what would happen to them.
+    if form.get("scope") == "filter":
+        if filters.errors:
+            return render("confirm", 422, error=next(iter(filters.errors.values())), plan=None)
+        ids, capped = matching_ids(kind, filters, tenant)
+        if not ids:
+            return render("confirm", 422, error="No records match this filter.", plan=None)
+    else:
+        ids, error = parse_ids(form.getlist("ids"))
+        capped = False
+        if error or not ids:
+            return render(
+                "confirm", 422, error=error or "Select at least one record to retry.", plan=None
+            )
+    plan = plan_retry(kind, ids, tenant)
+    plan.capped = capped
+    return render("confirm", plan=plan, error=None, scope=form.get("scope", "selected"))
+
+
+def _outcome_text(requeued: int, summary: list[tuple[str, int]]) -> str:
+    """The no-JavaScript flash: "3 requeued, 2 skipped (1: already sent · 1: ...)."."""
+    if not summary:
+        return f"{requeued:,} requeued."
+    skipped = sum(n for _, n in summary)
+    reasons = " · ".join(f"{n:,}: {reason}" for reason, n in summary)
+    return f"{requeued:,} requeued, {skipped:,} skipped ({reasons})."
+
+
+# --- mail's views ------------------------------------------------------------------------------
+
+
+@bp.get("/")
+@requires(Permission.VIEW_RECORDS)
+def index() -> ResponseReturnValue:
+    """Mail records, newest first: search by address or subject, filters, keyset pages."""
+    return index_view(MAIL)
+
+
+@bp.get("/<int:record_id>")
+@requires(Permission.VIEW_RECORDS)
+def show(record_id: int) -> ResponseReturnValue:
+    """Everything about one mail, what happened and what to do, and the message as sent."""
+    record = find_record(MAIL, record_id, viewed_tenant(allow_all=True))
+    context = show_context(MAIL, record)
+    server_ids = {record.server_config_id, record.server_id} - {None}
+    servers = {}
+    if server_ids:
+        servers = dict(
+            db.session.execute(
+                select(MailSendServerConfig.id, MailSendServerConfig.name).where(
+                    MailSendServerConfig.id.in_(server_ids),
+                    MailSendServerConfig.tenant_id.in_([record.tenant_id, -1]),
+                )
+            ).all()
+        )
+    recipients = [
+        ("To", record.to_addrs or []),
+        ("Cc", record.cc_addrs or []),
+        ("Bcc", record.bcc_addrs or []),
+    ]
+    return render_template(
+        "mail_records/show.html",
+        servers=servers,
+        recipients=[(k, v) for k, v in recipients if v],
+        has_html=bool(record.rendered_html or record.html_body),
+        can_retry=can(Permission.RETRY),
+        **context,
+    )
+
+
+@bp.get("/<int:record_id>/rendered")
+@requires(Permission.VIEW_RECORDS)
+def rendered(record_id: int) -> ResponseReturnValue:
+    """The HTML part as sent (or as given, before preparation), for the sandboxed iframe."""
+    record = find_record(MAIL, record_id, viewed_tenant(allow_all=True))
+    html = record.rendered_html or record.html_body
+    if not html:
+        html = "<p>This mail has no HTML part.</p>"
+    response = make_response(html)
+    response.mimetype = "text/html"
+    return sandboxed(response)
+
+
+@bp.post("/<int:record_id>/retry")
+@requires(Permission.RETRY)
+def retry(record_id: int) -> ResponseReturnValue:
+    """Requeue one mail (Pending, Retry, Failed, DeadLetter): due now, claimed by version."""
+    return retry_one(MAIL, record_id)
+
+
+@bp.post("/retry")
+@requires(Permission.RETRY)
+def bulk_retry() -> ResponseReturnValue:
+    """Retry selected mail or all matching the filter: confirm with counts, then requeue."""
+    return bulk_retry_view(MAIL)

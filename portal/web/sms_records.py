@@ -1,0 +1,101 @@
+"""SMS records: search by phone number, filters, keyset pages, detail, retry (one and bulk).
+
+The pages work exactly as mail's (``mail_records`` holds the shared machinery); what differs
+is the search (a number, normalised to E.164 when it parses, through the
+``idx_sms_send_recipient`` index) and what a row and the detail show.
+"""
+
+from __future__ import annotations
+
+from flask import Blueprint, render_template
+from flask.typing import ResponseReturnValue
+from sqlalchemy import select
+
+from portal.extensions import db
+from portal.messaging.acceptance import AcceptanceError, parse_phone_number
+from portal.models import Channel, SmsProviderConfig, SmsSendRecord
+from portal.web.access import Permission, can, requires, viewed_tenant
+from portal.web.mail_records import (
+    Kind,
+    Search,
+    bulk_retry_view,
+    find_record,
+    index_view,
+    retry_one,
+    show_context,
+    tenant_scope,
+)
+
+bp = Blueprint("sms_records", __name__, url_prefix="/sms-records")
+
+
+def normalise_number(text: str) -> str:
+    """E.164 when the text parses as an international number, else the text as typed."""
+    try:
+        number, _ = parse_phone_number(text)
+    except AcceptanceError:
+        return text
+    return number
+
+
+def _sms_search(q: str, tenant: int | None, before: int | None) -> Search:
+    number = normalise_number(q)
+    # tenant_scope leads the (tenant_id, phone_number, id) index even across all tenants.
+    clauses = [tenant_scope(SmsSendRecord.tenant_id, tenant), SmsSendRecord.phone_number == number]
+    return Search(clauses, f"sent to {number}")
+
+
+SMS = Kind(
+    blueprint="sms_records",
+    model=SmsSendRecord,
+    channel=Channel.SMS,
+    title="SMS records",
+    noun="text message",
+    search_label="Phone number",
+    search_hint="In international form, like +447911123456; spaces are fine.",
+    preview_heading="Message",
+    search=_sms_search,
+    list_columns=("phone_number", "content", "rendered_content"),
+)
+
+
+@bp.get("/")
+@requires(Permission.VIEW_RECORDS)
+def index() -> ResponseReturnValue:
+    """SMS records, newest first: search by number, filters, keyset pages."""
+    return index_view(SMS)
+
+
+@bp.get("/<int:record_id>")
+@requires(Permission.VIEW_RECORDS)
+def show(record_id: int) -> ResponseReturnValue:
+    """Everything about one text message, what happened and what to do."""
+    record = find_record(SMS, record_id, viewed_tenant(allow_all=True))
+    provider = None
+    if record.provider_config_id is not None:
+        provider = db.session.scalar(
+            select(SmsProviderConfig.name).where(
+                SmsProviderConfig.id == record.provider_config_id,
+                SmsProviderConfig.tenant_id.in_([record.tenant_id, -1]),
+            )
+        )
+    return render_template(
+        "sms_records/show.html",
+        provider_name=provider,
+        can_retry=can(Permission.RETRY),
+        **show_context(SMS, record),
+    )
+
+
+@bp.post("/<int:record_id>/retry")
+@requires(Permission.RETRY)
+def retry(record_id: int) -> ResponseReturnValue:
+    """Requeue one text message (Pending, Retry, Failed, DeadLetter): due now."""
+    return retry_one(SMS, record_id)
+
+
+@bp.post("/retry")
+@requires(Permission.RETRY)
+def bulk_retry() -> ResponseReturnValue:
+    """Retry selected messages or all matching the filter: confirm with counts, then requeue."""
+    return bulk_retry_view(SMS)
