@@ -19,6 +19,7 @@ from sqlalchemy.orm import Session
 from portal.models import (
     ApiKey,
     AppUser,
+    MailReceiveConfig,
     MailSendServerConfig,
     MailTemplate,
     Role,
@@ -47,6 +48,7 @@ SECTIONS = (
     "smsTemplates",
     "smsBindings",
     "quotas",
+    "mailReceivers",
 )
 
 M = TypeVar("M")
@@ -217,6 +219,18 @@ _ALLOWED: dict[str, set[str]] = {
         "signature",
     },
     "quotas": {"tenant", "mailMonthlyLimit", "smsMonthlyLimit"},
+    "mailReceivers": {
+        "tenant",
+        "name",
+        "host",
+        "port",
+        "security",
+        "verifyTls",
+        "username",
+        "password",
+        "folder",
+        "enabled",
+    },
 }
 
 
@@ -448,6 +462,22 @@ class _Importer:
         row.tenant_id = tenant_id
         row.external_template_id = e.text("externalTemplateId", max_len=200)
         row.signature = e.text("signature", max_len=200)
+
+    def _mailReceivers(self, e: _Entry) -> None:
+        """A bounce mailbox read over IMAP (read-only) for DSNs and read receipts."""
+        tenant_id = self.tenant_id(e)
+        row = self._upsert(
+            MailReceiveConfig, "mailReceivers", tenant_id=tenant_id, name=e.req("name", 200)
+        )
+        row.host = e.req("host", 255)
+        row.security = e.choice("security", ["ssl", "starttls", "plain"], "ssl")
+        row.port = e.number("port", lo=1, hi=65535) or (993 if row.security == "ssl" else 143)
+        row.verify_tls = e.flag("verifyTls", True)
+        row.username = e.req("username", 320)
+        if "password" in e.data:
+            row.secret = e.text("password", max_len=500)
+        row.folder = e.text("folder", max_len=200) or "INBOX"
+        row.enabled = e.flag("enabled", True)
 
     def _quotas(self, e: _Entry) -> None:
         tenant_id = self.tenant_id(e)

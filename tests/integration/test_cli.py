@@ -886,3 +886,31 @@ def test_each_api_key_is_new(runner: FlaskCliRunner) -> None:
     }
     assert len(tokens) == 3
     assert db.session.scalar(select(func.count()).select_from(ApiKey)) == 3
+
+
+def test_mail_receivers_are_imported_with_the_password_encrypted(
+    any_app: Flask, tmp_path: Path
+) -> None:
+    from portal.models import MailReceiveConfig
+
+    data = {
+        "tenants": [{"slug": "acme", "name": "Acme"}],
+        "mailReceivers": [
+            {
+                "tenant": "acme",
+                "name": "bounces",
+                "host": "imap.example.com",
+                "username": "bounces@acme.example.com",
+                "password": "imap-secret-1",
+            }
+        ],
+    }
+    path = tmp_path / "receivers.json"
+    path.write_text(json.dumps(data))
+    result = any_app.test_cli_runner().invoke(args=["import-config", str(path)])
+    assert result.exit_code == 0, result.output
+    row = db.session.scalar(select(MailReceiveConfig))
+    assert row is not None
+    assert (row.port, row.security, row.folder) == (993, "ssl", "INBOX")
+    assert row.secret == "imap-secret-1"
+    assert "imap-secret-1" not in (row.secret_encrypted or "")
