@@ -213,7 +213,7 @@ def test_a_retry_replays_what_was_prepared(app: Flask, smtp: ScriptedSmtpServer,
     rid = accept_mail(
         app, acme, subject=None, text=None, templateCode="welcome", variables={"name": "Ann"}
     )
-    drain(app, until=lambda: record(rid).status == "Retry", policy=FAST)
+    drain(app, stop_when=lambda: record(rid).status == "Retry", policy=FAST)
     prepared = record(rid)
     first_message_id = prepared.message_id_header
     # The template and the default server change; the prepared record does not.
@@ -263,7 +263,7 @@ def test_temporary_errors_back_off_then_dead_letter(
         return row.retry_count > since or row.status == "DeadLetter"
 
     while record(rid).status not in ("DeadLetter", "Failed"):
-        drain(app, until=lambda since=last_retry: moved_on(since), policy=FAST)
+        drain(app, stop_when=lambda since=last_retry: moved_on(since), policy=FAST)
         row = record(rid)
         if row.status == "Retry":
             assert row.next_retry_at is not None
@@ -356,7 +356,7 @@ def test_hang_after_data_is_a_timeout_marked_ambiguous(
     app: Flask, acme: int, smtp: ScriptedSmtpServer
 ) -> None:
     rid = accept_mail(app, acme, to=["hang@example.com"])
-    drain(app, until=lambda: record(rid).status == "Retry", policy=FAST, timeout_s=15)
+    drain(app, stop_when=lambda: record(rid).status == "Retry", policy=FAST, timeout_s=15)
     row = record(rid)
     assert row.error_code == "TIMEOUT"
     assert row.ambiguous_attempt is True

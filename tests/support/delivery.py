@@ -64,8 +64,10 @@ def drain(
     until: Callable[[], bool] | None = None,
     timeout_s: float = 10.0,
     policy: BackoffPolicy | None = None,
+    stop_when: Callable[[], bool] | None = None,
 ) -> int:
-    """Claim and process due mail in this thread until nothing is due (or ``until`` holds)."""
+    """Claim and process due mail in this thread until nothing is due (or, once idle,
+    ``until`` holds); ``stop_when`` is checked before every claim, for an exact stop."""
     settings: Settings = app.config["SETTINGS"]
     ctx = MailContext(
         engine=db.engine,
@@ -77,9 +79,9 @@ def drain(
     deadline = time.monotonic() + timeout_s
     try:
         while time.monotonic() < deadline:
-            # Before every claim, not only when idle: with millisecond back-offs a record is
-            # due again at once, and one claim too many would overshoot what the test awaits.
-            if until is not None and until():
+            # Before every claim: with millisecond back-offs a record is due again at once,
+            # and one claim too many would overshoot the state the test waits for.
+            if stop_when is not None and stop_when():
                 return processed
             with Session(db.engine, expire_on_commit=False) as session, session.begin():
                 claimed = claim_next(session, MailSendRecord, scan_size=4, k=1, rng=rng)
@@ -87,7 +89,10 @@ def drain(
                 process_mail(ctx, claimed[0])
                 processed += 1
                 continue
-            if until is None and not _waiting_retry():
+            if until is None:
+                if not _waiting_retry():
+                    return processed
+            elif until():
                 return processed
             time.sleep(0.02)
     finally:
