@@ -1,0 +1,1 @@
+"""Benchmarks that print figures (not part of the test run); see bench/README.md."""

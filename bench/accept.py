@@ -1,0 +1,532 @@
+"""Acceptance API throughput under gunicorn: single sends/s (POST /api/v1/mail) and batch
+records/s (POST /api/v1/mail/batch, 500 items), against the raw limit in the same run.
+
+ours  gunicorn (a subprocess on a free port, DATABASE_URL = the bench database, 2 workers,
+      threads per worker swept: 1 = sync worker, 4, 8 = gthread), loaded by Debian's `wrk` (a
+      separate process: 2 threads, 16 connections, keep-alive) for a fixed count: each wrk
+      thread stops after its share of responses, and the time is taken when the database holds
+      the last record (polled by max(id)). Non-2xx answers are counted and reported.
+raw   the same INSERTs (the send record with the same columns, its recipient row) by a bare
+      psycopg loop: single = one record + recipient + COMMIT per send on 8 connections;
+      batch = executemany of 500 records and 500 recipients + COMMIT on 4 connections. No
+      NOTIFY (ours NOTIFYs at every commit).
+Runs alternate: raw, each gunicorn config, raw.
+Goal (issue 4): >= 1,000 single sends/s; batches >= 10,000 records/s.
+Needs `wrk` (apt-get install wrk). With py-spy on PATH (or BENCH_PYSPY=/path/to/py-spy), a
+missed goal (or --profile) is followed by a sampled profile of the gunicorn workers.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import _common as c  # first: puts the repository root on sys.path
+import psycopg
+
+from portal.extensions import db
+from portal.models import ApiKey, Tenant
+from portal.models.tenant import new_api_token
+
+DB_NAME = "postroom_bench_accept"
+SINGLE_GOAL = 1_000.0
+BATCH_GOAL = 10_000.0
+BATCH = 500
+THREADS = (1, 4, 8)
+WRK_THREADS = 2
+WRK_CONNECTIONS = 16
+MAIL = {"to": ["ann@example.com"], "subject": "Hello", "text": "Hi Ann, this is a benchmark."}
+
+LUA = """
+local counter = 0
+local limit = tonumber(os.getenv("BENCH_PER_THREAD"))
+wrk.method = "POST"
+wrk.body = io.open(os.getenv("BENCH_BODY_FILE")):read("*a")
+wrk.headers["Content-Type"] = "application/json"
+wrk.headers["Authorization"] = "Bearer " .. os.getenv("BENCH_TOKEN")
+response = function(status, headers, body)
+  counter = counter + 1
+  if counter >= limit then wrk.thread:stop() end
+end
+"""
+
+
+# --- gunicorn ------------------------------------------------------------------------------
+
+
+class Gunicorn:
+    def __init__(self, url: str, workers: int, threads: int):
+        self.port = c.free_port()
+        self.workers, self.threads = workers, threads
+        env = dict(os.environ)
+        env.update(
+            DATABASE_URL=url,
+            SECRET_KEY=c.SECRET_KEY,
+            REDIS_URL=c.REDIS_URL,
+            PYTHONUNBUFFERED="1",
+        )
+        self._log = tempfile.TemporaryFile()  # noqa: SIM115 (closed in stop())
+        self.process = subprocess.Popen(
+            [
+                str(c.ROOT / ".venv" / "bin" / "gunicorn"),
+                "--workers",
+                str(workers),
+                "--threads",
+                str(threads),
+                "--bind",
+                f"127.0.0.1:{self.port}",
+                "--log-level",
+                "warning",
+                "app:app",
+            ],
+            cwd=c.ROOT,
+            env=env,
+            stdout=self._log,
+            stderr=self._log,
+        )
+        self.base = f"http://127.0.0.1:{self.port}"
+
+    def config(self) -> str:
+        kind = "sync" if self.threads == 1 else "gthread"
+        return f"{self.workers} workers x {self.threads} threads ({kind})"
+
+    def wait_ready(self) -> None:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(f"{self.base}/health", timeout=1) as r:
+                    if r.status == 200:
+                        # Every worker up: a few requests more, so each has imported the app.
+                        for _ in range(self.workers * 4):
+                            urllib.request.urlopen(f"{self.base}/health", timeout=5).read()
+                        return
+            except OSError:
+                time.sleep(0.2)
+        self._log.seek(0)
+        raise RuntimeError("gunicorn did not start:\n" + self._log.read().decode()[-2000:])
+
+    def worker_pids(self) -> list[int]:
+        out = subprocess.run(
+            ["ps", "-o", "pid=", "--ppid", str(self.process.pid)],
+            capture_output=True,
+            text=True,
+            check=False,
+        ).stdout
+        return [int(p) for p in out.split()]
+
+    def stop(self) -> None:
+        self.process.send_signal(signal.SIGTERM)  # our own child, by its pid
+        try:
+            self.process.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        self._log.close()
+
+
+# --- load ----------------------------------------------------------------------------------
+
+
+def max_id(dsn: str) -> int:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute("SELECT coalesce(max(id), 0) FROM mail_send_record").fetchone()
+    return int(row[0]) if row else 0
+
+
+def wrk_run(
+    base: str, path: str, body: Any, token: str, requests: int, records: int, dsn: str
+) -> dict[str, float]:
+    """Send ``requests`` requests; seconds until the database holds ``records`` more rows."""
+    work = Path(tempfile.mkdtemp(prefix="bench-wrk-"))
+    try:
+        (work / "body.json").write_text(json.dumps(body))
+        (work / "load.lua").write_text(LUA)
+        env = dict(os.environ)
+        env.update(
+            BENCH_PER_THREAD=str(requests // WRK_THREADS),
+            BENCH_BODY_FILE=str(work / "body.json"),
+            BENCH_TOKEN=token,
+        )
+        start_id = max_id(dsn)
+        began = time.perf_counter()
+        process = subprocess.Popen(
+            [
+                "wrk",
+                "-t",
+                str(WRK_THREADS),
+                "-c",
+                str(WRK_CONNECTIONS),
+                "-d",
+                "600s",
+                "--timeout",
+                "60s",
+                "--latency",
+                "-s",
+                str(work / "load.lua"),
+                base + path,
+            ],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        target = start_id + records
+        elapsed = float("nan")
+        seen, moved = start_id, time.perf_counter()
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            while process.poll() is None:
+                row = conn.execute("SELECT coalesce(max(id), 0) FROM mail_send_record").fetchone()
+                now = time.perf_counter()
+                current = int(row[0]) if row is not None else 0
+                if current >= target:
+                    elapsed = now - began
+                    break
+                if current != seen:
+                    seen, moved = current, now
+                elif now - moved > 10:  # stalled (errors?): report what arrived
+                    break
+                time.sleep(0.01)
+        process.send_signal(signal.SIGINT)  # wrk prints its summary and exits
+        out, _ = process.communicate(timeout=30)
+        got = max_id(dsn) - start_id
+        non2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+        errors = re.search(r"Socket errors: (.*)", out)
+        p50 = re.search(r"\s50%\s+(\S+)", out)
+        p99 = re.search(r"\s99%\s+(\S+)", out)
+        return {
+            "s": elapsed,
+            "records": got,
+            "non2xx": int(non2xx.group(1)) if non2xx else 0,
+            "errors": errors.group(1) if errors else "",
+            "p50": p50.group(1) if p50 else "?",
+            "p99": p99.group(1) if p99 else "?",
+        }
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+# --- the raw limit -------------------------------------------------------------------------
+
+RAW_RECORD = (
+    "INSERT INTO mail_send_record (tenant_id, scope, status, version, retry_count, trace_id, "
+    "request_hash, to_addrs, subject, text_body) "
+    "VALUES (%s, 'TENANT', 'Pending', 0, 0, %s, %s, %s, %s, %s) RETURNING id"
+)
+RAW_RECIPIENT = (
+    "INSERT INTO mail_send_recipient (record_id, tenant_id, address, kind) "
+    "VALUES (%s, %s, %s, 'to')"
+)
+
+
+def raw_single(
+    dsn: str, tenant_id: int, n: int, threads: int = 8, notify: bool = False
+) -> dict[str, float]:
+    shares = [n // threads + (1 if i < n % threads else 0) for i in range(threads)]
+    barrier = threading.Barrier(threads + 1)
+    to = json.dumps(MAIL["to"])
+
+    def worker(k: int) -> None:
+        with psycopg.connect(dsn) as conn:
+            barrier.wait()
+            for _ in range(shares[k]):
+                row = conn.execute(
+                    RAW_RECORD,
+                    (tenant_id, "0" * 32, "f" * 64, to, MAIL["subject"], MAIL["text"]),
+                ).fetchone()
+                assert row is not None
+                conn.execute(RAW_RECIPIENT, (row[0], tenant_id, MAIL["to"][0]))
+                if notify:
+                    conn.execute("NOTIFY postroom_mail_due")
+                conn.commit()
+
+    return _timed(worker, threads, barrier, n)
+
+
+def raw_batch(
+    dsn: str, tenant_id: int, batches: int, threads: int = 4, notify: bool = False
+) -> dict[str, float]:
+    shares = [batches // threads + (1 if i < batches % threads else 0) for i in range(threads)]
+    barrier = threading.Barrier(threads + 1)
+    to = json.dumps(MAIL["to"])
+    rows = [(tenant_id, "0" * 32, "f" * 64, to, MAIL["subject"], MAIL["text"])] * BATCH
+
+    def worker(k: int) -> None:
+        with psycopg.connect(dsn) as conn:
+            barrier.wait()
+            for _ in range(shares[k]):
+                with conn.cursor() as cur:
+                    cur.executemany(RAW_RECORD, rows, returning=True)
+                    ids = []
+                    while True:
+                        ids.append(cur.fetchone()[0])  # type: ignore[index]
+                        if not cur.nextset():
+                            break
+                    cur.executemany(RAW_RECIPIENT, [(i, tenant_id, MAIL["to"][0]) for i in ids])
+                    if notify:
+                        cur.execute("NOTIFY postroom_mail_due")
+                conn.commit()
+
+    return _timed(worker, threads, barrier, batches * BATCH)
+
+
+def _timed(worker: Any, threads: int, barrier: threading.Barrier, records: int) -> dict[str, float]:
+    pool = [threading.Thread(target=worker, args=(k,)) for k in range(threads)]
+    for t in pool:
+        t.start()
+    barrier.wait()
+    began = time.perf_counter()
+    for t in pool:
+        t.join()
+    return {"s": time.perf_counter() - began, "records": records}
+
+
+# --- profile -------------------------------------------------------------------------------
+
+
+def pyspy() -> str | None:
+    return os.environ.get("BENCH_PYSPY") or shutil.which("py-spy")
+
+
+def profile(url: str, token: str, dsn: str, threads: int, kind: str, requests: int) -> None:
+    """py-spy samples both gunicorn workers during a single-send run; top frames by self time,
+    and the share of samples under chosen frames."""
+    spy = pyspy()
+    if spy is None:
+        c.say("\n(no py-spy: set BENCH_PYSPY or put py-spy on PATH for a profile of the workers)")
+        return
+    server = Gunicorn(url, 2, threads)
+    try:
+        server.wait_ready()
+        work = Path(tempfile.mkdtemp(prefix="bench-spy-"))
+        spies = [
+            subprocess.Popen(
+                [
+                    spy,
+                    "record",
+                    "--pid",
+                    str(pid),
+                    "--format",
+                    "raw",
+                    "--rate",
+                    "250",
+                    "--duration",
+                    "600",
+                    "--nonblocking",
+                    "--threads",
+                    "-o",
+                    str(work / f"{pid}.txt"),
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+            for pid in server.worker_pids()
+        ]
+        time.sleep(1.0)
+        if kind == "single":
+            result = wrk_run(server.base, "/api/v1/mail", MAIL, token, requests, requests, dsn)
+        else:
+            body = {"items": [MAIL] * BATCH}
+            result = wrk_run(
+                server.base, "/api/v1/mail/batch", body, token, requests, requests * BATCH, dsn
+            )
+        for spy_process in spies:
+            spy_process.send_signal(signal.SIGINT)  # our own child: writes its file and exits
+            spy_process.wait(timeout=30)
+        stacks: collections.Counter[str] = collections.Counter()
+        for path in work.glob("*.txt"):
+            for line in path.read_text().splitlines():
+                stack, _, count = line.rpartition(" ")
+                if stack and count.isdigit():
+                    stacks[stack] += int(count)
+        shutil.rmtree(work, ignore_errors=True)
+    finally:
+        server.stop()
+    # Only request-handling threads: stacks that pass through the WSGI app.
+    handling = {s: n for s, n in stacks.items() if "wsgi_app" in s or "handle_request" in s}
+    total = sum(handling.values()) or 1
+    c.say(
+        f"\nProfile of the gunicorn workers (py-spy, {sum(stacks.values()):,} samples, "
+        f"{total:,} in request handling; {requests:,} {kind} requests at "
+        f"{requests / result['s']:,.1f}/s under the profiler):"
+    )
+    own: collections.Counter[str] = collections.Counter()
+    for stack, n in handling.items():
+        own[_frame(stack.split(";")[-1])] += n
+    c.say("  by own time (leaf frame), share of request-handling samples:")
+    for frame, n in own.most_common(15):
+        c.say(f"    {n / total:6.1%}  {frame}")
+    marks = [
+        ("api_key_required (the whole request under it)", ["api_key_required"]),
+        (
+            "  the API key lookup (SELECT)",
+            ["api_key_required", "execute (sqlalchemy/orm/session"],
+            ["send_mail_batch"],
+        ),
+        ("acceptance.send_mail_batch (validate + write)", ["send_mail_batch"]),
+        ("  validate_mail", ["validate_mail"]),
+        ("    email_validator.validate_email", ["validate_email"]),
+        ("  _write: flush (INSERT record + recipients, savepoint)", ["_write", "flush"]),
+        ("  _notify (the NOTIFY statement)", ["_notify"]),
+        ("db.session.commit (view)", ["commit (sqlalchemy/orm/session"]),
+        ("  of which waiting on the server", ["commit (sqlalchemy/orm/session", "wait (psycopg"]),
+        ("psycopg waiting on the server (all)", ["wait (psycopg"]),
+        ("SQLAlchemy ORM flush machinery", ["flush (sqlalchemy/orm/session"]),
+        ("jsonify / response", ["jsonify"]),
+    ]
+    c.say("  inclusive share of request-handling samples:")
+    for label, needles, *without in marks:
+        excluded = without[0] if without else []
+        n = sum(
+            v
+            for stack, v in handling.items()
+            if all(x in stack for x in needles) and not any(x in stack for x in excluded)
+        )
+        c.say(f"    {n / total:6.1%}  {label}")
+
+
+def _frame(frame: str) -> str:
+    return frame.replace(str(c.ROOT) + "/.venv/lib/python3.11/site-packages/", "")[:110]
+
+
+# --- main ----------------------------------------------------------------------------------
+
+
+def setup(url: str) -> tuple[int, str]:
+    app = c.make_app(url)
+    with app.app_context():
+        tenant = Tenant(slug="bench", name="Bench")
+        db.session.add(tenant)
+        db.session.flush()
+        token = new_api_token()
+        key = ApiKey(tenant_id=tenant.id, name="bench")
+        key.set_token(token)
+        db.session.add(key)
+        db.session.commit()
+        tenant_id = int(tenant.id)
+        db.engine.dispose()
+    return tenant_id, token
+
+
+def main() -> int:
+    args = c.parse_args(
+        __doc__, lambda p: p.add_argument("--profile", action="store_true", help="always profile")
+    )
+    quick = args.quick
+    if shutil.which("wrk") is None:
+        c.say("wrk is not installed (apt-get install wrk); nothing measured")
+        return 0
+    singles = 1_000 if quick else 3_000
+    batches = 10 if quick else 40
+    thread_counts = (1, 4) if quick else THREADS
+    c.print_header("bench/accept.py: acceptance API under gunicorn", quick)
+    rows = []
+    best: tuple[float, int] = (0.0, 4)
+    best_batch = 0.0
+    with c.bench_database(DB_NAME) as url:
+        tenant_id, token = setup(url)
+        dsn = c.conninfo(url)
+        for kind in ("single", "batch"):
+            raw_rates: dict[str, list[float]] = {"raw": [], "raw+notify": []}
+            ours: dict[int, dict[str, Any]] = {}
+            order: list[Any] = ["raw", "raw+notify", *thread_counts, "raw+notify", "raw"]
+            for who in order:
+                if isinstance(who, str):
+                    notify = who == "raw+notify"
+                    r = (
+                        raw_single(dsn, tenant_id, singles, notify=notify)
+                        if kind == "single"
+                        else raw_batch(dsn, tenant_id, batches, notify=notify)
+                    )
+                    raw_rates[who].append(r["records"] / r["s"])
+                    c.say(f"  {kind:<6} {who}: {r['records']:,} records in {r['s']:.2f} s")
+                    continue
+                server = Gunicorn(url, 2, who)
+                try:
+                    server.wait_ready()
+                    if kind == "single":
+                        r = wrk_run(server.base, "/api/v1/mail", MAIL, token, singles, singles, dsn)
+                    else:
+                        body = {"items": [MAIL] * BATCH}
+                        r = wrk_run(
+                            server.base,
+                            "/api/v1/mail/batch",
+                            body,
+                            token,
+                            batches,
+                            batches * BATCH,
+                            dsn,
+                        )
+                finally:
+                    server.stop()
+                r["config"] = server.config()
+                ours[who] = r
+                c.say(
+                    f"  {kind:<6} ours {server.config()}: {r['records']:,} records in "
+                    f"{r['s']:.2f} s; latency p50 {r['p50']}, p99 {r['p99']}; non-2xx "
+                    f"{r['non2xx']}{'; socket errors ' + r['errors'] if r['errors'] else ''}"
+                )
+            raw = sum(raw_rates["raw"]) / len(raw_rates["raw"])
+            raw_notify = sum(raw_rates["raw+notify"]) / len(raw_rates["raw+notify"])
+            goal = SINGLE_GOAL if kind == "single" else BATCH_GOAL
+            unit = "sends/s" if kind == "single" else "records/s"
+            for threads, r in ours.items():
+                expected = singles if kind == "single" else batches * BATCH
+                rate = expected / r["s"]
+                if kind == "single" and rate > best[0]:
+                    best = (rate, threads)
+                if kind == "batch":
+                    best_batch = max(best_batch, rate)
+                rows.append(
+                    [
+                        kind,
+                        r["config"],
+                        rate,
+                        raw,
+                        f"{rate / raw:.2f}",
+                        raw_notify,
+                        f"{rate / raw_notify:.2f}",
+                        f">= {goal:,.0f} {unit}",
+                        c.verdict(rate >= goal),
+                        r["non2xx"],
+                        f"{r['p50']} / {r['p99']}",
+                    ]
+                )
+        c.print_table(
+            f"Acceptance throughput (wrk: {WRK_THREADS} threads, {WRK_CONNECTIONS} connections; "
+            f"batch = {BATCH} items; raw: mean of the runs before and after)",
+            [
+                "kind",
+                "gunicorn",
+                "ours",
+                "raw",
+                "ours/raw",
+                "raw+NOTIFY",
+                "ours/that",
+                "goal",
+                "",
+                "non-2xx",
+                "latency p50 / p99",
+            ],
+            rows,
+        )
+        c.say(f"\nbest single-send config: 2 workers x {best[1]} threads")
+        if best[0] < SINGLE_GOAL or args.profile:
+            profile(url, token, dsn, best[1], "single", 500 if quick else 2_000)
+        if best_batch < BATCH_GOAL or args.profile:
+            profile(url, token, dsn, best[1], "batch", 5 if quick else 20)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

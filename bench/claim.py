@@ -1,0 +1,566 @@
+"""Claim throughput: records/s claimed and completed with a no-op sender, 1 and 8 threads, on
+PostgreSQL with 1,000,000 history rows (mostly Sent) and a backlog of Pending records to drain.
+
+ours  portal.messaging.scan.claim_next (scan 4, k=1) in a short Session transaction, then
+      portal.messaging.outcomes.record_sent with a Claimed(...): what a delivery worker runs
+      for a record, minus the send. The engine is the product's (create_app, engine_options),
+      logging as worker.py sets it (JSON lines at INFO, into /dev/null here).
+raw   a bare psycopg loop (autocommit) running the same single-statement SKIP LOCKED claim and
+      the same versioned completion, writing the same columns (bench/_common.py RAW_*).
+
+The machine is shared, so ours and raw take turns in short time slices (raw, ours, ours, raw;
+again and again) on the same backlog; each side's rate = its records / its own time. The
+backlog is refilled and the table VACUUM ANALYZEd between rounds when it runs low (the shared
+server runs with autovacuum off), never inside a slice.
+Goal (issue 4): ours >= 0.7 of raw. When missed (or with --profile) a breakdown follows: round
+trips per record, a cProfile of ours, and variants that show what each cost is worth.
+"""
+
+from __future__ import annotations
+
+import cProfile
+import io
+import pstats
+import random
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import _common as c
+import psycopg
+from sqlalchemy import Engine, create_engine, event, text
+from sqlalchemy.orm import Session
+
+from portal import engine_options
+from portal.extensions import db
+from portal.messaging.outcomes import Claimed, record_sent
+from portal.messaging.scan import claim_next
+from portal.models import Channel, MailSendRecord
+
+DB_NAME = "postroom_bench_claim"
+GOAL = 0.7
+ABBA = ("raw", "ours", "ours", "raw")
+
+
+@dataclass
+class Run:
+    done: int = 0
+    empty_claims: int = 0
+    lost_writes: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def count(self, ok: bool) -> None:
+        with self.lock:
+            self.done += 1
+            self.lost_writes += 0 if ok else 1
+
+    def empty(self) -> None:
+        with self.lock:
+            self.empty_claims += 1
+
+
+Body = Callable[[Run, threading.Event], None]
+
+
+def drive(threads: int, seconds: float, body: Body) -> tuple[float, Run]:
+    """``threads`` workers run ``body`` for ``seconds``: (seconds, counts at the deadline).
+
+    A worker finishes the record in hand after the deadline; that one is not counted.
+    """
+    run = Run()
+    stop = threading.Event()
+    start = threading.Barrier(threads + 1)
+
+    def worker() -> None:
+        start.wait()
+        body(run, stop)
+
+    pool = [threading.Thread(target=worker, daemon=True) for _ in range(threads)]
+    for t in pool:
+        t.start()
+    start.wait()
+    began = time.perf_counter()
+    time.sleep(seconds)
+    with run.lock:
+        counted = Run(done=run.done, empty_claims=run.empty_claims, lost_writes=run.lost_writes)
+    elapsed = time.perf_counter() - began
+    stop.set()
+    for t in pool:
+        t.join()
+    return elapsed, counted
+
+
+# --- the contenders ----------------------------------------------------------------------------
+
+
+def ours_body(engine: Engine) -> Body:
+    def body(run: Run, stop: threading.Event) -> None:
+        rng = random.Random()
+        while not stop.is_set():
+            with Session(engine, expire_on_commit=False) as session, session.begin():
+                records = claim_next(session, MailSendRecord, scan_size=4, k=1, rng=rng)
+            if not records:
+                run.empty()
+                continue
+            record = records[0]
+            claimed = Claimed(
+                channel=Channel.MAIL,
+                id=record.id,
+                version=record.version,
+                tenant_id=record.tenant_id,
+                retry_count=record.retry_count,
+            )
+            run.count(record_sent(engine, claimed, f"<bench-{record.id}@bench.test>"))
+
+    return body
+
+
+def raw_body(dsn: str) -> Body:
+    def body(run: Run, stop: threading.Event) -> None:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            while not stop.is_set():
+                row = conn.execute(c.RAW_CLAIM).fetchone()
+                if row is None:
+                    run.empty()
+                    continue
+                record_id, version = row
+                done = conn.execute(
+                    c.RAW_COMPLETE, (f"<bench-{record_id}@bench.test>", record_id, version)
+                )
+                run.count(done.rowcount == 1)
+
+    return body
+
+
+# Diagnostics: where the gap comes from.
+
+SHAPE_PENDING = (
+    "SELECT updated_time, id FROM mail_send_record WHERE status = 'Pending' "
+    "ORDER BY updated_time LIMIT 4"
+)
+SHAPE_RETRY = (
+    "SELECT next_retry_at, id FROM mail_send_record WHERE status = 'Retry' "
+    "AND next_retry_at <= statement_timestamp() ORDER BY next_retry_at LIMIT 4"
+)
+SHAPE_CLAIM = (
+    "UPDATE mail_send_record SET status = 'Sending', version = version + 1, "
+    "updated_time = statement_timestamp(), "
+    "first_claimed_at = coalesce(first_claimed_at, statement_timestamp()) "
+    "WHERE id IN (SELECT id FROM mail_send_record WHERE id = ANY(%(ids)s) AND "
+    "(status = 'Pending' OR (status = 'Retry' AND next_retry_at <= statement_timestamp())) "
+    "ORDER BY array_position(%(ids)s, id) LIMIT 1 FOR UPDATE SKIP LOCKED) RETURNING id, version, *"
+)
+
+
+def raw_shape_of_ours_body(dsn: str) -> Body:
+    """Bare psycopg, but ours' round trips: pre-ping, BEGIN, the two scan SELECTs, the claim
+    UPDATE by id RETURNING *, COMMIT; pre-ping, BEGIN, completion UPDATE, COMMIT."""
+
+    def body(run: Run, stop: threading.Event) -> None:
+        rng = random.Random()
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            while not stop.is_set():
+                conn.execute("SELECT 1")
+                conn.execute("BEGIN")
+                ids = [r[1] for r in conn.execute(SHAPE_PENDING)]
+                ids += [r[1] for r in conn.execute(SHAPE_RETRY)]
+                rng.shuffle(ids)
+                row = conn.execute(SHAPE_CLAIM, {"ids": ids[:4]}).fetchone() if ids else None
+                conn.execute("COMMIT")
+                if row is None:
+                    run.empty()
+                    continue
+                conn.execute("SELECT 1")
+                conn.execute("BEGIN")
+                done = conn.execute(c.RAW_COMPLETE, ("<bench@bench.test>", row[0], row[1]))
+                conn.execute("COMMIT")
+                run.count(done.rowcount == 1)
+
+    return body
+
+
+def core_autocommit_body(engine: Engine) -> Body:
+    """The raw statements, each its own transaction, through SQLAlchemy Core and the product's
+    pool (pre-ping included): what SQLAlchemy and the pool cost without the transaction shape."""
+    claim_sql = text(c.RAW_CLAIM)
+    complete_sql = text(
+        c.RAW_COMPLETE.replace("%s", ":pmid", 1).replace("%s", ":id", 1).replace("%s", ":v", 1)
+    )
+
+    def body(run: Run, stop: threading.Event) -> None:
+        while not stop.is_set():
+            with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+                row = conn.execute(claim_sql).first()
+            if row is None:
+                run.empty()
+                continue
+            params = {"pmid": f"<bench-{row.id}@bench.test>", "id": row.id, "v": row.version}
+            with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+                result = conn.execute(complete_sql, params)
+            run.count(result.rowcount == 1)
+
+    return body
+
+
+PROPOSED_CLAIM = """
+WITH pending AS (
+    SELECT id, updated_time AS due FROM mail_send_record WHERE status = 'Pending'
+    ORDER BY updated_time LIMIT :k FOR UPDATE SKIP LOCKED),
+retry AS (
+    SELECT id, next_retry_at AS due FROM mail_send_record
+    WHERE status = 'Retry' AND next_retry_at <= statement_timestamp()
+    ORDER BY next_retry_at LIMIT :k FOR UPDATE SKIP LOCKED),
+pick AS (
+    SELECT id FROM (SELECT * FROM pending UNION ALL SELECT * FROM retry) due
+    ORDER BY due LIMIT :k)
+UPDATE mail_send_record SET status = 'Sending', version = version + 1,
+    updated_time = statement_timestamp(),
+    first_claimed_at = coalesce(first_claimed_at, statement_timestamp())
+FROM pick WHERE mail_send_record.id = pick.id
+RETURNING mail_send_record.*
+"""
+
+
+def ping_when_idle(engine: Engine, idle_s: float = 1.0) -> None:
+    """Pre-ping only a connection that sat idle: a busy worker's checkouts cost no round trip."""
+    from sqlalchemy.exc import DisconnectionError
+
+    @event.listens_for(engine.pool, "checkin")
+    def _checkin(_dbapi: Any, record: Any) -> None:
+        record.info["idle_since"] = time.monotonic()
+
+    @event.listens_for(engine.pool, "checkout")
+    def _checkout(dbapi: Any, record: Any, _proxy: Any) -> None:
+        if time.monotonic() - record.info.get("idle_since", 0.0) > idle_s:
+            try:
+                engine.dialect.do_ping(dbapi)
+            except Exception as exc:
+                raise DisconnectionError() from exc  # the pool reconnects and tries again
+
+
+def proposed_body(engine: Engine, orm: bool = True) -> Body:
+    """Prototype of the proposed change (bench code, not the product's): the due scan folded
+    into the claim (the same two index walks, as CTEs with SKIP LOCKED, merged by due time), each
+    write one statement in autocommit (no BEGIN/COMMIT round trips), statements built once,
+    pre-ping only after an idle second. The completion is record_sent's statement and its
+    metric and log line."""
+    from sqlalchemy import bindparam, select, update
+
+    from portal.messaging.outcomes import log as outcome_log
+    from portal.metrics import MESSAGE_SENT
+    from portal.models import SendStatus, db_now
+
+    auto = engine.execution_options(isolation_level="AUTOCOMMIT")
+    claim_sql = text(PROPOSED_CLAIM).bindparams(k=1)
+    claim_stmt = select(MailSendRecord).from_statement(claim_sql)
+    m = MailSendRecord
+    sent_stmt = (
+        update(m)
+        .where(m.id == bindparam("rid"), m.version == bindparam("ver"))
+        .values(
+            status=SendStatus.SENT.value,
+            version=m.version + 1,
+            sent_at=db_now(),
+            updated_time=db_now(),
+            next_retry_at=None,
+            provider_message_id=bindparam("pmid"),
+            error_code=None,
+            error_message=None,
+        )
+    )
+
+    def body(run: Run, stop: threading.Event) -> None:
+        while not stop.is_set():
+            if orm:  # detached MailSendRecord objects, as the pool hands them over today
+                with Session(auto, expire_on_commit=False) as session:
+                    records: list[Any] = list(session.scalars(claim_stmt))
+            else:  # Core rows: the same attribute names, no ORM identity map
+                with auto.connect() as conn:
+                    records = list(conn.execute(claim_sql))
+            if not records:
+                run.empty()
+                continue
+            record = records[0]
+            pmid = f"<bench-{record.id}@bench.test>"
+            with auto.connect() as conn:
+                result = conn.execute(
+                    sent_stmt, {"rid": record.id, "ver": record.version, "pmid": pmid}
+                )
+            ok = result.rowcount == 1
+            if ok:
+                MESSAGE_SENT.labels("mail", "unprepared").inc()
+                outcome_log.info(
+                    "sent",
+                    extra={"record_id": record.id, "channel": "mail", "provider_message_id": pmid},
+                )
+            run.count(ok)
+
+    return body
+
+
+# --- runs --------------------------------------------------------------------------------------
+
+
+def top_up(dsn: str, low: int, n: int) -> None:
+    """Refill the backlog (and VACUUM ANALYZE) when fewer than ``low`` records are Pending."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM mail_send_record WHERE status = 'Pending'"
+        ).fetchone()
+        if row is not None and row[0] >= low:
+            return
+    with psycopg.connect(dsn) as conn:
+        c.add_pending(conn, n)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("VACUUM (ANALYZE) mail_send_record")
+
+
+def compare(
+    dsn: str,
+    threads: int,
+    slice_s: float,
+    rounds: int,
+    bodies: dict[str, Body],
+    order: tuple[str, ...],
+    backlog: tuple[int, int],
+) -> dict[str, dict[str, float]]:
+    """Interleave the contenders in time slices; totals per contender."""
+    totals = {name: {"n": 0.0, "s": 0.0, "cpu": 0.0, "empty": 0.0, "lost": 0.0} for name in bodies}
+    for r in range(rounds):
+        top_up(dsn, *backlog)
+        line = []
+        for name in order:
+            cpu = time.process_time()
+            elapsed, run = drive(threads, slice_s, bodies[name])
+            t = totals[name]
+            t["cpu"] += time.process_time() - cpu
+            t["n"] += run.done
+            t["s"] += elapsed
+            t["empty"] += run.empty_claims
+            t["lost"] += run.lost_writes
+            line.append(f"{name} {run.done / elapsed:,.0f}")
+        c.say(f"  round {r + 1}/{rounds} (rec/s): " + ", ".join(line))
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM mail_send_record WHERE status = 'Pending'"
+        ).fetchone()
+    if row is not None and row[0] == 0:
+        c.say("  WARNING: the backlog ran dry in the last slice; its figure is too low")
+    return totals
+
+
+# --- where ours spends its time ----------------------------------------------------------------
+
+
+def _site(line: str) -> str:
+    return line.replace(str(c.ROOT) + "/.venv/lib/python3.11/site-packages/", "")[:150]
+
+
+def breakdown(engine: Engine, dsn: str, n: int) -> None:
+    """One thread, in this thread: round trips per record and a cProfile of ours."""
+    top_up(dsn, n + 10, n + 10)
+    counts = {"statements": 0, "begin": 0, "commit": 0, "checkout": 0}
+    in_db = [0.0]
+    marks: dict[int, float] = {}
+
+    def before(_c: Any, cursor: Any, *_: Any) -> None:
+        marks[id(cursor)] = time.perf_counter()
+
+    def after(_c: Any, cursor: Any, *_: Any) -> None:
+        in_db[0] += time.perf_counter() - marks.pop(id(cursor))
+        counts["statements"] += 1
+
+    def bump(name: str) -> Callable[..., None]:
+        def listener(*_: Any) -> None:
+            counts[name] += 1
+
+        return listener
+
+    listeners = [
+        (engine, "before_cursor_execute", before),
+        (engine, "after_cursor_execute", after),
+        (engine, "begin", bump("begin")),
+        (engine, "commit", bump("commit")),
+        (engine.pool, "checkout", bump("checkout")),
+    ]
+    for target, name, fn in listeners:
+        event.listen(target, name, fn)
+    run = Run()
+    stop = threading.Event()
+    original = run.count
+
+    def count(ok: bool) -> None:
+        original(ok)
+        if run.done >= n:
+            stop.set()
+
+    run.count = count  # type: ignore[method-assign]
+    # CPU time of this thread, not wall time: where the client burns its processor.
+    profiler = cProfile.Profile(time.thread_time)
+    began = time.perf_counter()
+    profiler.enable()
+    ours_body(engine)(run, stop)
+    profiler.disable()
+    elapsed = time.perf_counter() - began
+    for target, name, fn in listeners:
+        event.remove(target, name, fn)
+    per = {k: v / run.done for k, v in counts.items()}
+    c.say(
+        f"\nBreakdown of ours, 1 thread, {run.done:,} records, under cProfile (slower than the "
+        f"runs above; the profile counts this thread's CPU time):\n"
+        f"  per record: {elapsed / run.done * 1e6:,.0f} us wall, of which "
+        f"{in_db[0] / run.done * 1e6:,.0f} us inside cursor.execute (statements only)\n"
+        f"  round trips per record: {sum(per.values()):.1f} = {per['statements']:.1f} statements "
+        f"(2 scan SELECTs, claim UPDATE, completion UPDATE) + {per['begin']:.1f} BEGIN + "
+        f"{per['commit']:.1f} COMMIT + {per['checkout']:.1f} pool pre-ping (SELECT 1 per "
+        f"checkout); raw makes 2 (each statement its own transaction)"
+    )
+    out = io.StringIO()
+    pstats.Stats(profiler, stream=out).sort_stats("tottime").print_stats(15)
+    c.say("  cProfile by own time (top 15):")
+    for line in out.getvalue().splitlines()[7:]:
+        if line.strip():
+            c.say("    " + _site(line))
+    out = io.StringIO()
+    pstats.Stats(profiler, stream=out).sort_stats("cumulative").print_stats(
+        r"portal/messaging/(scan|outcomes)\.py|orm/session\.py:\d+\((commit|execute|scalars)\)"
+        r"|pool/base\.py:\d+\(_checkout\)|psycopg/connection\.py:\d+\(wait\)"
+        r"|orm/loading\.py:\d+\(instances\)|cache_key\.py:209\(_generate_cache_key\)"
+        r"|logging/__init__\.py:\d+\(info\)|prometheus_client/metrics\.py:\d+\(inc\)"
+    )
+    c.say("  cProfile, cumulative time of selected steps:")
+    for line in out.getvalue().splitlines()[7:]:
+        if line.strip():
+            c.say("    " + _site(line))
+
+
+VARIANTS = ("raw", "raw-shape-of-ours", "core-autocommit", "ours", "proposed-orm", "proposed-core")
+
+
+def variants(
+    url: str, engine: Engine, dsn: str, slice_s: float, rounds: int, backlog: tuple[int, int]
+) -> None:
+    """Each variant against raw, interleaved: what each part of the gap is worth."""
+    proposal_engine = create_engine(
+        url, **(engine_options(c.bench_settings(url)) | {"pool_pre_ping": False})
+    )
+    ping_when_idle(proposal_engine)
+    bodies = {
+        "raw": raw_body(dsn),
+        "raw-shape-of-ours": raw_shape_of_ours_body(dsn),
+        "core-autocommit": core_autocommit_body(engine),
+        "ours": ours_body(engine),
+        "proposed-orm": proposed_body(proposal_engine, orm=True),
+        "proposed-core": proposed_body(proposal_engine, orm=False),
+    }
+    what = {
+        "raw": "bare psycopg, 2 round trips",
+        "raw-shape-of-ours": "bare psycopg, ours' 10 round trips",
+        "core-autocommit": "raw SQL via SQLAlchemy Core + product pool",
+        "ours": "claim_next + record_sent",
+        "proposed-orm": "prototype of the proposal, ORM objects",
+        "proposed-core": "prototype of the proposal, Core rows",
+    }
+    order = VARIANTS + tuple(reversed(VARIANTS))
+    for threads in (1, 8):
+        c.say(f"\nVariants, {threads} thread(s), {slice_s:g} s slices:")
+        totals = compare(dsn, threads, slice_s, rounds, bodies, order, backlog)
+        raw_rate = totals["raw"]["n"] / totals["raw"]["s"]
+        rows = [
+            [
+                name,
+                what[name],
+                t["n"] / t["s"],
+                f"{t['n'] / t['s'] / raw_rate:.2f}",
+                t["cpu"] / t["n"] * 1e6,
+                int(t["empty"]),
+            ]
+            for name, t in totals.items()
+        ]
+        c.print_table(
+            f"Variants at {threads} thread(s)",
+            ["contender", "what", "rec/s", "of raw", "client CPU us/rec", "empty claims"],
+            rows,
+        )
+    proposal_engine.dispose()
+
+
+def main() -> int:
+    args = c.parse_args(
+        __doc__,
+        lambda p: (
+            p.add_argument("--profile", action="store_true", help="break ours down even if met"),
+            p.add_argument("--log", default="info", help="worker log level (default: info)"),
+        ),
+    )
+    quick = args.quick
+    history = 100_000 if quick else 1_000_000
+    slice_s = 0.5 if quick else 2.0
+    rounds = 2 if quick else 6
+    backlog = (6_000, 10_000) if quick else (40_000, 60_000)
+    c.print_header("bench/claim.py: claim + versioned completion, no-op sender", quick)
+    with c.bench_database(DB_NAME) as url:
+        app = c.make_app(url)
+        with app.app_context():
+            engine = db.engine
+        c.worker_logging(args.log)
+        dsn = c.conninfo(url)
+        c.say(f"\nfilling {history:,} history rows ...")
+        t0 = time.perf_counter()
+        with psycopg.connect(dsn) as conn:
+            c.fill_history(conn, history)
+        c.say(f"  done in {time.perf_counter() - t0:.1f} s")
+        rows = []
+        missed = False
+        for threads in (1, 8):
+            c.say(f"\n{threads} thread(s), {slice_s:g} s slices, {rounds} rounds of {ABBA}:")
+            bodies = {"raw": raw_body(dsn), "ours": ours_body(engine)}
+            totals = compare(dsn, threads, slice_s, rounds, bodies, ABBA, backlog)
+            ours = totals["ours"]["n"] / totals["ours"]["s"]
+            raw = totals["raw"]["n"] / totals["raw"]["s"]
+            ratio = ours / raw
+            missed |= ratio < GOAL
+            rows.append(
+                [
+                    threads,
+                    ours,
+                    raw,
+                    f"{ratio:.2f}",
+                    f">= {GOAL}",
+                    c.verdict(ratio >= GOAL),
+                    totals["ours"]["cpu"] / totals["ours"]["n"] * 1e6,
+                    totals["raw"]["cpu"] / totals["raw"]["n"] * 1e6,
+                    int(totals["ours"]["empty"]),
+                    int(totals["raw"]["empty"]),
+                    int(totals["ours"]["lost"] + totals["raw"]["lost"]),
+                ]
+            )
+        c.print_table(
+            f"Records/s claimed and completed ({history:,} history rows)",
+            [
+                "threads",
+                "ours rec/s",
+                "raw rec/s",
+                "ours/raw",
+                "goal",
+                "",
+                "client CPU us/rec: ours",
+                "raw",
+                "empty claims: ours",
+                "raw",
+                "lost writes",
+            ],
+            rows,
+        )
+        if missed or args.profile:
+            breakdown(engine, dsn, 300 if quick else 1_500)
+            variants(url, engine, dsn, slice_s, 1 if quick else 3, backlog)
+        c.say(f"\nload average at the end: {' '.join(f'{x:.2f}' for x in c.os.getloadavg())}")
+        engine.dispose()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

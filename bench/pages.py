@@ -1,0 +1,412 @@
+"""Portal pages on a big database: how long the record pages take to render with 1,000,000 mail
+and 1,000,000 SMS records (and their recipient rows and 10,000 dead letters).
+
+ours  the whole request through Flask's test client, signed in (support staff of the biggest
+      tenant, or an operator looking at every tenant): routing, the permission check, the
+      queries and the Jinja render, as a browser would wait for it (minus the network).
+raw   the main query of the same page as bare SQL over psycopg (what the page cannot beat).
+
+Goal (issue 6): list, search by recipient and detail under 100 ms (median). The other pages
+are measured too, for information. Then the indexes this page suggests (they are not in the
+migrations) are created on the bench database, one step at a time, and the pages that would
+use them measured again.
+
+Data: 10 tenants, tenant 1 holding 60 % of the records; mostly Sent, 2 % Failed, 1 % DeadLetter,
+a small backlog (Pending, Retry) at the newest end; one record every ~8 s over 90 days; 50,000
+distinct addresses and numbers (about 20 records each).
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import _common as c
+import psycopg
+from flask import Flask
+from flask.testing import FlaskClient
+
+from portal.extensions import db
+from portal.models import AppUser, Tenant
+
+DB_NAME = "postroom_bench_pages"
+GOAL_MS = 100.0
+PASSWORD = "bench-pages-password-1"
+SUPPORT = "support@tenant1.bench"
+OPERATOR = "operator@platform.bench"
+TENANTS = 10
+SPREAD_S = 90 * 24 * 3600  # the records' creation times cover 90 days
+
+# tenant 1 gets 6 in 10 records; the other 4 in 10 go round tenants 2..10.
+TENANT_OF = f"CASE WHEN g % 10 < 6 THEN 1 ELSE 2 + g % {TENANTS - 1} END"
+STATUS_OF = "CASE WHEN g % 50 = 0 THEN 'Failed' WHEN g % 97 = 0 THEN 'DeadLetter' ELSE 'Sent' END"
+ERROR_OF = "CASE WHEN g % 50 = 0 THEN '550 5.1.1' WHEN g % 97 = 0 THEN '451 4.3.0' END"
+
+# Indexes the pages would use; the migrations do not have them. Added one step at a time, so
+# the figures say what each is worth: created_time for the dashboard's 24-hour chart (one
+# index serves every tenant and each: a day of rows is few), then (tenant_id, status, id) for
+# per-tenant status counts and lists filtered by a rare status.
+SUGGESTED: list[tuple[str, list[str]]] = [
+    (
+        "(created_time)",
+        [
+            "CREATE INDEX idx_mail_send_created ON mail_send_record (created_time)",
+            "CREATE INDEX idx_sms_send_created ON sms_send_record (created_time)",
+        ],
+    ),
+    (
+        "+ (tenant_id, status, id)",
+        [
+            "CREATE INDEX idx_mail_send_tenant_status ON mail_send_record (tenant_id, status, id)",
+            "CREATE INDEX idx_sms_send_tenant_status ON sms_send_record (tenant_id, status, id)",
+        ],
+    ),
+]
+# The pages those indexes can change (the rest are measured once).
+INDEXED_PAGES = {
+    "dashboard",
+    "dashboard, all tenants",
+    "dashboard fragment (htmx)",
+    "mail list, status DeadLetter",
+    "mail list, template + status",
+    "mail list, a week two months ago",
+}
+
+
+# --- seeding -----------------------------------------------------------------------------------
+
+
+def seed(app: Flask, dsn: str, n: int) -> dict[str, Any]:
+    """Tenants, users, n mail + n SMS records with recipients, a backlog and dead letters."""
+    with app.app_context():
+        for i in range(1, TENANTS + 1):
+            db.session.add(Tenant(slug=f"tenant{i}", name=f"Tenant {i}"))
+        db.session.flush()
+        for email, role, tenant_id in [
+            (SUPPORT, "support", 1),
+            (OPERATOR, "platform_operator", -1),
+        ]:
+            user = AppUser(email=email, role=role, tenant_id=tenant_id)
+            user.set_password(PASSWORD)
+            db.session.add(user)
+        db.session.commit()
+    step = SPREAD_S / n
+    created = f"now() - make_interval(secs => ({n} - g) * {step})"
+    chunk = 250_000
+    with psycopg.connect(dsn) as conn:
+        for start in range(0, n, chunk):
+            size = min(chunk, n - start)
+            series = f"generate_series({start + 1}, {start + size}) g"
+            conn.execute(
+                "INSERT INTO mail_send_record (tenant_id, scope, status, version, retry_count, "
+                "error_code, error_message, to_addrs, subject, rendered_subject, text_body, "
+                "rendered_text, rendered_html, template_code, created_time, updated_time, "
+                "prepared_at, sent_at, trace_id) "
+                f"SELECT {TENANT_OF}, 'TENANT', {STATUS_OF}, 3, 0, {ERROR_OF}, {ERROR_OF}, "
+                "json_build_array('user' || (g % 50000) || '@example.com'), "
+                "'Order ' || g || ' is on its way', 'Order ' || g || ' is on its way', "
+                "'Hello', 'Hello, your order ' || g || ' is on its way.', "
+                "'<h1>Order ' || g || '</h1><p>Hello, it is on its way.</p>', "
+                "CASE WHEN g % 3 = 0 THEN 'welcome' ELSE 'receipt' END, "
+                f"{created}, {created}, {created}, {created}, md5(g::text) FROM {series}"
+            )
+            conn.execute(
+                "INSERT INTO mail_send_recipient (record_id, tenant_id, address, kind) "
+                "SELECT id, tenant_id, to_addrs->>0, 'to' FROM mail_send_record "
+                f"WHERE id BETWEEN {start + 1} AND {start + size}"
+            )
+            conn.execute(
+                "INSERT INTO sms_send_record (tenant_id, scope, status, version, retry_count, "
+                "error_code, error_message, phone_number, country_code, content, "
+                "rendered_content, template_code, created_time, updated_time, prepared_at, "
+                "sent_at) "
+                f"SELECT {TENANT_OF}, 'TENANT', {STATUS_OF}, 3, 0, {ERROR_OF}, {ERROR_OF}, "
+                "'+447911' || lpad((g % 50000)::text, 6, '0'), 'GB', NULL, "
+                "'Your code is ' || (g % 10000), 'otp', "
+                f"{created}, {created}, {created}, {created} FROM {series}"
+            )
+            conn.commit()
+        # The backlog at the newest end, and dead letters for the operators' pages.
+        for table in ("mail_send_record", "sms_send_record"):
+            columns = (
+                "to_addrs, subject" if table == "mail_send_record" else "phone_number, content"
+            )
+            values = (
+                "'[\"late@example.com\"]', 'Late'"
+                if table == "mail_send_record"
+                else "'+447911000001', 'Late'"
+            )
+            conn.execute(
+                f"INSERT INTO {table} (tenant_id, scope, status, version, retry_count, "
+                f"next_retry_at, created_time, updated_time, {columns}) "
+                "SELECT 1, 'TENANT', CASE WHEN g % 3 = 0 THEN 'Retry' ELSE 'Pending' END, "
+                "1, 0, now() - make_interval(secs => g), now() - make_interval(secs => g), "
+                f"now() - make_interval(secs => g), {values} FROM generate_series(1, 300) g"
+            )
+        conn.execute(
+            "INSERT INTO dead_letter_message (tenant_id, source, event_id, channel, provider, "
+            "error_code, reason, attempts, payload, status, created_time) "
+            f"SELECT 1 + g % {TENANTS}, 'SendExhausted', (g * 97)::text, 'mail', 'smtp', "
+            "'451 4.3.0', 'mailbox busy', 6, json_build_object('recordId', g * 97), "
+            "CASE WHEN g % 4 = 0 THEN 'Pending' ELSE 'Resolved' END, "
+            f"now() - make_interval(secs => g * 60) FROM generate_series(1, 10000) g"
+        )
+        conn.commit()
+    vacuum(dsn)
+    with psycopg.connect(dsn) as conn:
+        facts = conn.execute(
+            "SELECT (SELECT max(id) FROM mail_send_record WHERE tenant_id = 1), "
+            "(SELECT max(id) FROM sms_send_record WHERE tenant_id = 1)"
+        ).fetchone()
+    assert facts is not None
+    return {"mail_id": facts[0] - 500, "sms_id": facts[1] - 500}
+
+
+def vacuum(dsn: str) -> None:
+    """The shared server runs without autovacuum: statistics and the visibility map, by hand."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for table in (
+            "mail_send_record",
+            "mail_send_recipient",
+            "sms_send_record",
+            "dead_letter_message",
+            "tenant",
+        ):
+            conn.execute(f"VACUUM (ANALYZE) {table}")
+
+
+# --- measuring -----------------------------------------------------------------------------------
+
+
+def signed_in(app: Flask, email: str, view_tenant: str | None = None) -> FlaskClient:
+    client = app.test_client()
+    page = client.get("/auth/login").text
+    found = re.search(r'name="csrf_token" value="([^"]+)"', page)
+    assert found is not None
+    response = client.post(
+        "/auth/login",
+        data={"email": email, "password": PASSWORD, "csrf_token": found.group(1)},
+    )
+    assert response.status_code == 302, response.status_code
+    if view_tenant is not None:
+        with client.session_transaction() as session:
+            session["view_tenant"] = view_tenant
+    return client
+
+
+@dataclass
+class Timing:
+    median_ms: float
+    p95_ms: float
+
+
+def timed(fn: Callable[[], Any], runs: int) -> Timing:
+    for _ in range(3):  # warm: the plan cache, the buffer cache, Jinja's template cache
+        fn()
+    samples = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        fn()
+        samples.append((time.perf_counter() - t0) * 1000)
+    return Timing(c.median(samples), c.percentile(samples, 95))
+
+
+def page(client: FlaskClient, url: str, headers: dict[str, str] | None = None) -> Callable[[], Any]:
+    def get() -> None:
+        response = client.get(url, headers=headers or {})
+        assert response.status_code == 200, (url, response.status_code)
+
+    return get
+
+
+def sql(conn: psycopg.Connection[Any], query: str) -> Callable[[], Any]:
+    return lambda: conn.execute(query).fetchall()
+
+
+@dataclass
+class Case:
+    name: str
+    who: str
+    url: str
+    raw: str | None = None
+    goal: bool = False
+
+
+def weeks_ago(weeks: int) -> str:
+    return (datetime.now(UTC) - timedelta(weeks=weeks)).date().isoformat()
+
+
+def cases(ids: dict[str, Any]) -> list[Case]:
+    mail_id, sms_id = ids["mail_id"], ids["sms_id"]
+    mid = mail_id // 2
+    return [
+        Case(
+            "mail list",
+            "support",
+            "/mail-records/",
+            "SELECT * FROM mail_send_record WHERE tenant_id = 1 ORDER BY id DESC LIMIT 51",
+            True,
+        ),
+        Case(
+            "mail list, page half-way back",
+            "support",
+            f"/mail-records/?before={mid}",
+            "SELECT * FROM mail_send_record WHERE tenant_id = 1 AND id < "
+            f"{mid} ORDER BY id DESC LIMIT 51",
+            True,
+        ),
+        Case(
+            "mail search by recipient",
+            "support",
+            "/mail-records/?q=User4242@Example.com",
+            "SELECT * FROM mail_send_record WHERE id IN (SELECT record_id FROM "
+            "mail_send_recipient WHERE tenant_id = 1 AND address = 'user4242@example.com') "
+            "ORDER BY id DESC LIMIT 51",
+            True,
+        ),
+        Case(
+            "mail search by recipient, all tenants",
+            "operator",
+            "/mail-records/?q=user4242@example.com",
+            "SELECT * FROM mail_send_record WHERE id IN (SELECT record_id FROM "
+            "mail_send_recipient WHERE tenant_id IN (SELECT id FROM tenant) AND address = "
+            "'user4242@example.com') ORDER BY id DESC LIMIT 51",
+            True,
+        ),
+        Case(
+            "mail detail",
+            "support",
+            f"/mail-records/{mail_id}",
+            f"SELECT * FROM mail_send_record WHERE id = {mail_id} AND tenant_id = 1",
+            True,
+        ),
+        Case("mail rendered (iframe)", "support", f"/mail-records/{mail_id}/rendered"),
+        Case(
+            "sms list",
+            "support",
+            "/sms-records/",
+            "SELECT * FROM sms_send_record WHERE tenant_id = 1 ORDER BY id DESC LIMIT 51",
+            True,
+        ),
+        Case(
+            "sms search by number",
+            "support",
+            "/sms-records/?q=%2B44+7911+004242",
+            "SELECT * FROM sms_send_record WHERE tenant_id = 1 AND phone_number = "
+            "'+447911004242' ORDER BY id DESC LIMIT 51",
+            True,
+        ),
+        Case(
+            "sms detail",
+            "support",
+            f"/sms-records/{sms_id}",
+            f"SELECT * FROM sms_send_record WHERE id = {sms_id} AND tenant_id = 1",
+            True,
+        ),
+        Case("mail list, all tenants", "operator", "/mail-records/"),
+        Case("mail subject search (window)", "support", "/mail-records/?q=order+4242+is"),
+        Case("mail list, status DeadLetter", "support", "/mail-records/?status=DeadLetter"),
+        Case(
+            "mail list, template + status",
+            "support",
+            "/mail-records/?template=welcome&status=Failed",
+        ),
+        Case(
+            "mail list, a week two months ago",
+            "support",
+            f"/mail-records/?from={weeks_ago(9)}&to={weeks_ago(8)}",
+        ),
+        Case("dashboard", "support", "/"),
+        Case("dashboard, all tenants", "operator", "/"),
+        Case("dashboard fragment (htmx)", "support", "/__hx__"),
+        Case("dead letters", "operator", "/dead-letters/?status=Pending"),
+    ]
+
+
+Results = dict[str, tuple[Timing, Timing | None]]
+
+
+def measure(
+    app: Flask, dsn: str, ids: dict[str, Any], runs: int, only: set[str] | None = None
+) -> Results:
+    clients = {
+        "support": signed_in(app, SUPPORT),
+        "operator": signed_in(app, OPERATOR, "all"),
+    }
+    results: Results = {}
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for case in cases(ids):
+            if only is not None and case.name not in only:
+                continue
+            client = clients[case.who]
+            if case.url == "/__hx__":
+                fn = page(client, "/", {"HX-Request": "true"})
+            else:
+                fn = page(client, case.url)
+            ours = timed(fn, runs)
+            raw = timed(sql(conn, case.raw), runs) if case.raw else None
+            results[case.name] = (ours, raw)
+    return results
+
+
+def report(title: str, results: Results, ids: dict[str, Any]) -> None:
+    rows = []
+    goals = {case.name for case in cases(ids) if case.goal}
+    for name, (ours, raw) in results.items():
+        met = ours.median_ms < GOAL_MS
+        rows.append(
+            [
+                name,
+                ours.median_ms,
+                ours.p95_ms,
+                raw.median_ms if raw else "",
+                f"< {GOAL_MS:.0f}" if name in goals else "",
+                c.verdict(met) if name in goals else ("" if met else "slow"),
+            ]
+        )
+    c.print_table(title, ["page", "ours ms", "p95", "raw SQL ms", "goal", ""], rows)
+
+
+def main() -> int:
+    args = c.parse_args(__doc__, lambda p: p.add_argument("--runs", type=int, default=20))
+    n = 50_000 if args.quick else 1_000_000
+    c.print_header("bench/pages.py: portal pages on a big database", args.quick)
+    with c.bench_database(DB_NAME) as url:
+        app = c.make_app(url)
+        dsn = c.conninfo(url)
+        c.say(f"\nseeding {n:,} mail and {n:,} SMS records ...")
+        t0 = time.perf_counter()
+        ids = seed(app, dsn, n)
+        c.say(f"  done in {time.perf_counter() - t0:.1f} s")
+        results = measure(app, dsn, ids, args.runs)
+        report(f"Pages with the migrations' indexes ({n:,} mail + {n:,} SMS records)", results, ids)
+
+        columns = [results]
+        for label, statements in SUGGESTED:
+            c.say(f"\ncreating {label} on both record tables (bench database only) ...")
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                for ddl in statements:
+                    conn.execute(ddl)
+            vacuum(dsn)
+            columns.append(measure(app, dsn, ids, args.runs, only=INDEXED_PAGES))
+        c.print_table(
+            "The same pages with the suggested indexes, added in turn (median ms)",
+            ["page", "migrations only", *(label for label, _ in SUGGESTED)],
+            [
+                [name, *(column[name][0].median_ms for column in columns)]
+                for name in results
+                if name in INDEXED_PAGES
+            ],
+        )
+        c.say(f"\nload average at the end: {' '.join(f'{x:.2f}' for x in c.os.getloadavg())}")
+        with app.app_context():
+            db.engine.dispose()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

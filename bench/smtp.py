@@ -1,0 +1,319 @@
+"""End-to-end mail: accepted records delivered over SMTP to a local aiosmtpd sink
+(scripts/smtp_sink.py's SinkHandler), ours vs a bare smtplib loop, same sink, same run.
+
+ours  N Pending records accepted (portal.messaging.acceptance, not timed), then
+      portal.delivery.service.DeliveryService with T mail workers (the product's engine, a poll
+      interval of 0.5 s, LISTEN/NOTIFY, logging as worker.py sets it) until all N are Sent:
+      claim, preparation (server choice, quota charge, write-back), SMTP over a reused
+      connection per worker, the versioned Sent.
+raw   T threads, each one smtplib connection reused for all its messages, sending equivalent
+      messages (the same headers, a text body of the same size, built per message with
+      email.message.EmailMessage) to the same sink.
+
+Runs alternate (raw, ours, ours, raw) per thread count. The sink runs both as its own process
+(as a real server would: the comparison we report) and on a thread of this process (sharing
+the GIL with whichever side is sending), to show which is fair.
+Goal (issue 4): ours >= 0.6 of the bare loop.
+"""
+
+from __future__ import annotations
+
+import smtplib
+import threading
+import time
+from datetime import UTC, datetime
+from email import policy
+from email.message import EmailMessage
+from email.utils import format_datetime
+from typing import Any
+
+import _common as c  # first: puts the repository root on sys.path
+import psycopg
+
+from portal.delivery.service import DeliveryService
+from portal.extensions import db
+from portal.messaging import acceptance
+from portal.tenancy import tenant_context
+
+DB_NAME = "postroom_bench_smtp"
+GOAL = 0.6
+ORDER = ("raw", "ours", "ours", "raw")
+BODY = ("Hello Ann,\n\nThis is a benchmark message from postroom. " * 20)[:1000]
+SUBJECT = "Your benchmark message"
+RCPT = "ann@example.com"
+SENDER = "sender@bench.test"
+
+
+def accept(app: Any, tenant_id: int, n: int) -> tuple[int, int]:
+    """``n`` Pending mail records through acceptance (batches of 500); the id range."""
+    settings = app.config["SETTINGS"]
+    ids: list[int] = []
+    with app.app_context(), tenant_context(tenant_id):
+        for start in range(0, n, 500):
+            items = [
+                {"to": [RCPT], "subject": SUBJECT, "text": BODY} for _ in range(min(500, n - start))
+            ]
+            ids += [a.id for a in acceptance.send_mail_batch(db.session, items, settings=settings)]
+            db.session.commit()
+        db.session.remove()
+    return min(ids), max(ids)
+
+
+def run_ours(app: Any, dsn: str, tenant_id: int, threads: int, n: int) -> dict[str, float]:
+    lo, hi = accept(app, tenant_id, n)
+    settings = app.config["SETTINGS"].replace(mail_send_concurrency=threads, sms_send_concurrency=0)
+    with app.app_context():
+        engine = db.engine
+    service = DeliveryService(engine, settings)
+    count_sql = (
+        "SELECT count(*) FILTER (WHERE status = 'Sent'), "
+        "count(*) FILTER (WHERE status NOT IN ('Sent', 'Pending', 'Sending')) "
+        "FROM mail_send_record WHERE id BETWEEN %s AND %s"
+    )
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        cpu = time.process_time()
+        began = time.perf_counter()
+        service.start()
+        sent = failed = 0
+        deadline = began + 600
+        while time.perf_counter() < deadline:
+            row = conn.execute(count_sql, (lo, hi)).fetchone()
+            assert row is not None
+            sent, failed = row
+            if sent + failed >= n:
+                break
+            time.sleep(0.02)
+        elapsed = time.perf_counter() - began
+        cpu = time.process_time() - cpu
+    service.stop()
+    service.wait(10)
+    return {"n": sent, "s": elapsed, "cpu": cpu, "failed": failed}
+
+
+def build(i: int) -> EmailMessage:
+    msg = EmailMessage(policy=policy.SMTP)
+    msg["Message-ID"] = f"<raw-{i}@bench.test>"
+    msg["Date"] = format_datetime(datetime.now(UTC))
+    msg["From"] = f"Bench <{SENDER}>"
+    msg["To"] = RCPT
+    msg["Subject"] = SUBJECT
+    msg["X-Postroom-Record"] = str(i)
+    msg.set_content(BODY)
+    return msg
+
+
+def run_raw(sink: c.Sink, threads: int, n: int) -> dict[str, float]:
+    shares = [n // threads + (1 if i < n % threads else 0) for i in range(threads)]
+    barrier = threading.Barrier(threads + 1)
+    done = [0] * threads
+    errors: list[BaseException] = []
+
+    def worker(k: int) -> None:
+        barrier.wait()
+        try:
+            with smtplib.SMTP(sink.host, sink.port, local_hostname="bench.local", timeout=30) as s:
+                for i in range(shares[k]):
+                    msg = build(k * n + i)
+                    s.sendmail(SENDER, [RCPT], msg.as_bytes())
+                    done[k] += 1
+        except BaseException as exc:
+            errors.append(exc)
+
+    pool = [threading.Thread(target=worker, args=(k,)) for k in range(threads)]
+    for t in pool:
+        t.start()
+    cpu = time.process_time()
+    barrier.wait()
+    began = time.perf_counter()
+    for t in pool:
+        t.join()
+    elapsed = time.perf_counter() - began
+    cpu = time.process_time() - cpu
+    if errors:
+        raise errors[0]
+    return {"n": sum(done), "s": elapsed, "cpu": cpu, "failed": 0}
+
+
+def compare(
+    app: Any, dsn: str, sink: c.Sink, tenant_id: int, threads: int, n: int, rounds: int
+) -> dict[str, dict[str, float]]:
+    totals = {name: {"n": 0.0, "s": 0.0, "cpu": 0.0, "failed": 0.0} for name in ("raw", "ours")}
+    for r in range(rounds):
+        line = []
+        for name in ORDER:
+            sink.clear()
+            with sink.quiet():
+                result = (
+                    run_raw(sink, threads, n)
+                    if name == "raw"
+                    else run_ours(app, dsn, tenant_id, threads, n)
+                )
+            kept = sink.kept()
+            for key in totals[name]:
+                totals[name][key] += result[key]
+            line.append(f"{name} {result['n'] / result['s']:,.0f}")
+            if kept != result["n"] or result["failed"]:
+                line[-1] += f" (sink kept {kept}, failed {result['failed']:.0f})"
+        c.say(f"  round {r + 1}/{rounds} (mail/s): " + ", ".join(line))
+    return totals
+
+
+def breakdown(app: Any, sink: c.Sink, tenant_id: int, n: int) -> None:
+    """What one worker does per mail, in this thread: round trips, and a cProfile of this
+    thread's CPU time (claim_next + process_mail, as a pool worker runs them)."""
+    import cProfile
+    import io
+    import pstats
+    import random
+
+    from sqlalchemy import event
+    from sqlalchemy.orm import Session
+
+    from portal.messaging.backoff import BackoffPolicy
+    from portal.messaging.pipeline import MailContext, process_mail
+    from portal.messaging.scan import claim_next
+    from portal.models import MailSendRecord
+
+    accept(app, tenant_id, n)
+    settings = app.config["SETTINGS"]
+    with app.app_context():
+        engine = db.engine
+    counts = {"statements": 0, "begin": 0, "commit": 0, "checkout": 0}
+
+    def bump(name: str) -> Any:
+        def listener(*_: Any) -> None:
+            counts[name] += 1
+
+        return listener
+
+    listeners = [
+        (engine, "after_cursor_execute", bump("statements")),
+        (engine, "begin", bump("begin")),
+        (engine, "commit", bump("commit")),
+        (engine.pool, "checkout", bump("checkout")),
+    ]
+    for target, name, fn in listeners:
+        event.listen(target, name, fn)
+    ctx = MailContext(
+        engine=engine, settings=settings, policy=BackoffPolicy.from_settings(settings)
+    )
+    rng = random.Random()
+    done = 0
+    profiler = cProfile.Profile(time.thread_time)
+    began = time.perf_counter()
+    with sink.quiet():
+        profiler.enable()
+        while done < n:
+            with Session(engine, expire_on_commit=False) as session, session.begin():
+                claimed = claim_next(session, MailSendRecord, scan_size=4, k=1, rng=rng)
+            if not claimed:
+                break
+            process_mail(ctx, claimed[0])
+            done += 1
+        profiler.disable()
+    elapsed = time.perf_counter() - began
+    ctx.close()
+    for target, name, fn in listeners:
+        event.remove(target, name, fn)
+    per = {k: v / max(done, 1) for k, v in counts.items()}
+    c.say(
+        f"\nBreakdown of ours, 1 worker in this thread, {done:,} mails, under cProfile (this "
+        f"thread's CPU time): {elapsed / max(done, 1) * 1e6:,.0f} us wall per mail\n"
+        f"  database round trips per mail: {sum(per.values()):.1f} = {per['statements']:.1f} "
+        f"statements + {per['begin']:.1f} BEGIN + {per['commit']:.1f} COMMIT + "
+        f"{per['checkout']:.1f} pre-pings (one per pool checkout); raw: none"
+    )
+    out = io.StringIO()
+    pstats.Stats(profiler, stream=out).sort_stats("cumulative").print_stats(
+        r"portal/|orm/session\.py:\d+\((commit|execute|scalars|scalar)\)"
+        r"|pool/base\.py:\d+\(_checkout\)|smtplib\.py:\d+\((mail|rcpt|data|getreply|send)\)"
+        r"|email/message\.py:\d+\((as_bytes|set_content)\)|cache_key\.py:209"
+        r"|logging/__init__\.py:\d+\(info\)"
+    )
+    c.say("  cProfile, cumulative CPU of selected steps (per call: divide by the mail count):")
+    for line in out.getvalue().splitlines()[7:40]:
+        if line.strip():
+            c.say(
+                "    "
+                + line.replace(str(c.ROOT) + "/.venv/lib/python3.11/site-packages/", "")[:150]
+            )
+
+
+def main() -> int:
+    args = c.parse_args(
+        __doc__,
+        lambda p: (
+            p.add_argument("--log", default="info", help="worker log level (default: info)"),
+            p.add_argument(
+                "--sink",
+                choices=("both", "subprocess", "inproc"),
+                default="both",
+                help="where the sink runs (default: both; the subprocess one is the verdict)",
+            ),
+        ),
+    )
+    quick = args.quick
+    n = 300 if quick else 600
+    rounds = 1 if quick else 2
+    thread_counts = (1, 4)
+    modes = ("subprocess", "inproc") if args.sink == "both" else (args.sink,)
+    if quick and args.sink == "both":
+        modes = ("subprocess",)
+    c.print_header("bench/smtp.py: end-to-end mail to a local SMTP sink", quick)
+    rows = []
+    with c.bench_database(DB_NAME) as url:
+        app = c.make_app(url)
+        c.worker_logging(args.log)
+        dsn = c.conninfo(url)
+        for mode in modes:
+            sink = c.Sink(mode).start()
+            try:
+                tenant_id = c.tenant_with_mail_server(app, sink.host, sink.port, slug=mode)
+                for threads in thread_counts:
+                    c.say(f"\nsink {mode}, {threads} thread(s), {n:,} mails per run, {ORDER}:")
+                    totals = compare(app, dsn, sink, tenant_id, threads, n, rounds)
+                    ours = totals["ours"]["n"] / totals["ours"]["s"]
+                    raw = totals["raw"]["n"] / totals["raw"]["s"]
+                    ratio = ours / raw
+                    rows.append(
+                        [
+                            mode,
+                            threads,
+                            ours,
+                            raw,
+                            f"{ratio:.2f}",
+                            f">= {GOAL}",
+                            c.verdict(ratio >= GOAL) + ("" if mode == "subprocess" else " (info)"),
+                            totals["ours"]["cpu"] / totals["ours"]["n"] * 1e6,
+                            totals["raw"]["cpu"] / totals["raw"]["n"] * 1e6,
+                        ]
+                    )
+                if mode == "subprocess" and any(
+                    r[0] == "subprocess" and r[6].startswith("MISSED") for r in rows
+                ):
+                    breakdown(app, sink, tenant_id, 200 if quick else 600)
+            finally:
+                sink.stop()
+        with app.app_context():
+            db.engine.dispose()
+    c.print_table(
+        "Mail/s delivered end to end (client CPU: this process; with the in-process sink it "
+        "includes the sink)",
+        [
+            "sink",
+            "threads",
+            "ours mail/s",
+            "raw mail/s",
+            "ours/raw",
+            "goal",
+            "",
+            "CPU us/mail: ours",
+            "raw",
+        ],
+        rows,
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
