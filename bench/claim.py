@@ -413,7 +413,8 @@ def breakdown(engine: Engine, dsn: str, n: int) -> None:
         f"  per record: {elapsed / run.done * 1e6:,.0f} us wall, of which "
         f"{in_db[0] / run.done * 1e6:,.0f} us inside cursor.execute (statements only)\n"
         f"  round trips per record: {sum(per.values()):.1f} = {per['statements']:.1f} statements "
-        f"(2 scan SELECTs, claim UPDATE, completion UPDATE) + {per['begin']:.1f} BEGIN + "
+        "(the 2 scan SELECTs, the claim, the completion and anything record_sent adds) + "
+        f"{per['begin']:.1f} BEGIN + "
         f"{per['commit']:.1f} COMMIT + {per['checkout']:.1f} pool pre-ping (SELECT 1 per "
         f"checkout); raw makes 2 (each statement its own transaction)"
     )

@@ -30,6 +30,25 @@ def _die_with_parent() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
+def _relay(name: str, process: subprocess.Popen[bytes]) -> None:
+    """Pass a child's output on as the worker's own log lines: one JSON object a line.
+
+    Our job code already logs JSON (kept as it is); rq's and rq-scheduler's plain lines
+    ("Lock already taken - skipping run") are wrapped with the child's name.
+    """
+    assert process.stdout is not None
+    for raw in process.stdout:
+        line = raw.decode(errors="replace").rstrip()
+        if not line:
+            continue
+        if line.startswith("{"):
+            sys.stderr.write(line + "\n")
+            sys.stderr.flush()
+            continue
+        level = logging.ERROR if ("Error" in line or "Traceback" in line) else logging.INFO
+        log.log(level, "%s: %s", name, line, extra={"child": name})
+
+
 @dataclass
 class Child:
     name: str
@@ -65,7 +84,15 @@ class Supervisor:
                 # Out of the terminal's process group: a Ctrl-C reaches the worker only, and
                 # the worker stops its children in order.
                 start_new_session=True,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
             )
+            threading.Thread(
+                target=_relay,
+                args=(child.name, child.process),
+                name=f"{child.name}-log",
+                daemon=True,
+            ).start()
             child.started_at = time.monotonic()
             log.info("started %s (pid %s)", child.name, child.process.pid)
         except OSError as exc:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import hashlib
 import json
 import re
@@ -582,8 +583,11 @@ def _write(
                 new.append((i, req, build(req, trace_id)))
         if not new:
             return [r for r in results if r is not None]
+        keyed = any(req.business_key is not None for _, req, _ in new)
         try:
-            with session.begin_nested():
+            # Only a business key can collide with a concurrent caller; without one there
+            # is nothing to roll back to, and the savepoint would cost two round trips.
+            with session.begin_nested() if keyed else contextlib.nullcontext():
                 session.add_all([record for _, _, record in new])
                 session.flush()
                 if extra_rows is not None:
@@ -591,6 +595,8 @@ def _write(
                     session.add_all(rows)
                     session.flush()
         except IntegrityError:
+            if not keyed:
+                raise
             # Someone committed one of our business keys meanwhile: look again.
             for _, _, record in new:
                 if record in session:

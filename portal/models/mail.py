@@ -21,7 +21,7 @@ from sqlalchemy.orm import Mapped, mapped_column
 from portal.models import secretbox
 from portal.models.base import Base, BigId, UTCDateTime, db_now
 from portal.models.enums import SmtpSecurity, UncertainPolicy
-from portal.models.record import SendRecordMixin
+from portal.models.record import SCAN_TABLE_STORAGE, SendRecordMixin
 
 
 class MailTemplate(Base):
@@ -107,7 +107,7 @@ class MailSendRecord(SendRecordMixin, Base):
         Index("idx_mail_send_tenant_status", "tenant_id", "status", "id"),
         Index("idx_mail_send_created", "created_time"),
         UniqueConstraint("tenant_id", "business_key", name="uq_mail_send_business_key"),
-        {"postgresql_with": {"autovacuum_vacuum_scale_factor": 0.01}},
+        {"postgresql_with": SCAN_TABLE_STORAGE},
     )
 
     # The caller's request.

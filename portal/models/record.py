@@ -12,6 +12,20 @@ from portal.models.base import BigId, UTCDateTime, db_now
 from portal.models.enums import Scope, SendStatus
 
 
+# Vacuum the queue tables after a fixed number of changes, whatever their size, cleaning the
+# indexes each time: the Pending scan then stays flat after heavy churn (migration 0004).
+SCAN_TABLE_STORAGE = {
+    "vacuum_index_cleanup": "on",
+    "autovacuum_vacuum_scale_factor": 0,
+    "autovacuum_vacuum_threshold": 5000,
+    "autovacuum_vacuum_insert_scale_factor": 0,
+    "autovacuum_vacuum_insert_threshold": 20000,
+    "autovacuum_analyze_scale_factor": 0,
+    "autovacuum_analyze_threshold": 20000,
+    "autovacuum_vacuum_cost_delay": 0,
+}
+
+
 class SendRecordMixin:
     """Columns shared by mail_send_record and sms_send_record.
 

@@ -22,7 +22,7 @@ from sqlalchemy.orm import Mapped, mapped_column
 from portal.models import secretbox
 from portal.models.base import Base, BigId, UTCDateTime, db_now
 from portal.models.enums import UncertainPolicy
-from portal.models.record import SendRecordMixin
+from portal.models.record import SCAN_TABLE_STORAGE, SendRecordMixin
 
 
 class SmsTemplate(Base):
@@ -152,7 +152,7 @@ class SmsSendRecord(SendRecordMixin, Base):
         Index("idx_sms_send_tenant_status", "tenant_id", "status", "id"),
         Index("idx_sms_send_created", "created_time"),
         UniqueConstraint("tenant_id", "business_key", name="uq_sms_send_business_key"),
-        {"postgresql_with": {"autovacuum_vacuum_scale_factor": 0.01}},
+        {"postgresql_with": SCAN_TABLE_STORAGE},
     )
 
     phone_number: Mapped[str] = mapped_column(String(20))  # E.164

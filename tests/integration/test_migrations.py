@@ -20,6 +20,7 @@ from sqlalchemy.exc import IntegrityError
 
 from portal.extensions import db
 from portal.models import Base, Tenant
+from portal.models.record import SCAN_TABLE_STORAGE
 from portal.tenancy import PLATFORM_TENANT_ID
 from tests.conftest import make_app
 
@@ -94,7 +95,8 @@ def test_what_autogenerate_cannot_see_is_there_too(any_app: Flask) -> None:
                 options = connection.scalar(
                     text("SELECT reloptions FROM pg_class WHERE relname = :t"), {"t": table}
                 )
-                assert options == ["autovacuum_vacuum_scale_factor=0.01"], table
+                wanted = {f"{k}={v}" for k, v in SCAN_TABLE_STORAGE.items()}
+                assert set(options) == wanted, table
 
 
 def _first_tenant_id(app: Flask) -> int:
