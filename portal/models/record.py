@@ -11,7 +11,6 @@ from sqlalchemy.orm import Mapped, mapped_column
 from portal.models.base import BigId, UTCDateTime, db_now
 from portal.models.enums import Scope, SendStatus
 
-
 # Vacuum the queue tables after a fixed number of changes, whatever their size, cleaning the
 # indexes each time: the Pending scan then stays flat after heavy churn (migration 0004).
 SCAN_TABLE_STORAGE = {
