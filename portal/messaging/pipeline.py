@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 import httpx
@@ -272,10 +273,15 @@ def _outgoing(
     )
 
 
-def process_mail(ctx: MailContext, record: MailSendRecord) -> None:
-    """One attempt for a claimed mail record (status Sending, version as claimed)."""
+def _run(
+    channel: Channel,
+    ctx: MailContext | SmsContext,
+    record: MailSendRecord | SmsSendRecord,
+    attempt: Callable[[Claimed], None],
+) -> None:
+    """One attempt for a claimed record, in its tenant and trace, whatever its channel."""
     claimed = Claimed(
-        channel=Channel.MAIL,
+        channel=channel,
         id=record.id,
         version=record.version,
         tenant_id=record.tenant_id,
@@ -283,12 +289,17 @@ def process_mail(ctx: MailContext, record: MailSendRecord) -> None:
     )
     with tenant_context(record.tenant_id, record.trace_id):
         try:
-            _attempt(ctx, record, claimed)
+            attempt(claimed)
         except Exception as exc:  # an unexpected error must not kill the worker
             log.exception("unexpected error while delivering", extra={"record_id": record.id})
             outcomes.handle_failure(
                 ctx.engine, claimed, type(exc).__name__, str(exc), policy=ctx.policy
             )
+
+
+def process_mail(ctx: MailContext, record: MailSendRecord) -> None:
+    """One attempt for a claimed mail record (status Sending, version as claimed)."""
+    _run(Channel.MAIL, ctx, record, lambda claimed: _attempt(ctx, record, claimed))
 
 
 def _attempt(ctx: MailContext, record: MailSendRecord, claimed: Claimed) -> None:
@@ -390,21 +401,7 @@ def _account(config: SmsProviderConfig) -> sms_transport.ProviderAccount:
 
 def process_sms(ctx: SmsContext, record: SmsSendRecord) -> None:
     """One attempt for a claimed SMS record (status Sending, version as claimed)."""
-    claimed = Claimed(
-        channel=Channel.SMS,
-        id=record.id,
-        version=record.version,
-        tenant_id=record.tenant_id,
-        retry_count=record.retry_count,
-    )
-    with tenant_context(record.tenant_id, record.trace_id):
-        try:
-            _attempt_sms(ctx, record, claimed)
-        except Exception as exc:  # an unexpected error must not kill the worker
-            log.exception("unexpected error while delivering", extra={"record_id": record.id})
-            outcomes.handle_failure(
-                ctx.engine, claimed, type(exc).__name__, str(exc), policy=ctx.policy
-            )
+    _run(Channel.SMS, ctx, record, lambda claimed: _attempt_sms(ctx, record, claimed))
 
 
 def _attempt_sms(ctx: SmsContext, record: SmsSendRecord, claimed: Claimed) -> None:

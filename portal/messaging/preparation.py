@@ -260,33 +260,48 @@ def prepare_mail(
     """
     with Session(engine) as session:
         prepared = build_mail(session, record, settings)
-    if not quota.charge(engine, _tier(record), Channel.MAIL, settings):
+    frozen = {
+        "rendered_subject": prepared.subject,
+        "rendered_html": prepared.html,
+        "rendered_text": prepared.text,
+        "final_reply_to": prepared.reply_to,
+        "final_priority": prepared.priority,
+        "final_attachments": prepared.attachments,
+        "server_config_id": prepared.server_id,
+        "read_receipt": prepared.read_receipt,
+        "message_id_header": prepared.message_id,
+    }
+    if not _charge_and_freeze(engine, MailSendRecord, _tier(record), claimed, settings, frozen):
+        return None
+    return prepared, claimed.bumped(provider=prepared.server_name)
+
+
+def _charge_and_freeze(
+    engine: Engine,
+    model: type[MailSendRecord] | type[SmsSendRecord],
+    tier: int,
+    claimed: Claimed,
+    settings: Settings,
+    frozen: dict[str, Any],
+) -> bool:
+    """Steps 5 and 6 for either channel: charge the quota (last, so a message that cannot go
+    out uses none), then write the prepared values back by version. False when the
+    write-back lost a version race; the charge then stays, a small reconcilable over-count."""
+    if not quota.charge(engine, tier, claimed.channel, settings):
         raise PreparationFailed(
-            MarkerCode.MONTHLY_QUOTA_EXCEEDED, "this month's mail quota is used up"
+            MarkerCode.MONTHLY_QUOTA_EXCEEDED,
+            f"this month's {'mail' if claimed.channel is Channel.MAIL else 'SMS'} quota is used up",
         )
     with Session(engine) as session, session.begin():
         result = session.execute(
-            update(MailSendRecord)
-            .where(MailSendRecord.id == claimed.id, MailSendRecord.version == claimed.version)
+            update(model)
+            .where(model.id == claimed.id, model.version == claimed.version)
             .values(
-                version=MailSendRecord.version + 1,
-                updated_time=db_now(),
-                prepared_at=db_now(),
-                rendered_subject=prepared.subject,
-                rendered_html=prepared.html,
-                rendered_text=prepared.text,
-                final_reply_to=prepared.reply_to,
-                final_priority=prepared.priority,
-                final_attachments=prepared.attachments,
-                server_config_id=prepared.server_id,
-                read_receipt=prepared.read_receipt,
-                message_id_header=prepared.message_id,
+                version=model.version + 1, updated_time=db_now(), prepared_at=db_now(), **frozen
             )
             .execution_options(synchronize_session=False)
         )
-        if result.rowcount != 1:  # type: ignore[attr-defined]
-            return None  # the quota charge stays: a small over-count, reconcilable
-    return prepared, claimed.bumped(provider=prepared.server_name)
+        return bool(result.rowcount == 1)  # type: ignore[attr-defined]
 
 
 # --- SMS --------------------------------------------------------------------------------
@@ -489,27 +504,14 @@ def prepare_sms(
     """Prepare, charge the SMS quota (last) and write back by version, as ``prepare_mail``."""
     with Session(engine) as session:
         prepared = build_sms(session, record)
-    if not quota.charge(engine, _tier(record), Channel.SMS, settings):
-        raise PreparationFailed(
-            MarkerCode.MONTHLY_QUOTA_EXCEEDED, "this month's SMS quota is used up"
-        )
-    with Session(engine) as session, session.begin():
-        result = session.execute(
-            update(SmsSendRecord)
-            .where(SmsSendRecord.id == claimed.id, SmsSendRecord.version == claimed.version)
-            .values(
-                version=SmsSendRecord.version + 1,
-                updated_time=db_now(),
-                prepared_at=db_now(),
-                rendered_content=prepared.content,
-                provider_config_id=prepared.provider_id,
-                provider_kind=prepared.provider_kind,
-                external_template_id=prepared.external_template_id,
-                signature=prepared.signature,
-                frozen_variables=prepared.variables,
-            )
-            .execution_options(synchronize_session=False)
-        )
-        if result.rowcount != 1:  # type: ignore[attr-defined]
-            return None  # the quota charge stays: a small over-count, reconcilable
+    frozen = {
+        "rendered_content": prepared.content,
+        "provider_config_id": prepared.provider_id,
+        "provider_kind": prepared.provider_kind,
+        "external_template_id": prepared.external_template_id,
+        "signature": prepared.signature,
+        "frozen_variables": prepared.variables,
+    }
+    if not _charge_and_freeze(engine, SmsSendRecord, _tier(record), claimed, settings, frozen):
+        return None
     return prepared, claimed.bumped(provider=prepared.provider_name)
