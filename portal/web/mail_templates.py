@@ -1,5 +1,5 @@
 """Mail templates: the editor with a live preview, the sandboxed HTML preview, attachments,
-and Send test through the real delivery path.
+and Send test through the real delivery path (``template_pages`` holds what SMS shares).
 
 What was previewed is what goes out. A test mail is accepted by ``templateId``, so delivery
 renders the *saved* template (seed 000: a disabled one all the same); the Send test button is
@@ -19,132 +19,51 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import json
 import logging
 import re
 import secrets
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import redis
-from flask import (
-    Blueprint,
-    Response,
-    abort,
-    current_app,
-    flash,
-    redirect,
-    render_template,
-    request,
-    url_for,
-)
+from flask import Response, abort, flash, redirect, request, url_for
 from flask.typing import ResponseReturnValue
 from sqlalchemy import select
-from sqlalchemy.exc import IntegrityError
 from werkzeug.exceptions import RequestEntityTooLarge
 
-from portal.config import Settings
 from portal.extensions import db
 from portal.messaging import acceptance, templating
-from portal.models import MailSendServerConfig, MailTemplate, Scope
+from portal.models import Channel, MailSendServerConfig, MailTemplate
 from portal.redis_store import connect
-from portal.tenancy import PLATFORM_TENANT_ID, new_trace_id, tenant_context
+from portal.web import template_pages
 from portal.web.access import Permission, requires, user
-from portal.web.forms import (
-    Form,
-    form_data,
-    is_htmx,
-    owned,
-    record_url,
-    tier_name,
-    varies,
-    viewed_tier,
-)
+from portal.web.forms import Form, owned, viewed_tier
 from portal.web.security import sandboxed
+from portal.web.template_pages import STALE, Kind, Preview, TestSend, editor, form_of, settings
 
-bp = Blueprint("mail_templates", __name__, url_prefix="/mail-templates")
 log = logging.getLogger(__name__)
 
-LABELS = {
-    "code": "Code",
-    "name": "Name",
+LABELS = template_pages.LABELS | {
     "subject": "Subject",
     "html_body": "HTML body",
     "text_body": "Text body",
-    "enabled": "Enabled",
     "priority": "Priority",
     "reply_to": "Reply-To",
     "preferred_server_id": "Preferred server",
-    "variables": "Sample variables",
     "to": "Email address",
     "file": "Attachment",
 }
-EDITOR_FIELDS = (
-    "code",
-    "name",
-    "subject",
-    "html_body",
-    "text_body",
-    "enabled",
-    "priority",
-    "reply_to",
-    "preferred_server_id",
-)
 PREVIEW_TTL_S = 1800
-SAMPLE_TTL_S = 30 * 24 * 3600
 _SLOT = re.compile(r"^[A-Za-z0-9_-]{8,32}$")
 _SAFE_FILENAME = re.compile(r"^[^/\\\x00-\x1f\x7f]{1,255}$")
 _CONTENT_TYPE = re.compile(r"^[A-Za-z0-9][\w.+-]*/[A-Za-z0-9][\w.+-]*$")
-STALE = (
-    "This template was saved again since you opened it (in another tab, or by someone else). "
-    "Reload the page to see the saved version."
-)
 UNSAVED = (
     "You have unsaved changes. A test mail sends the saved template, so save first, "
     "then send the test."
 )
 
 
-def _settings() -> Settings:
-    settings: Settings = current_app.config["SETTINGS"]
-    return settings
-
-
 # --- the editor's fields ---------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Fields:
-    """A template's editable fields, as the form parses them and as they are saved."""
-
-    code: str
-    name: str
-    subject: str
-    html_body: str | None
-    text_body: str | None
-    enabled: bool
-    priority: int | None
-    reply_to: str | None
-    preferred_server_id: int | None
-
-
-def _saved(template: MailTemplate) -> Fields:
-    def body(value: str | None) -> str | None:
-        value = (value or "").replace("\r\n", "\n")
-        return value if value.strip() else None
-
-    return Fields(
-        code=template.code.strip(),
-        name=(template.name or template.code).strip(),
-        subject=(template.subject or "").strip(),
-        html_body=body(template.html_body),
-        text_body=body(template.text_body),
-        enabled=template.enabled,
-        priority=template.priority,
-        reply_to=template.reply_to,
-        preferred_server_id=template.preferred_server_id,
-    )
 
 
 def _servers(tier: int) -> list[MailSendServerConfig]:
@@ -158,10 +77,9 @@ def _servers(tier: int) -> list[MailSendServerConfig]:
     )
 
 
-def _read(form: Form, tier: int, template_id: int | None) -> Fields | None:
-    """Parse and check the editor's fields (compile errors with line and column)."""
-    code = form.text("code", required=True, max_len=acceptance.MAX_CODE_CHARS)
-    name = form.text("name", max_len=200)
+def _read(form: Form, tier: int) -> dict[str, Any] | None:
+    """Mail's fields: the subject and bodies (compile errors with line and column), priority,
+    Reply-To and preferred server."""
     subject = form.text("subject", required=True, max_len=acceptance.MAX_SUBJECT_CHARS)
     limit = templating.DEFAULT_LIMITS.source_max_chars
     html = form.text("html_body", multiline=True, max_len=limit)
@@ -187,120 +105,58 @@ def _read(form: Form, tier: int, template_id: int | None) -> Fields | None:
         server_id = choices.get(raw_server)
         if server_id is None:
             form.fail("preferred_server_id", "must be one of this tier's mail servers")
-    if code is not None and "code" not in form.errors:
-        clash = db.session.scalar(
-            select(MailTemplate.id).where(
-                MailTemplate.tenant_id == tier,
-                MailTemplate.code == code,
-                MailTemplate.id != (template_id or 0),
-            )
-        )
-        if clash is not None:
-            form.fail("code", f"{code!r} is already used by another mail template")
-    if not form.ok or code is None or subject is None:
+    if subject is None:
         return None
-    return Fields(
-        code=code,
-        name=name or code,
-        subject=subject,
-        html_body=html,
-        text_body=text,
-        enabled=form.flag("enabled"),
-        priority=priority,
-        reply_to=reply_to,
-        preferred_server_id=server_id,
-    )
+    return {
+        "subject": subject,
+        "html_body": html,
+        "text_body": text,
+        "priority": priority,
+        "reply_to": reply_to,
+        "preferred_server_id": server_id,
+    }
 
 
-def _apply(template: MailTemplate, fields: Fields) -> None:
-    template.code = fields.code
-    template.name = fields.name
-    template.subject = fields.subject
-    template.html_body = fields.html_body
-    template.text_body = fields.text_body
-    template.enabled = fields.enabled
-    template.priority = fields.priority
-    template.reply_to = fields.reply_to
-    template.preferred_server_id = fields.preferred_server_id
+def _saved(template: MailTemplate) -> dict[str, Any]:
+    """The saved template as ``template_pages.read`` reads its editor."""
+
+    def body(value: str | None) -> str | None:
+        value = (value or "").replace("\r\n", "\n")
+        return value if value.strip() else None
+
+    return {
+        "code": template.code.strip(),
+        "name": (template.name or template.code).strip(),
+        "enabled": template.enabled,
+        "subject": (template.subject or "").strip(),
+        "html_body": body(template.html_body),
+        "text_body": body(template.text_body),
+        "priority": template.priority,
+        "reply_to": template.reply_to,
+        "preferred_server_id": template.preferred_server_id,
+    }
 
 
-def _form_of(template: MailTemplate) -> Form:
-    return Form(
-        form_data(
-            code=template.code,
-            name=template.name,
-            subject=template.subject,
-            html_body=template.html_body,
-            text_body=template.text_body,
-            enabled=template.enabled,
-            priority=template.priority,
-            reply_to=template.reply_to,
-            preferred_server_id=template.preferred_server_id,
-            variables=remembered_sample("mail", template.id)
-            or sample_variables(template.subject, template.html_body, template.text_body),
-        ),
-        LABELS,
-    )
+def _context(template: MailTemplate | None, tier: int) -> dict[str, Any]:
+    return {
+        "server_options": [
+            (str(s.id), s.name if s.enabled else f"{s.name} (disabled)") for s in _servers(tier)
+        ],
+        "attachment_error": None,
+        "attachment_limit": settings().attachment_max_bytes,
+    }
 
 
 # --- preview -----------------------------------------------------------------------------
 
 
 @dataclass
-class Preview:
-    """What the preview panel shows; every problem is a message, never an exception."""
-
+class MailPreview(Preview):
     subject: str | None = None
     html_url: str | None = None
     html_unavailable: bool = False
     text: str | None = None
     text_derived: bool = False
-    variables: list[str] = field(default_factory=list)
-    missing: list[str] = field(default_factory=list)
-    errors: list[str] = field(default_factory=list)
-
-
-def variables_used(parts: Sequence[tuple[str, str | None]]) -> tuple[list[str], list[str]]:
-    """The names the (label, source) parts use, in order, and the errors of parts that do not
-    parse."""
-    names: dict[str, None] = {}
-    errors = []
-    for label, source in parts:
-        if not source:
-            continue
-        try:
-            names.update(dict.fromkeys(templating.variables_of(source)))
-        except templating.TemplateRenderError as exc:
-            errors.append(f"{label}: {exc}")
-    return list(names), errors
-
-
-def sample_variables(*sources: str | None) -> str:
-    """Sample variables for a template: each name it uses, with a placeholder value."""
-    names, _ = variables_used([("", source) for source in sources])
-    return json.dumps({name: f"[{name}]" for name in names}, indent=2, ensure_ascii=False)
-
-
-def remember_sample(kind: str, template_id: int, raw: str) -> None:
-    """Keep the sample variables a user saved a template with, so the editor reopens with
-    them (they are not part of the template). Best effort: Redis away, nothing is kept."""
-    if len(raw) > templating.DEFAULT_LIMITS.variables_max_bytes:
-        return
-    try:
-        connect(_settings().redis_url).set(
-            f"sample:{user().id}:{kind}:{template_id}", raw.encode(), ex=SAMPLE_TTL_S
-        )
-    except redis.RedisError as exc:
-        log.warning("sample variables not kept: %s", exc)
-
-
-def remembered_sample(kind: str, template_id: int) -> str | None:
-    """The sample variables kept by ``remember_sample``, if any."""
-    try:
-        raw = connect(_settings().redis_url).get(f"sample:{user().id}:{kind}:{template_id}")
-    except redis.RedisError:
-        return None
-    return raw.decode() if isinstance(raw, bytes) else None
 
 
 def _preview_key(slot: str) -> str:
@@ -310,7 +166,7 @@ def _preview_key(slot: str) -> str:
 def _store_html(slot: str, html: str) -> str | None:
     """Keep the rendered HTML for the iframe; None when Redis is away (no HTML preview)."""
     try:
-        connect(_settings().redis_url).set(_preview_key(slot), html.encode(), ex=PREVIEW_TTL_S)
+        connect(settings().redis_url).set(_preview_key(slot), html.encode(), ex=PREVIEW_TTL_S)
     except redis.RedisError as exc:
         log.warning("HTML preview not stored: %s", exc)
         return None
@@ -324,20 +180,14 @@ def _preview(
     text: str | None,
     variables_raw: str,
     slot: str,
-) -> Preview:
+) -> MailPreview:
     """Render as preparation does (same functions, same order), reporting what fails."""
-    preview = Preview()
-    preview.variables, preview.errors = variables_used(
-        [("Subject", subject), ("HTML body", html), ("Text body", text)]
+    preview = MailPreview()
+    variables = preview.sample(
+        [("Subject", subject), ("HTML body", html), ("Text body", text)], variables_raw
     )
-    if preview.errors:
-        return preview
-    form = Form({"variables": variables_raw}, LABELS)
-    variables = form.json_object("variables")
     if variables is None:
-        preview.errors.append(form.errors["variables"])
         return preview
-    preview.missing = [name for name in preview.variables if name not in variables]
     try:
         templating.validate_variables(variables)
     except templating.TemplateRenderError as exc:
@@ -375,130 +225,56 @@ def _slot(raw: str | None) -> str:
     return raw if raw and _SLOT.match(raw) else secrets.token_urlsafe(12)
 
 
-def _preview_of_form(form: Form, slot: str) -> Preview:
-    return _preview(
+def _preview_panel(form: Form) -> dict[str, Any]:
+    """The preview of the editor's input, and the slot its HTML is kept under."""
+    slot = _slot(form.raw("preview_slot"))
+    preview = _preview(
         form.raw("subject") or None,
         form.raw("html_body").replace("\r\n", "\n") or None,
         form.raw("text_body").replace("\r\n", "\n") or None,
         form.raw("variables"),
         slot,
     )
+    return {"preview": preview, "slot": slot}
 
 
-# --- pages ---------------------------------------------------------------------------------
+# --- send test -------------------------------------------------------------------------------
 
 
-def _editor(
-    template: MailTemplate | None,
-    form: Form,
-    *,
-    status: int = 200,
-    send_result: dict[str, Any] | None = None,
-    attachment_error: str | None = None,
-) -> tuple[str, int]:
-    tier = template.tenant_id if template is not None else viewed_tier()
-    slot = _slot(request.form.get("preview_slot"))
-    return render_template(
-        "mail_templates/edit.html",
-        template=template,
-        form=form,
-        tier_name=tier_name(tier),
-        server_options=[
-            (str(s.id), s.name if s.enabled else f"{s.name} (disabled)") for s in _servers(tier)
-        ],
-        slot=slot,
-        preview=_preview_of_form(form, slot),
-        send=send_result or {},
-        attachment_error=attachment_error,
-        attachment_limit=_settings().attachment_max_bytes,
-    ), status
-
-
-@bp.get("/")
-@requires(Permission.EDIT_TEMPLATES)
-def index() -> str:
-    """The viewed tier's mail templates."""
-    tier = viewed_tier()
-    templates = db.session.scalars(
-        select(MailTemplate).where(MailTemplate.tenant_id == tier).order_by(MailTemplate.code)
-    ).all()
-    return render_template(
-        "mail_templates/index.html", templates=templates, tier_name=tier_name(tier)
-    )
-
-
-@bp.get("/new")
-@requires(Permission.EDIT_TEMPLATES)
-def new() -> tuple[str, int]:
-    """An empty editor."""
-    return _editor(None, Form({"enabled": "on", "variables": "{}"}, LABELS))
-
-
-@bp.post("/")
-@requires(Permission.EDIT_TEMPLATES)
-def create() -> ResponseReturnValue:
-    """Save a new template in the viewed tier."""
-    tier = viewed_tier()
-    form = Form(request.form, LABELS)
-    fields = _read(form, tier, None)
-    if fields is None:
-        return _editor(None, form, status=422)
-    template = MailTemplate(tenant_id=tier, version=1, attachments=None)
-    _apply(template, fields)
-    db.session.add(template)
-    try:
-        db.session.commit()
-    except IntegrityError:  # the same code saved by someone else a moment ago
-        db.session.rollback()
-        form.fail("code", "is already used by another mail template")
-        return _editor(None, form, status=422)
-    remember_sample("mail", template.id, form.raw("variables"))
-    flash(f"Template {template.code!r} created.", "success")
-    return redirect(url_for("mail_templates.edit", template_id=template.id), 303)
-
-
-@bp.get("/<int:template_id>/edit")
-@requires(Permission.EDIT_TEMPLATES)
-def edit(template_id: int) -> tuple[str, int]:
-    """The editor, with the saved template previewed."""
-    template = owned(MailTemplate, template_id, viewed_tier())
-    return _editor(template, _form_of(template))
-
-
-@bp.post("/<int:template_id>")
-@requires(Permission.EDIT_TEMPLATES)
-def update(template_id: int) -> ResponseReturnValue:
-    """Save the editor; refused when the template was saved elsewhere since it was opened."""
-    template = owned(MailTemplate, template_id, viewed_tier())
-    form = Form(request.form, LABELS)
-    fields = _read(form, template.tenant_id, template.id)
+def _test(template: MailTemplate, form: Form) -> TestSend:
+    """A test of the saved template by templateId: refused unless the editor is what is saved."""
+    problem = None
     if form.raw("version") != str(template.version):
-        form.errors["version"] = STALE
-    if fields is None or not form.ok:
-        return _editor(template, form, status=422)
-    _apply(template, fields)
-    template.version += 1
-    try:
-        db.session.commit()
-    except IntegrityError:
-        db.session.rollback()
-        form.fail("code", "is already used by another mail template")
-        return _editor(template, form, status=422)
-    remember_sample("mail", template.id, form.raw("variables"))
-    flash("Template saved.", "success")
-    return redirect(url_for("mail_templates.edit", template_id=template.id), 303)
+        problem = STALE
+    else:
+        values = template_pages.read(MAIL, Form(form.data, LABELS), template.tenant_id, template.id)
+        if values is None:
+            problem = "The editor has errors. Fix them and save, then send the test."
+        elif values != _saved(template):
+            problem = UNSAVED
+    to = form.email("to", required=True)
+    variables = form.json_object("variables")
+    if to is None or variables is None:
+        return TestSend(None, to, problem)
+    return TestSend({"to": [to], "templateId": template.id, "variables": variables}, to, problem)
 
 
-@bp.post("/preview")
-@requires(Permission.EDIT_TEMPLATES)
-def preview() -> str:
-    """The preview panel for the editor's current input (renders, stores nothing but the
-    HTML for its iframe)."""
-    form = Form(request.form, LABELS)
-    slot = _slot(request.form.get("preview_slot"))
-    return render_template(
-        "mail_templates/_preview.html", preview=_preview_of_form(form, slot), slot=slot
-    )
+MAIL = Kind(
+    model=MailTemplate,
+    channel=Channel.MAIL,
+    noun="mail template",
+    message_noun="mail",
+    labels=LABELS,
+    fields=("subject", "html_body", "text_body", "priority", "reply_to", "preferred_server_id"),
+    sources=("subject", "html_body", "text_body"),
+    tests_saved=True,
+    read=_read,
+    preview=_preview_panel,
+    context=_context,
+    test=_test,
+    accept=acceptance.send_mail,
+)
+bp = template_pages.blueprint(MAIL, __name__)
 
 
 @bp.get("/preview/<slot>")
@@ -508,7 +284,7 @@ def preview_html(slot: str) -> Response:
     if not _SLOT.match(slot):
         abort(404)
     try:
-        html = connect(_settings().redis_url).get(_preview_key(slot))
+        html = connect(settings().redis_url).get(_preview_key(slot))
     except redis.RedisError:
         abort(404)
     if html is None:
@@ -517,67 +293,11 @@ def preview_html(slot: str) -> Response:
     return sandboxed(Response(html, mimetype="text/html"))
 
 
-# --- send test -------------------------------------------------------------------------------
-
-
-@bp.post("/<int:template_id>/send-test")
-@requires(Permission.EDIT_TEMPLATES)
-def send_test(template_id: int) -> ResponseReturnValue:
-    """Accept a test mail of the saved template, by templateId, in the template's tier."""
-    template = owned(MailTemplate, template_id, viewed_tier())
-    form = Form(request.form, LABELS)
-    problem = None
-    if form.raw("version") != str(template.version):
-        problem = STALE
-    else:
-        editor = Form(request.form, LABELS)
-        fields = _read(editor, template.tenant_id, template.id)
-        if fields is None:
-            problem = "The editor has errors. Fix them and save, then send the test."
-        elif fields != _saved(template):
-            problem = UNSAVED
-    to = form.email("to", required=True)
-    variables = form.json_object("variables")
-    result: dict[str, Any] = {"problem": problem, "errors": form.errors}
-    if problem is None and to is not None and variables is not None:
-        request_body = {
-            "to": [to],
-            "templateId": template.id,
-            "variables": variables,
-            "scope": (
-                Scope.PLATFORM.value
-                if template.tenant_id == PLATFORM_TENANT_ID
-                else Scope.TENANT.value
-            ),
-        }
-        try:
-            with tenant_context(template.tenant_id, new_trace_id()):
-                accepted = acceptance.send_mail(db.session(), request_body, settings=_settings())
-            db.session.commit()
-        except acceptance.AcceptanceError as exc:
-            db.session.rollback()
-            result["problem"] = f"The test was not accepted: {exc.message}"
-        else:
-            result = {
-                "record_id": accepted.id,
-                "to": to,
-                "record_url": record_url("mail_records.show", accepted.id),
-            }
-    status = 200 if "record_id" in result else 422
-    if is_htmx():
-        html = render_template(
-            "mail_templates/_send_test.html", template=template, form=form, send=result
-        )
-        return varies(Response(html, status))
-    page, _ = _editor(template, form, status=status, send_result=result)
-    return varies(Response(page, status))
-
-
 # --- attachments -------------------------------------------------------------------------------
 
 
 def _attachment_error(template: MailTemplate, message: str) -> tuple[str, int]:
-    return _editor(template, _form_of(template), status=422, attachment_error=message)
+    return editor(MAIL, template, form_of(MAIL, template), status=422, attachment_error=message)
 
 
 def _decoded_size(attachments: list[dict[str, Any]]) -> int:
@@ -589,7 +309,7 @@ def _decoded_size(attachments: list[dict[str, Any]]) -> int:
 def create_attachment(template_id: int) -> ResponseReturnValue:
     """Attach an uploaded file to the template (stored base64, within the size cap)."""
     template = owned(MailTemplate, template_id, viewed_tier())
-    cap = _settings().attachment_max_bytes
+    cap = settings().attachment_max_bytes
     try:
         upload = request.files.get("file")
     except RequestEntityTooLarge:

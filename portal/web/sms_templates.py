@@ -1,4 +1,5 @@
-"""SMS templates: the editor with a live preview, Send test, and provider bindings.
+"""SMS templates: the editor with a live preview, Send test, and provider bindings
+(``template_pages`` holds what mail shares).
 
 An SMS template is only ever resolved by code among enabled templates (seed 000), so a test
 cannot name the template row the way a mail test does. Instead the text previewed is the text
@@ -12,58 +13,22 @@ goes out as plain content.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from flask import (
-    Blueprint,
-    Response,
-    abort,
-    current_app,
-    flash,
-    redirect,
-    render_template,
-    request,
-    url_for,
-)
+from flask import abort, flash, redirect, request, url_for
 from flask.typing import ResponseReturnValue
 from sqlalchemy import select
-from sqlalchemy.exc import IntegrityError
 
-from portal.config import Settings
 from portal.extensions import db
 from portal.messaging import acceptance, templating
-from portal.models import Scope, SmsProviderConfig, SmsTemplate, SmsTemplateProviderBinding
-from portal.tenancy import PLATFORM_TENANT_ID, new_trace_id, tenant_context
+from portal.models import Channel, SmsProviderConfig, SmsTemplate, SmsTemplateProviderBinding
+from portal.web import template_pages
 from portal.web.access import Permission, requires
-from portal.web.forms import (
-    Form,
-    form_data,
-    is_htmx,
-    owned,
-    record_url,
-    tier_name,
-    varies,
-    viewed_tier,
-)
-from portal.web.mail_templates import (
-    STALE,
-    remember_sample,
-    remembered_sample,
-    sample_variables,
-    variables_used,
-)
+from portal.web.forms import Form, owned, viewed_tier
+from portal.web.template_pages import Kind, Preview, TestSend, editor, form_of
 
-bp = Blueprint("sms_templates", __name__, url_prefix="/sms-templates")
-
-LABELS = {
-    "code": "Code",
-    "name": "Name",
-    "content": "Content",
-    "enabled": "Enabled",
-    "variables": "Sample variables",
-    "phone": "Phone number",
-}
+LABELS = template_pages.LABELS | {"content": "Content", "phone": "Phone number"}
 BINDING_LABELS = {
     "provider_id": "Provider",
     "country": "Country",
@@ -99,75 +64,37 @@ def segments(text: str) -> Segments:
     return Segments(encoding, len(text), count)
 
 
-def _settings() -> Settings:
-    settings: Settings = current_app.config["SETTINGS"]
-    return settings
-
-
 # --- fields ----------------------------------------------------------------------------------
 
 
-def _read(form: Form, tier: int, template_id: int | None) -> dict[str, Any] | None:
-    code = form.text("code", required=True, max_len=acceptance.MAX_CODE_CHARS)
-    name = form.text("name", max_len=200)
+def _read(form: Form, tier: int) -> dict[str, Any] | None:
+    """SMS's one field: the content (a compile error with line and column)."""
     content = form.text("content", required=True, multiline=True, max_len=acceptance.MAX_SMS_CHARS)
     if content is not None:
         try:
             templating.compile_check(content, html=False)
         except templating.TemplateRenderError as exc:
             form.fail("content", f"has an error: {exc}")
-    if code is not None and "code" not in form.errors:
-        clash = db.session.scalar(
-            select(SmsTemplate.id).where(
-                SmsTemplate.tenant_id == tier,
-                SmsTemplate.code == code,
-                SmsTemplate.id != (template_id or 0),
-            )
-        )
-        if clash is not None:
-            form.fail("code", f"{code!r} is already used by another SMS template")
-    if not form.ok or code is None:
-        return None
-    return {"code": code, "name": name or code, "content": content, "enabled": form.flag("enabled")}
-
-
-def _form_of(template: SmsTemplate) -> Form:
-    return Form(
-        form_data(
-            code=template.code,
-            name=template.name,
-            content=template.content,
-            enabled=template.enabled,
-            variables=remembered_sample("sms", template.id) or sample_variables(template.content),
-        ),
-        LABELS,
-    )
+    return {"content": content}
 
 
 # --- preview -----------------------------------------------------------------------------------
 
 
 @dataclass
-class Preview:
+class SmsPreview(Preview):
     text: str | None = None
     segments: Segments | None = None
-    variables: list[str] = field(default_factory=list)
-    missing: list[str] = field(default_factory=list)
-    errors: list[str] = field(default_factory=list)
 
 
-def _render(content: str, variables_raw: str) -> Preview:
+def _render(content: str, variables_raw: str) -> SmsPreview:
     """Render the content as delivery would, reporting every problem as a message."""
-    preview = Preview()
-    preview.variables, preview.errors = variables_used([("Content", content)])
-    if preview.errors or not content.strip():
+    preview = SmsPreview()
+    if not content.strip():
         return preview
-    form = Form({"variables": variables_raw}, LABELS)
-    variables = form.json_object("variables")
+    variables = preview.sample([("Content", content)], variables_raw)
     if variables is None:
-        preview.errors.append(form.errors["variables"])
         return preview
-    preview.missing = [name for name in preview.variables if name not in variables]
     try:
         # Stripped as delivery strips it: the count is of what goes out.
         preview.text = templating.render(content, variables, html=False).strip()
@@ -185,11 +112,11 @@ def _render(content: str, variables_raw: str) -> Preview:
     return preview
 
 
-def _preview_of_form(form: Form) -> Preview:
+def _preview_of_form(form: Form) -> SmsPreview:
     return _render(form.raw("content").replace("\r\n", "\n"), form.raw("variables"))
 
 
-# --- pages -------------------------------------------------------------------------------------
+# --- the editor page ---------------------------------------------------------------------------
 
 
 def _bindings(template: SmsTemplate) -> list[tuple[SmsTemplateProviderBinding, str]]:
@@ -212,117 +139,19 @@ def _providers(tier: int) -> list[SmsProviderConfig]:
     )
 
 
-def _editor(
-    template: SmsTemplate | None,
-    form: Form,
-    *,
-    status: int = 200,
-    send_result: dict[str, Any] | None = None,
-    binding_form: Form | None = None,
-) -> tuple[str, int]:
-    tier = template.tenant_id if template is not None else viewed_tier()
-    return render_template(
-        "sms_templates/edit.html",
-        template=template,
-        form=form,
-        tier_name=tier_name(tier),
-        preview=_preview_of_form(form),
-        send=send_result or {},
-        bindings=_bindings(template) if template is not None else [],
-        binding_form=binding_form or Form({}, BINDING_LABELS),
-        provider_options=[(str(p.id), p.name) for p in _providers(tier)],
-    ), status
+def _context(template: SmsTemplate | None, tier: int) -> dict[str, Any]:
+    return {
+        "bindings": _bindings(template) if template is not None else [],
+        "binding_form": Form({}, BINDING_LABELS),
+        "provider_options": [(str(p.id), p.name) for p in _providers(tier)],
+    }
 
 
-@bp.get("/")
-@requires(Permission.EDIT_TEMPLATES)
-def index() -> str:
-    """The viewed tier's SMS templates."""
-    tier = viewed_tier()
-    templates = db.session.scalars(
-        select(SmsTemplate).where(SmsTemplate.tenant_id == tier).order_by(SmsTemplate.code)
-    ).all()
-    return render_template(
-        "sms_templates/index.html", templates=templates, tier_name=tier_name(tier)
-    )
+# --- send test -------------------------------------------------------------------------------
 
 
-@bp.get("/new")
-@requires(Permission.EDIT_TEMPLATES)
-def new() -> tuple[str, int]:
-    """An empty editor."""
-    return _editor(None, Form({"enabled": "on", "variables": "{}"}, LABELS))
-
-
-@bp.post("/")
-@requires(Permission.EDIT_TEMPLATES)
-def create() -> ResponseReturnValue:
-    """Save a new SMS template in the viewed tier."""
-    tier = viewed_tier()
-    form = Form(request.form, LABELS)
-    values = _read(form, tier, None)
-    if values is None:
-        return _editor(None, form, status=422)
-    template = SmsTemplate(tenant_id=tier, version=1, **values)
-    db.session.add(template)
-    try:
-        db.session.commit()
-    except IntegrityError:
-        db.session.rollback()
-        form.fail("code", "is already used by another SMS template")
-        return _editor(None, form, status=422)
-    remember_sample("sms", template.id, form.raw("variables"))
-    flash(f"Template {template.code!r} created.", "success")
-    return redirect(url_for("sms_templates.edit", template_id=template.id), 303)
-
-
-@bp.get("/<int:template_id>/edit")
-@requires(Permission.EDIT_TEMPLATES)
-def edit(template_id: int) -> tuple[str, int]:
-    """The editor, with the saved template previewed."""
-    template = owned(SmsTemplate, template_id, viewed_tier())
-    return _editor(template, _form_of(template))
-
-
-@bp.post("/<int:template_id>")
-@requires(Permission.EDIT_TEMPLATES)
-def update(template_id: int) -> ResponseReturnValue:
-    """Save the editor; refused when the template was saved elsewhere since it was opened."""
-    template = owned(SmsTemplate, template_id, viewed_tier())
-    form = Form(request.form, LABELS)
-    values = _read(form, template.tenant_id, template.id)
-    if form.raw("version") != str(template.version):
-        form.errors["version"] = STALE
-    if values is None or not form.ok:
-        return _editor(template, form, status=422)
-    for key, value in values.items():
-        setattr(template, key, value)
-    template.version += 1
-    try:
-        db.session.commit()
-    except IntegrityError:
-        db.session.rollback()
-        form.fail("code", "is already used by another SMS template")
-        return _editor(template, form, status=422)
-    remember_sample("sms", template.id, form.raw("variables"))
-    flash("Template saved.", "success")
-    return redirect(url_for("sms_templates.edit", template_id=template.id), 303)
-
-
-@bp.post("/preview")
-@requires(Permission.EDIT_TEMPLATES)
-def preview() -> str:
-    """The preview panel for the editor's current input (renders, stores nothing)."""
-    form = Form(request.form, LABELS)
-    return render_template("sms_templates/_preview.html", preview=_preview_of_form(form))
-
-
-@bp.post("/<int:template_id>/send-test")
-@requires(Permission.EDIT_TEMPLATES)
-def send_test(template_id: int) -> ResponseReturnValue:
-    """Accept a test SMS whose content is the previewed text, in the template's tier."""
-    template = owned(SmsTemplate, template_id, viewed_tier())
-    form = Form(request.form, LABELS)
+def _test(template: SmsTemplate, form: Form) -> TestSend:
+    """A test whose content is the previewed text; an enabled template's code goes along."""
     phone = form.text("phone", required=True, max_len=32)
     if phone is not None:
         try:
@@ -330,44 +159,35 @@ def send_test(template_id: int) -> ResponseReturnValue:
         except acceptance.AcceptanceError as exc:
             form.fail("phone", exc.message.removeprefix("phone").strip())
     shown = _preview_of_form(form)
-    result: dict[str, Any] = {"errors": form.errors}
+    problem = None
     if shown.errors:
-        result["problem"] = "Fix the preview first: " + " ".join(shown.errors)
+        problem = "Fix the preview first: " + " ".join(shown.errors)
     elif shown.text is None:
-        result["problem"] = "Write the content first."
-    if phone is not None and form.ok and "problem" not in result and shown.text is not None:
-        body: dict[str, Any] = {
-            "phoneNumber": phone,
-            "content": shown.text,
-            "scope": (
-                Scope.PLATFORM.value
-                if template.tenant_id == PLATFORM_TENANT_ID
-                else Scope.TENANT.value
-            ),
-        }
-        if template.enabled:
-            body["templateCode"] = template.code
-        try:
-            with tenant_context(template.tenant_id, new_trace_id()):
-                accepted = acceptance.send_sms(db.session(), body, settings=_settings())
-            db.session.commit()
-        except acceptance.AcceptanceError as exc:
-            db.session.rollback()
-            result["problem"] = f"The test was not accepted: {exc.message}"
-        else:
-            result = {
-                "record_id": accepted.id,
-                "to": phone,
-                "record_url": record_url("sms_records.show", accepted.id),
-            }
-    status = 200 if "record_id" in result else 422
-    if is_htmx():
-        html = render_template(
-            "sms_templates/_send_test.html", template=template, form=form, send=result
-        )
-        return varies(Response(html, status))
-    page, _ = _editor(template, form, status=status, send_result=result)
-    return varies(Response(page, status))
+        problem = "Write the content first."
+    if phone is None or shown.text is None:
+        return TestSend(None, phone, problem)
+    body: dict[str, Any] = {"phoneNumber": phone, "content": shown.text}
+    if template.enabled:
+        body["templateCode"] = template.code
+    return TestSend(body, phone, problem)
+
+
+SMS = Kind(
+    model=SmsTemplate,
+    channel=Channel.SMS,
+    noun="SMS template",
+    message_noun="SMS",
+    labels=LABELS,
+    fields=("content",),
+    sources=("content",),
+    tests_saved=False,
+    read=_read,
+    preview=lambda form: {"preview": _preview_of_form(form)},
+    context=_context,
+    test=_test,
+    accept=acceptance.send_sms,
+)
+bp = template_pages.blueprint(SMS, __name__)
 
 
 # --- provider bindings -----------------------------------------------------------------------
@@ -404,7 +224,7 @@ def create_binding(template_id: int) -> ResponseReturnValue:
         if clash is not None:
             form.fail("country", "already has a binding for this provider; remove it first")
     if not form.ok or provider_id is None:
-        return _editor(template, _form_of(template), status=422, binding_form=form)
+        return editor(SMS, template, form_of(SMS, template), status=422, binding_form=form)
     db.session.add(
         SmsTemplateProviderBinding(
             tenant_id=template.tenant_id,

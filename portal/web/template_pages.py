@@ -1,0 +1,381 @@
+"""The template editor pages, written once for both channels: the list, the editor with its
+live preview, saving with a version check, and Send test through the real delivery path.
+
+``mail_templates`` and ``sms_templates`` each describe their channel as a ``Kind``: the model,
+the fields it adds to code, name and enabled, how it previews, and what its test message is.
+``blueprint`` makes the routes both channels have from a ``Kind``; each module then adds its
+own (mail's sandboxed HTML preview and attachments, SMS's provider bindings). Every page is
+rendered from the channel's folder (``mail_templates/edit.html``), which extends the shared
+page in ``shared/`` and fills in the channel's blocks.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Generic, Protocol, TypeVar
+
+import redis
+from flask import (
+    Blueprint,
+    Response,
+    current_app,
+    flash,
+    redirect,
+    render_template,
+    request,
+    url_for,
+)
+from flask.typing import ResponseReturnValue
+from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from portal.config import Settings
+from portal.extensions import db
+from portal.messaging import acceptance, templating
+from portal.models import Channel, MailTemplate, Scope, SmsTemplate
+from portal.redis_store import connect
+from portal.tenancy import PLATFORM_TENANT_ID, new_trace_id, tenant_context
+from portal.web.access import Permission, requires, user
+from portal.web.forms import (
+    Form,
+    form_data,
+    is_htmx,
+    owned,
+    record_url,
+    tier_name,
+    varies,
+    viewed_tier,
+)
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T", MailTemplate, SmsTemplate)
+
+# The fields every template has; each channel's labels add its own.
+LABELS = {"code": "Code", "name": "Name", "enabled": "Enabled", "variables": "Sample variables"}
+SAMPLE_TTL_S = 30 * 24 * 3600
+STALE = (
+    "This template was saved again since you opened it (in another tab, or by someone else). "
+    "Reload the page to see the saved version."
+)
+
+
+def settings() -> Settings:
+    settings: Settings = current_app.config["SETTINGS"]
+    return settings
+
+
+# --- what differs per channel ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TestSend:
+    """What Send test hands to acceptance (the request without its scope, and who it goes to),
+    or why it is refused; a bad field is an error of the form instead."""
+
+    request: dict[str, Any] | None
+    to: str | None
+    problem: str | None = None
+
+
+class Accept(Protocol):
+    """``acceptance.send_mail`` or ``acceptance.send_sms``."""
+
+    def __call__(
+        self, session: Session, request: Mapping[str, Any], *, settings: Settings | None = None
+    ) -> acceptance.Accepted: ...
+
+
+@dataclass(frozen=True)
+class Kind(Generic[T]):
+    """One channel's template pages: the model, and the hooks where mail and SMS differ."""
+
+    model: type[T]
+    channel: Channel
+    noun: str  # "mail template": headings, and the message when a code is taken
+    message_noun: str  # "mail": what a test sends ("Test mail to ... accepted")
+    labels: Mapping[str, str]
+    fields: tuple[str, ...]  # the columns the channel adds to code, name and enabled
+    sources: tuple[str, ...]  # the columns that hold Liquid (sample variables come from them)
+    tests_saved: bool  # a test sends the saved template, so unsaved edits disable Send test
+    read: Callable[[Form, int], dict[str, Any] | None]  # the channel's fields, checked, or None
+    preview: Callable[[Form], dict[str, Any]]  # the preview panel's context for the input
+    context: Callable[[T | None, int], dict[str, Any]]  # what else the editor page shows
+    test: Callable[[T, Form], TestSend]
+    accept: Accept
+
+    @property
+    def blueprint(self) -> str:
+        return f"{self.channel.value}_templates"
+
+    @property
+    def heading(self) -> str:
+        """The noun as a heading starts: "Mail template"."""
+        return f"{self.noun[:1].upper()}{self.noun[1:]}"
+
+    @property
+    def title(self) -> str:
+        return f"{self.heading}s"
+
+    def endpoint(self, view: str) -> str:
+        return f"{self.blueprint}.{view}"
+
+
+# --- the editor's fields -------------------------------------------------------------------------
+
+
+def read(kind: Kind[T], form: Form, tier: int, template_id: int | None) -> dict[str, Any] | None:
+    """Parse and check the editor's fields: the template's column values, or None with the
+    form's errors (one a field, in the order of the page)."""
+    code = form.text("code", required=True, max_len=acceptance.MAX_CODE_CHARS)
+    name = form.text("name", max_len=200)
+    own = kind.read(form, tier)
+    if code is not None and "code" not in form.errors:
+        model = kind.model
+        clash = db.session.scalar(
+            select(model.id).where(
+                model.tenant_id == tier, model.code == code, model.id != (template_id or 0)
+            )
+        )
+        if clash is not None:
+            form.fail("code", f"{code!r} is already used by another {kind.noun}")
+    if not form.ok or code is None or own is None:
+        return None
+    return {"code": code, "name": name or code, "enabled": form.flag("enabled"), **own}
+
+
+def form_of(kind: Kind[T], template: T) -> Form:
+    """The editor's form for a saved template, with the sample variables last saved with it."""
+    values = {name: getattr(template, name) for name in ("code", "name", "enabled", *kind.fields)}
+    variables = remembered_sample(kind.channel, template.id) or sample_variables(
+        *(getattr(template, name) for name in kind.sources)
+    )
+    return Form(form_data(**values, variables=variables), kind.labels)
+
+
+# --- sample variables and the preview ------------------------------------------------------------
+
+
+def variables_used(parts: Sequence[tuple[str, str | None]]) -> tuple[list[str], list[str]]:
+    """The names the (label, source) parts use, in order, and the errors of parts that do not
+    parse."""
+    names: dict[str, None] = {}
+    errors = []
+    for label, source in parts:
+        if not source:
+            continue
+        try:
+            names.update(dict.fromkeys(templating.variables_of(source)))
+        except templating.TemplateRenderError as exc:
+            errors.append(f"{label}: {exc}")
+    return list(names), errors
+
+
+def sample_variables(*sources: str | None) -> str:
+    """Sample variables for a template: each name it uses, with a placeholder value."""
+    names, _ = variables_used([("", source) for source in sources])
+    return json.dumps({name: f"[{name}]" for name in names}, indent=2, ensure_ascii=False)
+
+
+def remember_sample(channel: Channel, template_id: int, raw: str) -> None:
+    """Keep the sample variables a user saved a template with, so the editor reopens with
+    them (they are not part of the template). Best effort: Redis away, nothing is kept."""
+    if len(raw) > templating.DEFAULT_LIMITS.variables_max_bytes:
+        return
+    try:
+        connect(settings().redis_url).set(
+            f"sample:{user().id}:{channel}:{template_id}", raw.encode(), ex=SAMPLE_TTL_S
+        )
+    except redis.RedisError as exc:
+        log.warning("sample variables not kept: %s", exc)
+
+
+def remembered_sample(channel: Channel, template_id: int) -> str | None:
+    """The sample variables kept by ``remember_sample``, if any."""
+    try:
+        raw = connect(settings().redis_url).get(f"sample:{user().id}:{channel}:{template_id}")
+    except redis.RedisError:
+        return None
+    return raw.decode() if isinstance(raw, bytes) else None
+
+
+@dataclass
+class Preview:
+    """What every preview panel shows; every problem is a message, never an exception."""
+
+    variables: list[str] = field(default_factory=list)
+    missing: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+    def sample(
+        self, parts: Sequence[tuple[str, str | None]], variables_raw: str
+    ) -> dict[str, Any] | None:
+        """Note the names the (label, source) parts use and read the sample variables; None,
+        with the error noted, when a part or the sample does not parse."""
+        self.variables, self.errors = variables_used(parts)
+        if self.errors:
+            return None
+        form = Form({"variables": variables_raw}, LABELS)
+        variables = form.json_object("variables")
+        if variables is None:
+            self.errors.append(form.errors["variables"])
+            return None
+        self.missing = [name for name in self.variables if name not in variables]
+        return variables
+
+
+# --- pages -------------------------------------------------------------------------------------
+
+
+def editor(
+    kind: Kind[T],
+    template: T | None,
+    form: Form,
+    *,
+    status: int = 200,
+    send: dict[str, Any] | None = None,
+    **extra: Any,
+) -> tuple[str, int]:
+    """The editor page (a new template's when ``template`` is None), its input previewed;
+    ``extra`` overrides the channel's context (a sub-form coming back with errors)."""
+    tier = template.tenant_id if template is not None else viewed_tier()
+    return render_template(
+        f"{kind.blueprint}/edit.html",
+        kind=kind,
+        template=template,
+        form=form,
+        tier_name=tier_name(tier),
+        send=send or {},
+        **(kind.preview(form) | kind.context(template, tier) | extra),
+    ), status
+
+
+def blueprint(kind: Kind[T], import_name: str) -> Blueprint:
+    """The blueprint of one channel's template pages, with the routes both channels have."""
+    bp = Blueprint(kind.blueprint, import_name, url_prefix="/" + kind.blueprint.replace("_", "-"))
+
+    @bp.get("/")
+    @requires(Permission.EDIT_TEMPLATES)
+    def index() -> str:
+        """The viewed tier's templates."""
+        tier = viewed_tier()
+        model = kind.model
+        templates = db.session.scalars(
+            select(model).where(model.tenant_id == tier).order_by(model.code)
+        ).all()
+        return render_template(
+            f"{kind.blueprint}/index.html",
+            kind=kind,
+            templates=templates,
+            tier_name=tier_name(tier),
+        )
+
+    @bp.get("/new")
+    @requires(Permission.EDIT_TEMPLATES)
+    def new() -> tuple[str, int]:
+        """An empty editor."""
+        return editor(kind, None, Form({"enabled": "on", "variables": "{}"}, kind.labels))
+
+    @bp.post("/")
+    @requires(Permission.EDIT_TEMPLATES)
+    def create() -> ResponseReturnValue:
+        """Save a new template in the viewed tier."""
+        tier = viewed_tier()
+        form = Form(request.form, kind.labels)
+        values = read(kind, form, tier, None)
+        if values is None:
+            return editor(kind, None, form, status=422)
+        template = kind.model(tenant_id=tier, version=1, **values)
+        db.session.add(template)
+        try:
+            db.session.commit()
+        except IntegrityError:  # the same code saved by someone else a moment ago
+            db.session.rollback()
+            form.fail("code", f"is already used by another {kind.noun}")
+            return editor(kind, None, form, status=422)
+        remember_sample(kind.channel, template.id, form.raw("variables"))
+        flash(f"Template {template.code!r} created.", "success")
+        return redirect(url_for(kind.endpoint("edit"), template_id=template.id), 303)
+
+    @bp.get("/<int:template_id>/edit")
+    @requires(Permission.EDIT_TEMPLATES)
+    def edit(template_id: int) -> tuple[str, int]:
+        """The editor, with the saved template previewed."""
+        template = owned(kind.model, template_id, viewed_tier())
+        return editor(kind, template, form_of(kind, template))
+
+    @bp.post("/<int:template_id>")
+    @requires(Permission.EDIT_TEMPLATES)
+    def update(template_id: int) -> ResponseReturnValue:
+        """Save the editor; refused when the template was saved elsewhere since it was opened."""
+        template = owned(kind.model, template_id, viewed_tier())
+        form = Form(request.form, kind.labels)
+        values = read(kind, form, template.tenant_id, template.id)
+        if form.raw("version") != str(template.version):
+            form.errors["version"] = STALE
+        if values is None or not form.ok:
+            return editor(kind, template, form, status=422)
+        for key, value in values.items():
+            setattr(template, key, value)
+        template.version += 1
+        try:
+            db.session.commit()
+        except IntegrityError:
+            db.session.rollback()
+            form.fail("code", f"is already used by another {kind.noun}")
+            return editor(kind, template, form, status=422)
+        remember_sample(kind.channel, template.id, form.raw("variables"))
+        flash("Template saved.", "success")
+        return redirect(url_for(kind.endpoint("edit"), template_id=template.id), 303)
+
+    @bp.post("/preview")
+    @requires(Permission.EDIT_TEMPLATES)
+    def preview() -> str:
+        """The preview panel for the editor's current input (it saves nothing)."""
+        form = Form(request.form, kind.labels)
+        return render_template(f"{kind.blueprint}/_preview.html", kind=kind, **kind.preview(form))
+
+    @bp.post("/<int:template_id>/send-test")
+    @requires(Permission.EDIT_TEMPLATES)
+    def send_test(template_id: int) -> ResponseReturnValue:
+        """Accept a test message in the template's tier, through the real delivery path."""
+        template = owned(kind.model, template_id, viewed_tier())
+        form = Form(request.form, kind.labels)
+        test = kind.test(template, form)
+        result: dict[str, Any] = {"problem": test.problem, "errors": form.errors}
+        if test.problem is None and test.request is not None and form.ok:
+            platform = template.tenant_id == PLATFORM_TENANT_ID
+            scope = Scope.PLATFORM if platform else Scope.TENANT
+            try:
+                with tenant_context(template.tenant_id, new_trace_id()):
+                    accepted = kind.accept(
+                        db.session(), test.request | {"scope": scope.value}, settings=settings()
+                    )
+                db.session.commit()
+            except acceptance.AcceptanceError as exc:
+                db.session.rollback()
+                result["problem"] = f"The test was not accepted: {exc.message}"
+            else:
+                result = {
+                    "record_id": accepted.id,
+                    "to": test.to,
+                    "record_url": record_url(f"{kind.channel.value}_records.show", accepted.id),
+                }
+        status = 200 if "record_id" in result else 422
+        if is_htmx():
+            html = render_template(
+                f"{kind.blueprint}/_send_test.html",
+                kind=kind,
+                template=template,
+                form=form,
+                send=result,
+            )
+            return varies(Response(html, status))
+        page, _ = editor(kind, template, form, status=status, send=result)
+        return varies(Response(page, status))
+
+    return bp
