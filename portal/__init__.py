@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -48,6 +49,8 @@ def create_app(config: Settings | Mapping[str, Any] | None = None) -> Flask:
     with app.app_context():
         if db.engine.dialect.name == "sqlite":
             _tune_sqlite(db.engine)
+        else:
+            ping_when_idle(db.engine, settings.pool_ping_idle_s)
     migrate.init_app(app, db, directory=str(_migrations_dir()), render_as_batch=True)
     csrf.init_app(app)
 
@@ -84,10 +87,35 @@ def engine_options(settings: Settings) -> dict[str, Any]:
     return {
         "pool_size": max(5, workers // 2 + 2),
         "max_overflow": workers + 4,
-        "pool_pre_ping": True,
+        # Not pool_pre_ping: that is a round trip at every checkout, as many as the
+        # statements on the delivery path. _ping_when_idle pings only a connection that sat
+        # idle, which is when a restarted server has broken it.
         "pool_recycle": 1800,
         "pool_timeout": 30,
     }
+
+
+def ping_when_idle(engine: Engine, idle_s: float) -> None:
+    """Ping a pooled connection at checkout only when it sat idle over ``idle_s``.
+
+    A busy worker's checkouts cost no round trip; a connection a database restart broke is
+    found by its ping after the quiet spell, or, when it was busy, by the statement that
+    fails (SQLAlchemy then drops every connection of that age, and the caller retries).
+    """
+    from sqlalchemy.exc import DisconnectionError
+
+    @event.listens_for(engine.pool, "checkin")
+    def _checkin(_dbapi_connection: Any, record: Any) -> None:
+        record.info["idle_since"] = time.monotonic()
+
+    @event.listens_for(engine.pool, "checkout")
+    def _checkout(dbapi_connection: Any, record: Any, _proxy: Any) -> None:
+        if time.monotonic() - record.info.get("idle_since", 0.0) <= idle_s:
+            return
+        try:
+            engine.dialect.do_ping(dbapi_connection)
+        except Exception as exc:
+            raise DisconnectionError("the pooled connection failed its ping") from exc
 
 
 def _tune_sqlite(engine: Engine) -> None:

@@ -88,6 +88,9 @@ class Settings:
     # The rate-limit check asks Redis before every limited send: it must answer fast or the
     # send is deferred (never sent unchecked).
     rate_limit_timeout_s: float = 0.5
+    # A pooled database connection idle for longer is pinged before use (see
+    # portal.ping_when_idle); a busy one is not.
+    pool_ping_idle_s: float = 1.0
     mail_body_max_chars: int = 1_048_576
     mail_monthly_default: int | None = None
     sms_monthly_default: int | None = None
@@ -123,6 +126,7 @@ class Settings:
             sms_connect_timeout_s=_float(env, "SMS_CONNECT_TIMEOUT_S", 5.0),
             sms_read_timeout_s=_float(env, "SMS_READ_TIMEOUT_S", 30.0),
             rate_limit_timeout_s=_float(env, "RATE_LIMIT_TIMEOUT_S", 0.5),
+            pool_ping_idle_s=_float(env, "POOL_PING_IDLE_S", 1.0),
             mail_body_max_chars=_int(env, "MAIL_BODY_MAX_CHARS", 1_048_576) or 0,
             mail_monthly_default=_int(env, "MAIL_MONTHLY_DEFAULT", None),
             sms_monthly_default=_int(env, "SMS_MONTHLY_DEFAULT", None),

@@ -1,15 +1,14 @@
 """A pool of delivery workers for one channel, fed by a poller and by the workers themselves.
 
-A worker that finishes a record claims its own next one at once (a scan of 4, one claim). An
-idle worker waits for the poller, which every ``POLL_INTERVAL_S`` (or at once, when woken by a
-NOTIFY) scans ``idle x 4`` due records and claims one per idle worker in one statement.
+A worker that finishes a record claims its own next one at once. An idle worker waits for the
+poller, which every ``POLL_INTERVAL_S`` (or at once, when woken by a NOTIFY) claims one due
+record per idle worker. Either way the claim is one statement (``scan.claim_due``).
 """
 
 from __future__ import annotations
 
 import logging
 import queue
-import random
 import threading
 import time
 from collections.abc import Callable
@@ -17,15 +16,11 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from sqlalchemy import Engine
-from sqlalchemy.orm import Session
 
-from portal.messaging.scan import claim_next
+from portal.messaging.scan import claim_due
 from portal.models import Channel, MailSendRecord, SmsSendRecord
 
 log = logging.getLogger("portal.delivery")
-
-OWN_SCAN = 4  # a worker claiming its own next reads 4 due records
-SCAN_PER_IDLE = 4
 
 
 class WorkerContext(Protocol):
@@ -57,7 +52,6 @@ class ChannelPool:
         self._idle = 0
         self._in_flight = 0
         self._threads: list[threading.Thread] = []
-        self._rng = random.Random()
         self.claimed_total = 0
         self._failures = 0
         self._last_report = 0.0
@@ -91,13 +85,9 @@ class ChannelPool:
 
     # --- claiming ------------------------------------------------------------------------
 
-    def _claim(self, scan_size: int, k: int) -> list[Any]:
+    def _claim(self, k: int) -> list[Any]:
         try:
-            with Session(self.engine, expire_on_commit=False) as session, session.begin():
-                # Loaded with the claim; detached (values kept) when the session closes.
-                records = claim_next(
-                    session, self.spec.model, scan_size=scan_size, k=k, rng=self._rng
-                )
+            records = claim_due(self.engine, self.spec.model, k)
         except Exception as exc:
             # The database is away (restart, failover): say so, wait, try again. Every
             # thread polls, so an outage would print a traceback per thread per poll: one
@@ -127,7 +117,7 @@ class ChannelPool:
                 idle = self._idle - self.handoff.qsize()
             if idle <= 0:
                 continue
-            for record in self._claim(idle * SCAN_PER_IDLE, idle):
+            for record in self._claim(idle):
                 self.handoff.put(record)
 
     # --- working -------------------------------------------------------------------------
@@ -157,7 +147,7 @@ class ChannelPool:
                         self._in_flight -= 1
                 record = None
                 if not self.stop_claiming.is_set():
-                    own = self._claim(OWN_SCAN, 1)
+                    own = self._claim(1)
                     record = own[0] if own else None
         finally:
             context.close()

@@ -11,7 +11,7 @@ import logging
 from dataclasses import dataclass, replace
 from typing import Any, assert_never
 
-from sqlalchemy import Engine, update
+from sqlalchemy import Engine, bindparam, exists, update
 from sqlalchemy.orm import Session
 
 from portal.messaging.backoff import BackoffPolicy, DeadLetter, Fail, Retry, RetryDecision
@@ -21,12 +21,14 @@ from portal.models import (
     Channel,
     DeadLetterMessage,
     DeadLetterSource,
+    DeliveryEvent,
     MailSendRecord,
     SendStatus,
     SmsSendRecord,
     db_now,
     db_now_plus,
 )
+from portal.models.direct import Direct
 
 log = logging.getLogger("portal.delivery")
 
@@ -58,6 +60,50 @@ def _extra(claimed: Claimed, **more: Any) -> dict[str, Any]:
     return {"record_id": claimed.id, "channel": claimed.channel.value} | more
 
 
+def _sent_statement(channel: Channel, with_refused: bool) -> Direct:
+    """Sent by version, in one statement that also says whether delivery events are waiting
+    for this record's provider id (they arrived first and are applied now, seed 002)."""
+    model = MODELS[channel]
+    route = model.server_config_id if channel is Channel.MAIL else model.provider_config_id  # type: ignore[union-attr]
+    retained = (
+        exists()
+        .where(
+            DeliveryEvent.channel == channel.value,
+            DeliveryEvent.config_id == route,
+            DeliveryEvent.provider_message_id == bindparam("pmid"),
+            DeliveryEvent.record_id.is_(None),
+        )
+        .label("retained")
+    )
+    values: dict[str, Any] = {
+        "status": SendStatus.SENT.value,
+        "version": model.version + 1,
+        "sent_at": db_now(),
+        "updated_time": db_now(),
+        "next_retry_at": None,
+        "provider_message_id": bindparam("pmid", type_=model.provider_message_id.type),
+        "error_code": None,
+        "error_message": None,
+    }
+    if with_refused:
+        refused = MailSendRecord.refused_recipients
+        values["refused_recipients"] = bindparam("refused", type_=refused.type)
+    statement = (
+        update(model)
+        .where(model.id == bindparam("rid"), model.version == bindparam("ver"))
+        .values(**values)
+        .returning(retained)
+    )
+    return Direct(statement, [retained])
+
+
+_SENT = {
+    (channel, with_refused): _sent_statement(channel, with_refused)
+    for channel in Channel
+    for with_refused in ((False, True) if channel is Channel.MAIL else (False,))
+}
+
+
 def record_sent(
     engine: Engine,
     claimed: Claimed,
@@ -66,43 +112,32 @@ def record_sent(
     refused: dict[str, Any] | None = None,
     duplicate: bool = False,
 ) -> bool:
-    """Sent, by version. A failure to write it is not a send failure: it is logged at ERROR
-    and left to the stuck-send sweep (at least once).
+    """Sent, by version, in one statement. A failure to write it is not a send failure: it is
+    logged at ERROR and left to the stuck-send sweep (at least once).
 
     ``duplicate``: the provider refused the idempotency key as already used, so an earlier
     attempt was accepted (its id may be unknown); said in the log line.
     """
-    model = MODELS[claimed.channel]
-    values: dict[str, Any] = {
-        "status": SendStatus.SENT.value,
-        "version": model.version + 1,
-        "sent_at": db_now(),
-        "updated_time": db_now(),
-        "next_retry_at": None,
-        "provider_message_id": provider_message_id,
-        "error_code": None,
-        "error_message": None,
+    with_refused = bool(refused) and claimed.channel is Channel.MAIL
+    params: dict[str, Any] = {
+        "rid": claimed.id,
+        "ver": claimed.version,
+        "pmid": provider_message_id,
     }
-    if refused and claimed.channel is Channel.MAIL:
-        values["refused_recipients"] = refused
+    if with_refused:
+        params["refused"] = refused
     try:
-        with Session(engine) as session, session.begin():
-            result = session.execute(
-                update(model)
-                .where(model.id == claimed.id, model.version == claimed.version)
-                .values(**values)
-                .execution_options(synchronize_session=False)
-            )
+        count, rows = _SENT[(claimed.channel, with_refused)].run(engine, **params)
     except Exception:
         log.exception(
             "sent, but recording it failed; the stuck-send sweep will retry it",
             extra=_extra(claimed),
         )
         return False
-    if result.rowcount != 1:  # type: ignore[attr-defined]
+    if count != 1:
         return False
     MESSAGE_SENT.labels(claimed.channel.value, claimed.provider).inc()
-    if provider_message_id:
+    if provider_message_id and rows[0][0]:
         _apply_retained(engine, claimed)
     more: dict[str, Any] = {"provider_message_id": provider_message_id}
     if duplicate:

@@ -2,8 +2,9 @@
 record the outcome.
 
 Runs in the record's tenant context under the trace id stored at acceptance. Each database
-write is its own short transaction; the send itself holds no connection. The server or
-provider config is read at every send, so a saved change applies to the next one.
+write is one statement in its own transaction; the send itself holds no connection. The server
+or provider config is read at every attempt (a first attempt sends through the row preparation
+just read), so a saved change applies to the next one.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 import httpx
-from sqlalchemy import Engine, select
+from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
 from portal.config import Settings
@@ -52,6 +53,7 @@ from portal.models import (
     SmsSendRecord,
     UncertainPolicy,
 )
+from portal.models.direct import reader
 from portal.models.secretbox import SecretUnavailable
 from portal.tenancy import tenant_context
 
@@ -190,7 +192,7 @@ def _suppressed(
 ) -> dict[str, str] | None:
     """The suppressed recipients (address -> why); None when every recipient is suppressed
     and the record has been ended Suppressed (no provider call)."""
-    with Session(engine) as session:
+    with Session(reader(engine)) as session:
         blocked, total = suppressed_recipients(session, record)
     if blocked and len(blocked) >= total:
         why = "; ".join(f"{a}: {r}" for a, r in blocked.items())
@@ -321,17 +323,17 @@ def _attempt(ctx: MailContext, record: MailSendRecord, claimed: Claimed) -> None
         prepared, claimed = result
     else:
         prepared = _frozen(record)
-    with Session(ctx.engine) as session:
-        config = session.scalar(
-            select(MailSendServerConfig).where(MailSendServerConfig.id == prepared.server_id)
-        )
-        try:
-            server = _server(config, ctx.settings) if config is not None else None
-        except SecretUnavailable as exc:
-            server = None
-            problem = str(exc)
-        else:
-            problem = "the mail server this record was prepared for no longer exists"
+    config = prepared.server
+    if config is None:  # a retry: the server as it is now (a saved change applies)
+        with Session(reader(ctx.engine)) as session:
+            config = session.get(MailSendServerConfig, prepared.server_id)
+    try:
+        server = _server(config, ctx.settings) if config is not None else None
+    except SecretUnavailable as exc:
+        server = None
+        problem = str(exc)
+    else:
+        problem = "the mail server this record was prepared for no longer exists"
     if config is None or server is None:
         outcomes.handle_failure(
             ctx.engine, claimed, "CONFIG_NOT_RESOLVABLE", problem, policy=ctx.policy
@@ -424,7 +426,7 @@ def _attempt_sms(ctx: SmsContext, record: SmsSendRecord, claimed: Claimed) -> No
         prepared = _frozen_sms(record)
     account: sms_transport.ProviderAccount | None = None
     problem = "the SMS provider this record was prepared for no longer exists"
-    with Session(ctx.engine) as session:
+    with Session(reader(ctx.engine)) as session:
         # Loaded columns stay readable once the session closes (nothing expires them).
         config = session.get(SmsProviderConfig, prepared.provider_id)
         if config is not None and not config.enabled:

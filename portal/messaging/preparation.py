@@ -8,11 +8,11 @@ that cannot be prepared fails with a marker code saying why.
 from __future__ import annotations
 
 import socket
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from email_validator import EmailNotValidError, validate_email
-from sqlalchemy import Engine, select, update
+from sqlalchemy import Engine, bindparam, select, update
 from sqlalchemy.orm import Session
 
 from portal.config import Settings
@@ -34,6 +34,7 @@ from portal.models import (
     Suppression,
     db_now,
 )
+from portal.models.direct import Direct, reader
 from portal.tenancy import PLATFORM_TENANT_ID
 
 SUPPRESSED = MarkerCode.SUPPRESSED.value  # the error code of a record the list stopped
@@ -105,6 +106,9 @@ class PreparedMail:
     server_name: str
     read_receipt: bool
     message_id: str
+    # The server row as preparation read it (detached), so the first attempt sends through
+    # it without reading it again; None when replayed from the record.
+    server: MailSendServerConfig | None = field(default=None, compare=False, repr=False)
 
 
 def message_id_for(record_id: int, from_address: str | None) -> str:
@@ -247,6 +251,7 @@ def build_mail(session: Session, record: MailSendRecord, settings: Settings) -> 
         server_name=server.name,
         read_receipt=server.read_receipt,
         message_id=message_id_for(record.id, server.from_address),
+        server=server,
     )
 
 
@@ -258,7 +263,7 @@ def prepare_mail(
     Raises PreparationFailed with the marker code; returns None when the write-back lost a
     version race (someone else moved the record on: stop quietly).
     """
-    with Session(engine) as session:
+    with Session(reader(engine)) as session:
         prepared = build_mail(session, record, settings)
     frozen = {
         "rendered_subject": prepared.subject,
@@ -274,6 +279,47 @@ def prepare_mail(
     if not _charge_and_freeze(engine, MailSendRecord, _tier(record), claimed, settings, frozen):
         return None
     return prepared, claimed.bumped(provider=prepared.server_name)
+
+
+_FROZEN_COLUMNS: dict[type[MailSendRecord] | type[SmsSendRecord], tuple[str, ...]] = {
+    MailSendRecord: (
+        "rendered_subject",
+        "rendered_html",
+        "rendered_text",
+        "final_reply_to",
+        "final_priority",
+        "final_attachments",
+        "server_config_id",
+        "read_receipt",
+        "message_id_header",
+    ),
+    SmsSendRecord: (
+        "rendered_content",
+        "provider_config_id",
+        "provider_kind",
+        "external_template_id",
+        "signature",
+        "frozen_variables",
+    ),
+}
+
+
+def _freeze_statement(model: type[MailSendRecord] | type[SmsSendRecord]) -> Direct:
+    """The write-back of what preparation decided, by version (one statement)."""
+    columns = _FROZEN_COLUMNS[model]
+    return Direct(
+        update(model)
+        .where(model.id == bindparam("rid"), model.version == bindparam("ver"))
+        .values(
+            version=model.version + 1,
+            updated_time=db_now(),
+            prepared_at=db_now(),
+            **{c: bindparam(f"frozen_{c}", type_=getattr(model, c).type) for c in columns},
+        )
+    )
+
+
+_FREEZE = {model: _freeze_statement(model) for model in _FROZEN_COLUMNS}
 
 
 def _charge_and_freeze(
@@ -292,16 +338,9 @@ def _charge_and_freeze(
             MarkerCode.MONTHLY_QUOTA_EXCEEDED,
             f"this month's {'mail' if claimed.channel is Channel.MAIL else 'SMS'} quota is used up",
         )
-    with Session(engine) as session, session.begin():
-        result = session.execute(
-            update(model)
-            .where(model.id == claimed.id, model.version == claimed.version)
-            .values(
-                version=model.version + 1, updated_time=db_now(), prepared_at=db_now(), **frozen
-            )
-            .execution_options(synchronize_session=False)
-        )
-        return bool(result.rowcount == 1)  # type: ignore[attr-defined]
+    values = {f"frozen_{c}": frozen[c] for c in _FROZEN_COLUMNS[model]}
+    count, _rows = _FREEZE[model].run(engine, rid=claimed.id, ver=claimed.version, **values)
+    return count == 1
 
 
 # --- SMS --------------------------------------------------------------------------------
@@ -502,7 +541,7 @@ def prepare_sms(
     engine: Engine, record: SmsSendRecord, claimed: Claimed, settings: Settings
 ) -> tuple[PreparedSms, Claimed] | None:
     """Prepare, charge the SMS quota (last) and write back by version, as ``prepare_mail``."""
-    with Session(engine) as session:
+    with Session(reader(engine)) as session:
         prepared = build_sms(session, record)
     frozen = {
         "rendered_content": prepared.content,

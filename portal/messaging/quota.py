@@ -1,9 +1,10 @@
 """The monthly quota charge: one count per prepared record, in its own transaction.
 
 The seed's count is read-check-increment under an optimistic lock, retried five times and then
-given up as a temporary error. We charge with one conditional UPDATE instead
-(``SET n = n + 1 WHERE n < limit``): the row lock serialises concurrent charges in the
-database, so a burst from every worker is counted exactly and no charge has to be retried.
+given up as a temporary error. We charge with one conditional upsert instead
+(``INSERT ... ON CONFLICT DO UPDATE SET n = n + 1 WHERE n < limit``, the limit read in the
+same statement): the row lock serialises concurrent charges in the database, so a burst from
+every worker is counted exactly, no charge has to be retried, and it costs one round trip.
 """
 
 from __future__ import annotations
@@ -11,13 +12,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from sqlalchemy import Engine, select, update
+from sqlalchemy import Engine, Integer, bindparam, func, literal, or_, select
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
 from portal.config import Settings
-from portal.models import Channel, TenantMessageQuota, TenantMessageUsage
+from portal.models import Channel, TenantMessageQuota, TenantMessageUsage, db_now
+from portal.models.direct import Direct
 
 
 def current_month(now: datetime | None = None) -> str:
@@ -46,35 +48,60 @@ def limit_for(session: Session, tenant_id: int, channel: Channel, settings: Sett
     return value if value is not None else settings.sms_monthly_default
 
 
-def _ensure_row(session: Session, tenant_id: int, month: str) -> None:
-    insert = pg_insert if session.get_bind().dialect.name == "postgresql" else sqlite_insert
-    session.execute(
-        insert(TenantMessageUsage)
-        .values(tenant_id=tenant_id, month=month, mail_count=0, sms_count=0, version=0)
-        .on_conflict_do_nothing(index_elements=["tenant_id", "month"])
+def _charge_statement(channel: Channel, dialect: str) -> Direct:
+    """One upsert that counts a send unless the ceiling is reached: the month's row is made
+    on its first send; the ceiling is read in the same statement (the tier's quota row, else
+    the default passed in), so there is nothing to read first and nothing to retry."""
+    insert = pg_insert if dialect == "postgresql" else sqlite_insert
+    usage_ = TenantMessageUsage
+    mail = channel is Channel.MAIL
+    column = usage_.mail_count if mail else usage_.sms_count
+    quota_limit = (
+        TenantMessageQuota.mail_monthly_limit if mail else TenantMessageQuota.sms_monthly_limit
     )
+    tenant = bindparam("tenant", type_=usage_.tenant_id.type)
+    limit = func.coalesce(
+        select(quota_limit).where(TenantMessageQuota.tenant_id == tenant).scalar_subquery(),
+        bindparam("default", type_=Integer),
+    )
+    first = select(
+        tenant,
+        bindparam("month", type_=usage_.month.type),
+        literal(1 if mail else 0),
+        literal(0 if mail else 1),
+        literal(0),
+        db_now(),
+    ).where(or_(limit.is_(None), limit > 0))
+    statement = (
+        insert(usage_)
+        .from_select(
+            ["tenant_id", "month", "mail_count", "sms_count", "version", "updated_time"], first
+        )
+        .on_conflict_do_update(
+            index_elements=["tenant_id", "month"],
+            set_={column.key: column + 1, "version": usage_.version + 1, "updated_time": db_now()},
+            where=or_(limit.is_(None), column < limit),
+        )
+        .returning(usage_.id)
+    )
+    return Direct(statement, [usage_.id])
+
+
+_CHARGES = {
+    (channel, dialect): _charge_statement(channel, dialect)
+    for channel in Channel
+    for dialect in ("postgresql", "sqlite")
+}
 
 
 def charge(engine: Engine, tenant_id: int, channel: Channel, settings: Settings) -> bool:
     """Count one send against the bucket's month; False when the ceiling is reached."""
-    month = current_month()
-    column = (
-        TenantMessageUsage.mail_count if channel is Channel.MAIL else TenantMessageUsage.sms_count
+    default = (
+        settings.mail_monthly_default if channel is Channel.MAIL else settings.sms_monthly_default
     )
-    with Session(engine) as session, session.begin():
-        limit = limit_for(session, tenant_id, channel, settings)
-        _ensure_row(session, tenant_id, month)
-        statement = update(TenantMessageUsage).where(
-            TenantMessageUsage.tenant_id == tenant_id, TenantMessageUsage.month == month
-        )
-        if limit is not None:
-            statement = statement.where(column < limit)
-        result = session.execute(
-            statement.values(
-                {column: column + 1, TenantMessageUsage.version: TenantMessageUsage.version + 1}
-            ).execution_options(synchronize_session=False)
-        )
-        return bool(result.rowcount == 1)  # type: ignore[attr-defined]
+    statement = _CHARGES[(channel, engine.dialect.name)]
+    count, _rows = statement.run(engine, tenant=tenant_id, month=current_month(), default=default)
+    return count == 1
 
 
 def usage(session: Session, tenant_id: int, settings: Settings, month: str | None = None) -> Usage:

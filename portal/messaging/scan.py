@@ -9,6 +9,11 @@ The claim is one statement on both dialects: an UPDATE to Sending with ``version
 sub-select of still-due candidates. PostgreSQL takes the candidates ``FOR UPDATE SKIP LOCKED``
 so contending workers skip each other's rows instead of queueing behind them; SQLite has one
 writer at a time and the re-checked status and version guard the same way.
+
+``claim_due`` is what the delivery loop runs: the scan folded into the claim (the same two
+index walks, as CTEs that lock with SKIP LOCKED, merged by due time), one statement in its own
+transaction, compiled once and run on the driver (portal.models.direct). ``scan_due`` plus
+``claim`` are the two-step form (a caller's transaction; the scan-plan tests read them).
 """
 
 from __future__ import annotations
@@ -17,10 +22,11 @@ import random
 from dataclasses import dataclass
 from datetime import datetime
 
-from sqlalchemy import and_, case, func, or_, select, update
+from sqlalchemy import Engine, and_, bindparam, case, func, or_, select, union_all, update
 from sqlalchemy.orm import Session
 
 from portal.models import MailSendRecord, SendStatus, SmsSendRecord, db_now
+from portal.models.direct import Direct, Loader
 
 RecordModel = type[MailSendRecord] | type[SmsSendRecord]
 
@@ -100,3 +106,56 @@ def claim_next(
     ids = [c.id for c in found]
     rng.shuffle(ids)  # so the workers do not all go for the oldest one
     return claim(session, model, ids, k)
+
+
+class _DueClaim:
+    """The one-statement claim of up to ``k`` due records of one table, built once."""
+
+    def __init__(self, model: RecordModel):
+        self.loader = Loader(model)
+        pending = (
+            select(model.id.label("id"), model.updated_time.label("due"))
+            .where(model.status == SendStatus.PENDING.value)
+            .order_by(model.updated_time)
+            .limit(bindparam("k"))
+            .with_for_update(skip_locked=True)
+            .cte("pending")
+        )
+        retry = (
+            select(model.id.label("id"), model.next_retry_at.label("due"))
+            .where(model.status == SendStatus.RETRY.value, model.next_retry_at <= db_now())
+            .order_by(model.next_retry_at)
+            .limit(bindparam("k"))
+            .with_for_update(skip_locked=True)
+            .cte("retry")
+        )
+        due = union_all(select(pending.c.id, pending.c.due), select(retry.c.id, retry.c.due))
+        merged = due.subquery("due")
+        pick = select(merged.c.id).order_by(merged.c.due).limit(bindparam("k")).cte("pick")
+        statement = (
+            update(model)
+            .where(model.id == pick.c.id)
+            .values(
+                status=SendStatus.SENDING.value,
+                version=model.version + 1,
+                updated_time=db_now(),
+                first_claimed_at=func.coalesce(model.first_claimed_at, db_now()),
+            )
+            .returning(*self.loader.columns)
+        )
+        self.direct = Direct(statement, self.loader.columns)
+
+    def __call__(self, engine: Engine, k: int) -> list[MailSendRecord | SmsSendRecord]:
+        _count, rows = self.direct.run(engine, k=k)
+        return [self.loader.load(row) for row in rows]
+
+
+_CLAIMS = {model: _DueClaim(model) for model in (MailSendRecord, SmsSendRecord)}
+
+
+def claim_due(engine: Engine, model: RecordModel, k: int) -> list[MailSendRecord | SmsSendRecord]:
+    """Claim up to ``k`` due records, longest due first, in one statement of its own; returns
+    them detached, as claimed (status Sending, version bumped)."""
+    if k <= 0:
+        return []
+    return _CLAIMS[model](engine, k)

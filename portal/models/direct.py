@@ -1,0 +1,167 @@
+"""Statements the delivery loop runs for every record: compiled once, run on the driver.
+
+A claim and its completion are one statement each. Through a Session, each also pays
+SQLAlchemy's per-execution work: a cache key, an execution context, and a result object
+that reads the driver's column descriptions (psycopg builds one object per column, 54 for a
+mail record, at every execution). bench/claim.py measured that at several times the cost of
+the statements themselves. Here a Core statement is compiled once per dialect and run on a
+pooled DBAPI connection in autocommit (one round trip, no BEGIN/COMMIT), its parameters and
+result columns converted by the same type processors SQLAlchemy uses, so values come back
+exactly as the ORM would hand them over. PostgreSQL statements are server-side prepared.
+
+Only for hot, single-statement work: anything that needs a transaction uses a Session.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from functools import lru_cache
+from typing import Any, TypeVar
+
+from sqlalchemy import Engine, inspect
+from sqlalchemy.engine import Dialect
+from sqlalchemy.orm import Mapper
+from sqlalchemy.sql.compiler import Compiled
+from sqlalchemy.sql.elements import ColumnElement
+from sqlalchemy.sql.expression import ClauseElement
+
+T = TypeVar("T")
+Processor = Callable[[Any], Any] | None
+
+
+class _Plan:
+    """One statement compiled for one dialect, with its parameter and result converters."""
+
+    def __init__(self, statement: ClauseElement, returning: Sequence[Any], dialect: Dialect):
+        compiled: Compiled = statement.compile(dialect=dialect)
+        self.compiled = compiled
+        self.sql = compiled.string
+        self.positional: tuple[str, ...] | None = (
+            tuple(compiled.positiontup or ()) if dialect.positional else None  # type: ignore[attr-defined]
+        )
+        self.bind_processors: dict[str, Callable[[Any], Any]] = {}
+        for name, bind in compiled.binds.items():  # type: ignore[attr-defined]
+            processor = bind.type.dialect_impl(dialect).bind_processor(dialect)
+            if processor is not None:
+                self.bind_processors[name] = processor
+        self.result_processors: list[Processor] = [
+            column.type.dialect_impl(dialect).result_processor(dialect, None)
+            for column in returning
+        ]
+        self.prepare = dialect.name == "postgresql"
+
+    def parameters(self, given: Mapping[str, Any]) -> Any:
+        values = self.compiled.construct_params(dict(given)) or {}
+        for name, processor in self.bind_processors.items():
+            if name in values:
+                values[name] = processor(values[name])
+        if self.positional is not None:
+            return tuple(values[name] for name in self.positional)
+        return values
+
+    def rows(self, raw: Sequence[Sequence[Any]]) -> list[tuple[Any, ...]]:
+        processors = self.result_processors
+        if not any(processors):
+            return [tuple(row) for row in raw]
+        return [
+            tuple(p(v) if p is not None else v for p, v in zip(processors, row, strict=True))
+            for row in raw
+        ]
+
+
+class Direct:
+    """A Core statement run straight on the driver; ``returning`` lists its result columns
+    in order (empty for a statement that returns nothing)."""
+
+    def __init__(self, statement: ClauseElement, returning: Sequence[Any] = ()):
+        self.statement = statement
+        self.returning = tuple(returning)
+        self._plans: dict[str, _Plan] = {}
+        self._lock = threading.Lock()
+
+    def _plan(self, dialect: Dialect) -> _Plan:
+        plan = self._plans.get(dialect.name)
+        if plan is None:
+            with self._lock:
+                plan = self._plans.get(dialect.name) or _Plan(
+                    self.statement, self.returning, dialect
+                )
+                self._plans[dialect.name] = plan
+        return plan
+
+    def run(self, engine: Engine, **params: Any) -> tuple[int, list[tuple[Any, ...]]]:
+        """Execute in its own (autocommit) transaction: (rows affected, rows returned)."""
+        plan = self._plan(engine.dialect)
+        args = plan.parameters(params)
+        with driver_cursor(engine) as cursor:
+            if plan.prepare:
+                cursor.execute(plan.sql, args, prepare=True)
+            else:
+                cursor.execute(plan.sql, args)
+            fetched = cursor.fetchall() if self.returning else []
+            count = len(fetched) if self.returning else cursor.rowcount
+        return count, plan.rows(fetched)
+
+
+@contextmanager
+def driver_cursor(engine: Engine) -> Iterator[Any]:
+    """A cursor on a pooled connection with the driver in autocommit; the connection goes
+    back to the pool as it came (a broken one is thrown away)."""
+    proxied = engine.raw_connection()
+    raw = proxied.driver_connection
+    postgres = engine.dialect.name == "postgresql"
+    try:
+        if postgres:
+            raw.autocommit = True  # type: ignore[union-attr]
+        cursor = raw.cursor()  # type: ignore[union-attr]
+        try:
+            yield cursor
+        finally:
+            cursor.close()
+    except BaseException:
+        if postgres and (raw.closed or raw.broken):  # type: ignore[union-attr]
+            proxied.invalidate()
+        raise
+    finally:
+        if postgres and not raw.closed:  # type: ignore[union-attr]
+            try:
+                raw.autocommit = False  # type: ignore[union-attr]
+            except Exception:
+                proxied.invalidate()
+        proxied.close()
+
+
+class Loader:
+    """Builds detached ORM objects from rows of a model's columns, in mapper order, without
+    the ORM's per-row bookkeeping (the objects are read, never flushed)."""
+
+    def __init__(self, model: type[T]):
+        mapper: Mapper[T] = inspect(model)
+        self.model = model
+        self.mapper = mapper
+        self.columns: tuple[ColumnElement[Any], ...] = tuple(
+            prop.columns[0] for prop in mapper.column_attrs
+        )
+        self.keys = tuple(prop.key for prop in mapper.column_attrs)
+        self._pk = self.keys.index(mapper.primary_key[0].key)
+
+    def load(self, row: Sequence[Any]) -> Any:
+        manager = self.mapper.class_manager
+        instance = manager.new_instance()
+        state = inspect(instance)
+        # As the ORM's loading does: values straight into the instance dict (loaded, not
+        # changed), and an identity key, so the object is detached rather than new.
+        instance.__dict__.update(zip(self.keys, row, strict=True))
+        state.key = self.mapper.identity_key_from_primary_key((row[self._pk],))
+        return instance
+
+
+@lru_cache(maxsize=64)
+def reader(engine: Engine) -> Engine:
+    """The engine in autocommit on PostgreSQL: a Session on it that only reads sends its
+    SELECTs alone, without the BEGIN and ROLLBACK round trips. SQLite: the engine itself."""
+    if engine.dialect.name != "postgresql":
+        return engine
+    return engine.execution_options(isolation_level="AUTOCOMMIT")
