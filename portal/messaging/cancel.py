@@ -5,14 +5,19 @@ conditional on the status, so a worker that claimed the record meanwhile wins: t
 being sent and the cancel says so instead. A record with an ambiguous earlier attempt is never
 cancelled: its message may already have gone out, and "cancelled" would hide that (seed 002);
 resolve it instead.
+
+A bulk cancel from the portal is confirmed first, so it cancels *by version*: each record only
+at the version the person saw when they confirmed (``versions``). A record that changed in
+between (a worker claimed it, or someone retried it) is left alone and reported, and a record
+that was not cancellable when confirmed is never cancelled, whatever it has become since.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from sqlalchemy import ColumnElement, select, update
+from sqlalchemy import ColumnElement, select, tuple_, update
 from sqlalchemy.orm import Session
 
 from portal.models import MailSendRecord, SendStatus, SmsSendRecord, db_now
@@ -27,21 +32,38 @@ REFUSAL_REASONS = {
     SendStatus.CANCELLED.value: "already cancelled",
     SendStatus.SUPPRESSED.value: "not sent: the recipient is on the suppression list",
     SendStatus.UNCERTAIN.value: "its outcome is uncertain; resolve it instead",
+    SendStatus.FAILED.value: "already failed: nothing is queued to cancel",
+    SendStatus.DEAD_LETTER.value: "in the dead letters: nothing is queued to cancel",
 }
 AMBIGUOUS = "an earlier attempt may have been accepted; it cannot be cancelled, only resolved"
+CLAIMED = "a worker claimed it first"
+NOT_CONFIRMED = "it was not cancellable when you confirmed; look at it again"
 
 
 @dataclass
 class CancelReport:
+    """What happened to each id: cancelled, or skipped with its reason. ``claimed`` are the
+    skipped ids a worker got to first (being sent, or changed by a send after you confirmed);
+    the other skipped ids were never cancellable."""
+
     cancelled: list[int] = field(default_factory=list)
     skipped: dict[int, str] = field(default_factory=dict)
+    claimed: list[int] = field(default_factory=list)
 
 
 def cancel_records(
-    session: Session, model: Model, ids: Sequence[int], tenant_id: int | None
+    session: Session,
+    model: Model,
+    ids: Sequence[int],
+    tenant_id: int | None,
+    versions: Mapping[int, int] | None = None,
 ) -> CancelReport:
     """Cancel the cancellable ones among ``ids`` (of ``tenant_id``; None: any tenant), in the
-    caller's transaction; the others are skipped, each with its reason."""
+    caller's transaction; the others are skipped, each with its reason.
+
+    With ``versions`` (id -> the version seen when the cancel was confirmed) only those ids are
+    cancelled, each only while it is still at that version; ids without one are reported only.
+    """
     wanted = list(dict.fromkeys(ids))
     report = CancelReport()
     if not wanted:
@@ -49,11 +71,18 @@ def cancel_records(
     owned: list[ColumnElement[bool]] = [model.id.in_(wanted)]
     if tenant_id is not None:
         owned.append(model.tenant_id == tenant_id)
+    target: list[ColumnElement[bool]] = list(owned)
+    if versions is not None:
+        pairs = [(i, versions[i]) for i in wanted if i in versions]
+        if not pairs:
+            target.append(model.id.in_([]))
+        else:
+            target.append(tuple_(model.id, model.version).in_(pairs))
     done = set(
         session.scalars(
             update(model)
             .where(
-                *owned,
+                *target,
                 model.status.in_(CANCELLABLE),
                 model.ambiguous_attempt.is_(False),
             )
@@ -72,9 +101,9 @@ def cancel_records(
     rest = [i for i in wanted if i not in done]
     if rest:
         found = {
-            rid: (status, ambiguous)
-            for rid, status, ambiguous in session.execute(
-                select(model.id, model.status, model.ambiguous_attempt).where(
+            rid: (status, ambiguous, version)
+            for rid, status, ambiguous, version in session.execute(
+                select(model.id, model.status, model.ambiguous_attempt, model.version).where(
                     *owned[1:], model.id.in_(rest)
                 )
             )
@@ -83,13 +112,35 @@ def cancel_records(
             row = found.get(record_id)
             if row is None:
                 report.skipped[record_id] = "no such record"
-            elif row[0] in CANCELLABLE and row[1]:
+                continue
+            status, ambiguous, version = row
+            seen = versions.get(record_id) if versions is not None else None
+            moved = seen is not None and version != seen
+            if status == SendStatus.SENDING.value or (
+                moved and status != SendStatus.CANCELLED.value
+            ):
+                report.claimed.append(record_id)
+                report.skipped[record_id] = (
+                    REFUSAL_REASONS[status]
+                    if status == SendStatus.SENDING.value
+                    else f"{CLAIMED}: it changed after you confirmed and is now {status}"
+                )
+            elif status in CANCELLABLE and ambiguous:
                 report.skipped[record_id] = AMBIGUOUS
+            elif status in CANCELLABLE and versions is not None:
+                report.skipped[record_id] = NOT_CONFIRMED
             else:
                 report.skipped[record_id] = REFUSAL_REASONS.get(
-                    row[0], f"its status {row[0]} cannot be cancelled"
+                    status, f"its status {status} cannot be cancelled"
                 )
     return report
 
 
-__all__ = ["MAX_BULK", "CancelReport", "cancel_records"]
+def cancellable(status: str, ambiguous: bool) -> str | None:
+    """Why a record in ``status`` cannot be cancelled, or None when it can."""
+    if status in CANCELLABLE:
+        return AMBIGUOUS if ambiguous else None
+    return REFUSAL_REASONS.get(status, f"its status {status} cannot be cancelled")
+
+
+__all__ = ["MAX_BULK", "CancelReport", "cancel_records", "cancellable"]

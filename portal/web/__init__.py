@@ -25,6 +25,7 @@ PAGES: list[tuple[str, str, str]] = [
     ("sms_templates", "SMS templates", "edit_templates"),
     ("mail_servers", "Mail servers", "edit_config"),
     ("sms_providers", "SMS providers", "edit_config"),
+    ("mail_receivers", "Bounce mailboxes", "edit_config"),
     ("quotas", "Quotas", "view_quota"),
     ("dead_letters", "Dead letters", "dead_letters"),
     ("suppressions", "Suppression list", "suppression"),

@@ -1,4 +1,5 @@
-"""Mail records: search, filters, keyset pages, detail, the message as sent, retry (one and bulk).
+"""Mail records: search, filters, keyset pages, detail, the message as sent, retry (one and bulk)
+and bulk cancel.
 
 Both channels' record pages work the same way, so the machinery lives here once (``Kind``,
 ``Filters`` and the functions that take them) and ``sms_records`` reuses it with SMS's
@@ -33,6 +34,7 @@ from sqlalchemy.orm import load_only
 from werkzeug.datastructures import MultiDict
 
 from portal.extensions import db
+from portal.messaging import cancel
 from portal.messaging.events import events_for
 from portal.messaging.retry import MAX_BULK, REFUSAL_REASONS, Model, retry_records
 from portal.models import (
@@ -447,6 +449,194 @@ def skipped_summary(skipped: Mapping[int, str]) -> list[tuple[str, int]]:
     return Counter(skipped.values()).most_common()
 
 
+# --- bulk cancel ------------------------------------------------------------------------------
+
+
+@dataclass
+class CancelPlan:
+    """What "Cancel" would do to a set of ids, without changing anything: the versions seen
+    (the cancellable ones') go into the confirmation, so the cancel takes exactly those."""
+
+    ids: list[int]
+    versions: dict[int, int]  # cancellable ids -> the version seen now
+    lines: list[StatusLine]
+    capped: bool = False
+
+    @property
+    def cancel(self) -> int:
+        return len(self.versions)
+
+    @property
+    def keep(self) -> int:
+        return len(self.ids) - len(self.versions)
+
+    @property
+    def confirmed(self) -> str:
+        """``id:version`` for each cancellable id, the bare id for the others."""
+        return ",".join(
+            f"{i}:{self.versions[i]}" if i in self.versions else str(i) for i in self.ids
+        )
+
+
+def plan_cancel(kind: Kind, ids: Sequence[int], tenant: int | None) -> CancelPlan:
+    """Which of the ids can be cancelled now (Pending or Retry, no ambiguous attempt) and why
+    the others cannot, counted by status."""
+    model = kind.model
+    stmt = select(model.id, model.status, model.ambiguous_attempt, model.version).where(
+        model.id.in_(ids)
+    )
+    if tenant is not None:
+        stmt = stmt.where(model.tenant_id == tenant)
+    versions: dict[int, int] = {}
+    counts: Counter[tuple[str, str | None]] = Counter()
+    for record_id, status, ambiguous, version in db.session.execute(stmt):
+        reason = cancel.cancellable(status, bool(ambiguous))
+        if reason is None:
+            versions[record_id] = version
+        counts[(status, reason)] += 1
+    lines = [
+        StatusLine(status, n, reason)
+        for (status, reason), n in sorted(
+            counts.items(), key=lambda item: (item[0][1] is not None, item[0][0])
+        )
+    ]
+    missing = len(ids) - sum(counts.values())
+    if missing:
+        lines.append(StatusLine("", missing, "no such record"))
+    return CancelPlan(list(ids), versions, lines)
+
+
+def parse_confirmed(value: str) -> tuple[list[int], dict[int, int], str | None]:
+    """A cancel confirmation's ``id:version,id,...``: the ids, the versions, or an error."""
+    ids: list[int] = []
+    versions: dict[int, int] = {}
+    broken = "That confirmation is not valid: select the records again."
+    for part in value.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        raw_id, sep, raw_version = part.partition(":")
+        record_id = parse_id(raw_id)
+        if record_id is None:
+            return [], {}, broken
+        if sep:
+            version = parse_id(raw_version) if raw_version != "0" else 0
+            if version is None or version > 2**31 - 1:
+                return [], {}, broken
+            versions[record_id] = version
+        ids.append(record_id)
+    ids = list(dict.fromkeys(ids))
+    if len(ids) > BULK_CAP:
+        return [], {}, f"Select at most {BULK_CAP:,} records at a time."
+    return ids, versions, None
+
+
+@dataclass
+class CancelOutcome:
+    """Step two's answer: what happened to each record, in three plain groups."""
+
+    cancelled: list[int]
+    claimed: list[tuple[int, str]]  # a worker got there first: (id, what it is now)
+    refused: list[tuple[str, int]]  # never cancellable: (reason, how many)
+
+    @property
+    def text(self) -> str:
+        """The no-JavaScript flash."""
+        parts = [f"{len(self.cancelled):,} cancelled"]
+        if self.claimed:
+            ids = ", ".join(str(i) for i, _ in self.claimed[:20])
+            more = "…" if len(self.claimed) > 20 else ""
+            parts.append(
+                f"{len(self.claimed):,} not cancelled because a worker claimed it first "
+                f"(record {ids}{more})"
+            )
+        if self.refused:
+            total = sum(n for _, n in self.refused)
+            reasons = " · ".join(f"{n:,}: {reason}" for reason, n in self.refused)
+            parts.append(f"{total:,} not cancellable ({reasons})")
+        return "; ".join(parts) + "."
+
+
+def cancel_outcome(report: cancel.CancelReport) -> CancelOutcome:
+    claimed = set(report.claimed)
+    return CancelOutcome(
+        cancelled=report.cancelled,
+        claimed=[(i, report.skipped[i]) for i in report.claimed],
+        refused=skipped_summary({i: r for i, r in report.skipped.items() if i not in claimed}),
+    )
+
+
+def bulk_cancel_view(kind: Kind) -> ResponseReturnValue:
+    """Two steps, as bulk retry: count what a cancel would do; then cancel by version."""
+    tenant = viewed_tenant(allow_all=True)
+    form: MultiDict[str, str] = request.form
+    filters = parse_filters(form)
+    list_url = url_for(kind.endpoint("index"), **filters.args())
+    fragment = wants_fragment()
+    decision = form.get("confirm", "")
+    if decision == "no":  # "Keep them": clear the confirmation
+        return ("", 200, {"Vary": "HX-Request"}) if fragment else redirect(list_url)
+
+    def render(name: str, status: int = 200, **context: Any) -> ResponseReturnValue:
+        page = "bulk_cancel" if not fragment else f"_cancel_{name}"
+        html = render_template(
+            f"{kind.blueprint}/{page}.html",
+            kind=kind,
+            filters=filters,
+            list_url=list_url,
+            step=name,
+            **context,
+        )
+        return html, status, {"Vary": "HX-Request"}
+
+    if decision == "yes":
+        ids, versions, error = parse_confirmed(form.get("confirmed", ""))
+        if error or not ids:
+            return render("confirm", 422, error=error or "Nothing to cancel.", plan=None)
+        report = cancel.cancel_records(db.session(), kind.model, ids, tenant, versions)
+        db.session.commit()
+        outcome = cancel_outcome(report)
+        if not fragment:
+            flash(outcome.text, "info" if not report.skipped else "error")
+            return redirect(list_url)
+        shown, _ = parse_ids(form.getlist("shown"))
+        visible = set(shown) & set(ids)
+        rows = []
+        if visible:
+            rows = list(
+                db.session.scalars(
+                    select(kind.model)
+                    .where(kind.model.id.in_(visible))
+                    .order_by(kind.model.id.desc())
+                )
+            )
+        return render(
+            "outcome",
+            outcome=outcome,
+            rows=rows,
+            all_tenants=tenant is None,
+            names=tenant_names(tenant),
+        )
+
+    # Step one: which records, and which of them can be cancelled.
+    if form.get("scope") == "filter":
+        if filters.errors:
+            return render("confirm", 422, error=next(iter(filters.errors.values())), plan=None)
+        ids, capped = matching_ids(kind, filters, tenant)
+        if not ids:
+            return render("confirm", 422, error="No records match this filter.", plan=None)
+    else:
+        ids, error = parse_ids(form.getlist("ids"))
+        capped = False
+        if error or not ids:
+            return render(
+                "confirm", 422, error=error or "Select at least one record to cancel.", plan=None
+            )
+    plan = plan_cancel(kind, ids, tenant)
+    plan.capped = capped
+    return render("confirm", plan=plan, error=None)
+
+
 # --- template helpers (app-wide: the dashboard and dead-letter pages show records too) -----
 
 
@@ -685,3 +875,10 @@ def retry(record_id: int) -> ResponseReturnValue:
 def bulk_retry() -> ResponseReturnValue:
     """Retry selected mail or all matching the filter: confirm with counts, then requeue."""
     return bulk_retry_view(MAIL)
+
+
+@bp.post("/cancel")
+@requires(Permission.RETRY)  # as the record page's Cancel: whoever may retry may cancel
+def bulk_cancel() -> ResponseReturnValue:
+    """Cancel selected mail or all matching the filter that is still queued, by version."""
+    return bulk_cancel_view(MAIL)

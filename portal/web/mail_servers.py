@@ -1,9 +1,13 @@
-"""Mail servers: the SMTP servers a tier sends through; create, edit, disable, test.
+"""Mail servers: the SMTP servers a tier sends through; create, edit, disable, test; and where
+their delivery events are posted.
 
 The password is write-only: no page or response carries it, not even masked or encrypted. The
 form has a blank password field ("leave blank to keep") and a "remove" checkbox. A server that
 send records point at is never deleted (records keep its id to be retried through it): it is
 disabled instead.
+
+The edit page shows the server's webhook URL and signing secret (derived from SECRET_KEY and
+the config id, so never stored), read-only with a copy button, to whoever may edit servers.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from portal.models import MailSendRecord, MailSendServerConfig, SmtpSecurity, Un
 from portal.models.secretbox import SecretUnavailable
 from portal.web.access import Permission, requires
 from portal.web.forms import Form, form_data, is_htmx, owned, tier_name, varies, viewed_tier
+from portal.web.webhooks import GENERIC, SIGNATURE_HEADER, mail_webhook_secret
 
 bp = Blueprint("mail_servers", __name__, url_prefix="/mail-servers")
 
@@ -145,15 +150,30 @@ def _form_of(server: MailSendServerConfig) -> Form:
     )
 
 
+def webhook_of(server: MailSendServerConfig) -> dict[str, str]:
+    """Where the server's delivery events are posted, and the secret that signs them.
+
+    The secret is derived (from SECRET_KEY and the config id), not stored: it is shown here
+    only, to those who may edit the server, so they can set up the sender of the events.
+    """
+    return {
+        "url": url_for("webhooks.mail", provider=GENERIC, config_id=server.id, _external=True),
+        "secret": mail_webhook_secret(_settings(), server.id),
+        "header": SIGNATURE_HEADER,
+    }
+
+
 def _page(server: MailSendServerConfig | None, form: Form, status: int = 200) -> tuple[str, int]:
-    tier = server.tenant_id if server is not None and server.id else viewed_tier()
+    saved = server is not None and server.id is not None
+    tier = server.tenant_id if server is not None and saved else viewed_tier()
     return render_template(
         "mail_servers/edit.html",
-        server=server if server is not None and server.id else None,
+        server=server if saved else None,
         form=form,
         tier_name=tier_name(tier),
         security_options=SECURITY_OPTIONS,
         uncertain_options=UNCERTAIN_OPTIONS,
+        webhook=webhook_of(server) if server is not None and saved else None,
     ), status
 
 

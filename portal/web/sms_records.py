@@ -1,4 +1,5 @@
-"""SMS records: search by phone number, filters, keyset pages, detail, retry (one and bulk).
+"""SMS records: search by phone number, filters, keyset pages, detail, retry (one and bulk), bulk
+cancel.
 
 The pages work exactly as mail's (``mail_records`` holds the shared machinery); what differs
 is the search (a number, normalised to E.164 when it parses, through the
@@ -18,6 +19,7 @@ from portal.web.access import Permission, can, requires, viewed_tenant
 from portal.web.mail_records import (
     Kind,
     Search,
+    bulk_cancel_view,
     bulk_retry_view,
     find_record,
     index_view,
@@ -99,3 +101,10 @@ def retry(record_id: int) -> ResponseReturnValue:
 def bulk_retry() -> ResponseReturnValue:
     """Retry selected messages or all matching the filter: confirm with counts, then requeue."""
     return bulk_retry_view(SMS)
+
+
+@bp.post("/cancel")
+@requires(Permission.RETRY)  # as the record page's Cancel: whoever may retry may cancel
+def bulk_cancel() -> ResponseReturnValue:
+    """Cancel selected messages or all matching the filter that are still queued, by version."""
+    return bulk_cancel_view(SMS)

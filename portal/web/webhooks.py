@@ -5,26 +5,42 @@ compare, before anything is parsed:
 
 - ``sms/twilio``: ``X-Twilio-Signature``, base64 HMAC-SHA1 of the full URL followed by the
   sorted form parameters (name then value), keyed by the config's auth token (its secret).
-- every other provider (``sms/http_json``, ``sms/vonage``, ``sms/test`` and ``mail/generic``):
+- ``sms/vonage``: Vonage's own signed webhooks, keyed by the config's webhook secret (the
+  account's *signature secret* in the Vonage dashboard):
+
+  - SMS API delivery receipts (GET query, POST form or POST JSON) carry ``sig``: every other
+    parameter, sorted by name, as ``&name=value`` (``&`` and ``=`` inside values replaced by
+    ``_``), then either MD5 of that followed by the secret ("MD5 hash") or an HMAC keyed by the
+    secret (MD5, SHA-1, SHA-256 or SHA-512, as set in the dashboard; the digest's length says
+    which), in hex. The signed ``timestamp`` (Unix seconds) must be within 5 minutes of ours,
+    so a captured receipt cannot be replayed later.
+  - Messages API status webhooks carry ``Authorization: Bearer <JWT>``, HS256 with the secret;
+    its ``payload_hash`` claim is the SHA-256 of the raw body and ``iat`` must be within 5
+    minutes; an ``api_key`` claim must be the config's account id when one is set.
+
+  A receipt relayed through our own signer (``X-Postroom-Signature``, below) is still accepted.
+- every other provider (``sms/http_json``, ``sms/test`` and ``mail/generic``):
   ``X-Postroom-Signature``, hex HMAC-SHA256 of the raw body (``sha256=`` prefix allowed), keyed
-  by the config's webhook secret. Vonage's own signed-webhook schemes (JWT for the Messages
-  API, an MD5/SHA ``sig`` parameter for SMS receipts) are not implemented: a Vonage account is
-  set to post its JSON delivery receipts through a relay that signs them this way.
+  by the config's webhook secret.
 - mail servers have no webhook secret column: theirs is derived from the app's secret key and
   the config id (``mail_webhook_secret``), so rotating ``SECRET_KEY`` rotates it.
 
 Answers: 404 for an unknown config or a provider that does not match it; 413 over 64 KiB; 401
-for a missing or wrong signature; 400 for a signed body that is not an event; otherwise 200,
-also for events about message ids we do not know (they are kept and applied when the id is
-written), so a provider never disables the endpoint. Replays are stored once.
+for a missing or wrong signature (or a stale signed timestamp); 400 for a signed body that is
+not an event; otherwise 200, also for events about message ids we do not know (they are kept
+and applied when the id is written), so a provider never disables the endpoint. Replays are
+stored once.
 """
 
 from __future__ import annotations
 
 import base64
+import binascii
 import hashlib
 import hmac
 import json
+import time
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import parse_qsl
@@ -57,6 +73,15 @@ TWILIO_PERMANENT = {"21211", "21612", "21614", "30005", "30006"}
 # Vonage delivery-receipt err-codes about the number: absent subscriber (permanent), illegal
 # number, call barred by user.
 VONAGE_PERMANENT = {"3", "4", "9"}
+# Vonage: a signed request whose timestamp is further than this from ours is refused.
+VONAGE_MAX_SKEW_S = 300
+# The hex length of a ``sig`` says its digest; 32 is MD5, as a plain hash or as an HMAC.
+VONAGE_METHODS = {
+    32: ("md5hash", "md5"),
+    40: ("sha1",),
+    64: ("sha256",),
+    128: ("sha512",),
+}
 
 
 class BadEvent(ValueError):
@@ -85,6 +110,88 @@ def _same(given: str, expected: str) -> bool:
     return hmac.compare_digest(given.strip().encode(), expected.encode())
 
 
+def vonage_signature(secret: str, params: Mapping[str, str], method: str = "md5hash") -> str:
+    """Vonage's ``sig`` of a signed SMS API request: ``method`` is "md5hash" (MD5 of the
+    parameters followed by the secret) or an HMAC digest ("md5", "sha1", "sha256", "sha512")."""
+    text = "".join(
+        f"&{name}={value.replace('&', '_').replace('=', '_')}"
+        for name, value in sorted(params.items())
+        if name != "sig"
+    )
+    if method == "md5hash":
+        return hashlib.md5((text + secret).encode()).hexdigest()
+    return hmac.new(secret.encode(), text.encode(), method).hexdigest()
+
+
+def vonage_sig_problem(
+    secret: str | None, params: Mapping[str, str], now: float | None = None
+) -> str | None:
+    """Why the ``sig`` of these parameters does not hold (None: it does)."""
+    given = params.get("sig", "").strip().lower()
+    methods = VONAGE_METHODS.get(len(given))
+    if not secret or not given or methods is None:
+        return "the signature is missing or wrong"
+    if not any(_same(given, vonage_signature(secret, params, m)) for m in methods):
+        return "the signature is missing or wrong"
+    return _stale(params.get("timestamp", ""), now)
+
+
+def _stale(stamp: Any, now: float | None) -> str | None:
+    """Why a signed time (Unix seconds) is unusable: missing, or too far from ours."""
+    if isinstance(stamp, str) and stamp.strip().isdigit() and len(stamp.strip()) <= 12:
+        stamp = int(stamp.strip())
+    if isinstance(stamp, bool) or not isinstance(stamp, (int, float)):
+        return "the signed timestamp is missing"
+    now = time.time() if now is None else now
+    if abs(now - stamp) > VONAGE_MAX_SKEW_S:
+        return f"the signed timestamp is more than {VONAGE_MAX_SKEW_S} seconds from now"
+    return None
+
+
+def _b64url(text: str) -> bytes:
+    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+
+
+def vonage_jwt_problem(
+    secret: str | None,
+    token: str,
+    body: bytes,
+    api_key: str | None = None,
+    now: float | None = None,
+) -> str | None:
+    """Why a Messages API webhook's bearer JWT does not hold (None: it does): HS256 with the
+    signature secret, ``payload_hash`` = SHA-256 of the body, a recent ``iat``."""
+    parts = token.strip().split(".")
+    if not secret or len(parts) != 3:
+        return "the signature is missing or wrong"
+    try:
+        header = json.loads(_b64url(parts[0]))
+        signature = _b64url(parts[2])
+        claims = json.loads(_b64url(parts[1]))
+    except (ValueError, binascii.Error, RecursionError):
+        return "the signature is missing or wrong"
+    if not isinstance(header, dict) or header.get("alg") != "HS256":
+        return "the signature is missing or wrong"
+    signed = f"{parts[0]}.{parts[1]}".encode()
+    expected = hmac.new(secret.encode(), signed, hashlib.sha256).digest()
+    if not hmac.compare_digest(signature, expected) or not isinstance(claims, dict):
+        return "the signature is missing or wrong"
+    payload_hash = claims.get("payload_hash")
+    if not isinstance(payload_hash, str) or not _same(
+        payload_hash.lower(), hashlib.sha256(body).hexdigest()
+    ):
+        return "the body is not the one that was signed"
+    if api_key and claims.get("api_key") not in (None, api_key):
+        return "the token was signed for another Vonage account"
+    return _stale(claims.get("iat"), now)
+
+
+@bp.get("/sms/vonage/<int:config_id>")
+def vonage_receipt(config_id: int) -> Response:
+    """A Vonage delivery receipt sent as a GET (the dashboard's default HTTP method)."""
+    return sms(SmsProviderKind.VONAGE.value, config_id)
+
+
 @bp.post("/sms/<provider>/<int:config_id>")
 def sms(provider: str, config_id: int) -> Response:
     """Delivery events of an SMS provider config."""
@@ -94,6 +201,8 @@ def sms(provider: str, config_id: int) -> Response:
     body = _body()
     if isinstance(body, Response):
         return body
+    if provider == SmsProviderKind.VONAGE.value and not request.headers.get(SIGNATURE_HEADER):
+        return _vonage_native(config, body)
     if provider == SmsProviderKind.TWILIO.value:
         params = parse_qsl(body.decode("utf-8", "replace"), keep_blank_values=True)
         token = config.secret
@@ -136,6 +245,66 @@ def mail(provider: str, config_id: int) -> Response:
     )
 
 
+def _vonage_native(config: SmsProviderConfig, body: bytes) -> Response:
+    """A Vonage webhook signed Vonage's way: a Messages API JWT, or an SMS API ``sig``."""
+    secret = config.webhook_secret
+    scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+    if scheme.lower() == "bearer" and token.strip():
+        problem = vonage_jwt_problem(secret, token, body, config.account_id)
+        if problem is not None:
+            return _unsigned(problem)
+        parse: Any = lambda: [_vonage(item, raw) for item, raw in _items(body)]  # noqa: E731
+        return _store(Channel.SMS, config.tenant_id, config.id, config.provider, parse)
+    params = _vonage_params(body)
+    problem = "the signature is missing or wrong" if params is None else None
+    if params is not None:
+        problem = vonage_sig_problem(secret, params)
+    if problem is not None or params is None:
+        return _unsigned(problem or "the signature is missing or wrong")
+    # The signing fields (sig, timestamp, nonce) differ between retries of one receipt.
+    receipt = {k: v for k, v in params.items() if k not in ("sig", "timestamp", "nonce")}
+    raw = json.dumps(receipt, sort_keys=True).encode()
+    return _store(
+        Channel.SMS,
+        config.tenant_id,
+        config.id,
+        config.provider,
+        lambda: [_vonage(receipt, raw)],
+    )
+
+
+def _vonage_params(body: bytes) -> dict[str, str] | None:
+    """An SMS API receipt's parameters as Vonage signed them: the query string, then the form
+    or JSON body (None: a body that is neither)."""
+    params = {k: v for k, v in request.args.items()}
+    if not body.strip():
+        return params
+    if request.mimetype == "application/json" or body.lstrip()[:1] == b"{":
+        try:
+            data = json.loads(body)
+        except (ValueError, RecursionError):
+            return None
+        if not isinstance(data, dict):
+            return None
+        for name, value in data.items():
+            params[str(name)] = _as_signed(value)
+        return params
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    for name, value in parse_qsl(text, keep_blank_values=True):
+        params.setdefault(name, value)
+    return params
+
+
+def _as_signed(value: Any) -> str:
+    """A JSON value as text for the signature (receipts send strings; others cannot match)."""
+    if isinstance(value, str):
+        return value
+    return json.dumps(value, separators=(",", ":"))
+
+
 def _body() -> bytes | Response:
     if (request.content_length or 0) > MAX_BODY:
         return error_response(413, "too_large", f"at most {MAX_BODY} bytes", "body")
@@ -151,8 +320,9 @@ def _signed(secret: str | None, body: bytes) -> bool:
     return bool(secret and given) and _same(given, body_signature(secret or "", body))
 
 
-def _unsigned() -> Response:
-    return error_response(401, "bad_signature", "the signature is missing or wrong", "signature")
+def _unsigned(problem: str = "the signature is missing or wrong") -> Response:
+    field = "timestamp" if "timestamp" in problem else "signature"
+    return error_response(401, "bad_signature", problem, field)
 
 
 def _store(channel: Channel, tenant_id: int, config_id: int, provider: str, parse: Any) -> Response:
@@ -290,14 +460,20 @@ def _twilio(params: dict[str, str], raw: bytes) -> ProviderEvent:
 
 
 def _vonage(item: dict[str, Any], raw: bytes) -> ProviderEvent:
-    message_id = _clean(item.get("messageId") or item.get("message-id"))
+    """An SMS API delivery receipt (messageId, msisdn, status, err-code, message-timestamp) or a
+    Messages API status (message_uuid, to, status, error.title, timestamp)."""
+    messages_api = "message_uuid" in item
+    message_id = _clean(item.get("messageId") or item.get("message-id") or item.get("message_uuid"))
     status = (_clean(item.get("status"), 32) or "").lower()
     if not message_id or not status:
         raise BadEvent("a Vonage delivery receipt carries messageId and status")
+    error = item.get("error")
     code = _clean(item.get("err-code"), 100)
+    if code is None and isinstance(error, dict):
+        code = _clean(error.get("title"), 100)
     if status == "delivered":
         event_type = EventType.DELIVERED
-    elif status in ("failed", "rejected") and code in VONAGE_PERMANENT:
+    elif status in ("failed", "rejected") and code in VONAGE_PERMANENT and not messages_api:
         event_type = EventType.BOUNCED
     else:
         event_type = EventType.OTHER
@@ -305,8 +481,8 @@ def _vonage(item: dict[str, Any], raw: bytes) -> ProviderEvent:
         dedup_key=f"{message_id}:{status}:{code or ''}",
         event_type=event_type,
         provider_message_id=message_id,
-        recipient=_e164(_clean(item.get("msisdn"), 32)),
-        occurred_at=_when(item.get("message-timestamp")),
+        recipient=_e164(_clean(item.get("to") if messages_api else item.get("msisdn"), 32)),
+        occurred_at=_when(item.get("timestamp") if messages_api else item.get("message-timestamp")),
         code=code,
         description=f"Vonage status {status}" + (f", err-code {code}" if code else ""),
         detail={"status": status},

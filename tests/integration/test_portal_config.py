@@ -502,3 +502,55 @@ def test_a_config_that_records_use_is_disabled_not_deleted(
     assert spare is not None
     assert admin.post(f"/mail-servers/{spare.id}/delete").status_code == 303
     assert count(MailSendServerConfig) == 3
+
+
+# --- the mail server's webhook (issue 7) -------------------------------------------------------
+
+
+def test_the_edit_page_shows_the_mail_webhook_url_and_its_derived_secret(
+    app: Flask, world: dict[str, Any], admin: Portal
+) -> None:
+    from portal.web.webhooks import body_signature, mail_webhook_secret
+
+    sid = world["acme"]["server"]
+    secret = mail_webhook_secret(app.config["SETTINGS"], sid)
+    page = admin.get(f"/mail-servers/{sid}/edit").text
+    url = f"http://localhost/webhooks/mail/generic/{sid}"
+    assert f'id="webhook-url" type="text" value="{url}" readonly' in page
+    assert f'id="webhook-secret" type="text" value="{secret}" readonly' in page
+    assert 'data-copy="webhook-secret"' in page
+    assert "X-Postroom-Signature" in page
+    # Each server has its own; a new (unsaved) server has none yet.
+    other = mail_webhook_secret(app.config["SETTINGS"], world["globex"]["server"])
+    assert other != secret
+    assert other not in page
+    assert "webhook-secret" not in admin.get("/mail-servers/new").text
+    assert "webhook-secret" not in admin.post("/mail-servers/", server_form(port="x")).text
+    # ... and the secret shown is the one the webhook checks.
+    body = json.dumps({"eventId": "e1", "messageId": "m1", "event": "delivered"}).encode()
+    signed = admin.client.post(
+        url,
+        data=body,
+        headers={
+            "Content-Type": "application/json",
+            "X-Postroom-Signature": body_signature(secret, body),
+        },
+    )
+    assert signed.status_code == 200, signed.get_data(as_text=True)
+
+
+@pytest.mark.parametrize("role", ["support", "anonymous"])
+def test_only_those_who_may_edit_servers_see_the_webhook_secret(
+    app: Flask, world: dict[str, Any], role: str
+) -> None:
+    from portal.web.webhooks import mail_webhook_secret
+
+    sid = world["acme"]["server"]
+    secret = mail_webhook_secret(app.config["SETTINGS"], sid)
+    portal = Portal(app, ROLES[role])
+    for url in ("/mail-servers/", f"/mail-servers/{sid}/edit", "/", "/mail-records/"):
+        response = portal.get(url)
+        assert secret not in response.get_data(as_text=True), url
+    assert portal.get(f"/mail-servers/{sid}/edit").status_code in (302, 403)
+    # Another tenant's admin cannot reach it either.
+    assert Portal(app, "admin@globex.test").get(f"/mail-servers/{sid}/edit").status_code == 404

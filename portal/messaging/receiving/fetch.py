@@ -396,6 +396,12 @@ def _watermark(
             .with_for_update()
         ).one()
         state_id, known, last_uid = state
+        # The folder opened: that is "last read" for the portal, even with nothing new.
+        session.execute(
+            update(MailReceiveState)
+            .where(MailReceiveState.id == state_id)
+            .values(updated_time=db_now())
+        )
         if known != uidvalidity:
             session.execute(
                 update(MailReceiveState)

@@ -47,6 +47,7 @@ class MailboxAddress:
 class FolderState:
     uidvalidity: int
     uidnext: int | None  # None when the server does not say
+    exists: int | None = None  # messages in the folder when it was opened
 
 
 @dataclass(frozen=True)
@@ -108,7 +109,9 @@ class ReadOnlyMailbox:
             validity = _response_int(imap, "UIDVALIDITY")
             if validity is None:
                 raise ImapError(f"the server gave no UIDVALIDITY for {a.folder!r}")
-            self.folder = FolderState(validity, _response_int(imap, "UIDNEXT"))
+            exists = data[0] if data else None
+            count = int(exists) if isinstance(exists, bytes) and exists.isdigit() else None
+            self.folder = FolderState(validity, _response_int(imap, "UIDNEXT"), count)
             return self.folder
         except (imaplib.IMAP4.error, OSError, ssl.SSLError) as exc:
             self.close()

@@ -1,0 +1,427 @@
+"""Bounce mailboxes: the IMAP mailboxes a tier's bounces and read receipts arrive in; create,
+edit, enable or disable, delete, test, and how far the fetch job has read each one.
+
+The password is write-only, as a mail server's: no page or response carries it, not even
+masked; a blank field keeps the stored one, and it is encrypted at rest (secretbox). A mailbox
+whose messages are stored (received mail keeps its config id) is never deleted, only disabled.
+"Test connection" logs in and opens the folder read-only (EXAMINE), exactly as the fetch job
+does, and reports what it found: nothing in the mailbox changes.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from flask import (
+    Blueprint,
+    Response,
+    current_app,
+    flash,
+    redirect,
+    render_template,
+    request,
+    url_for,
+)
+from flask.typing import ResponseReturnValue
+from sqlalchemy import func, select
+from sqlalchemy.exc import IntegrityError
+
+from portal.config import Settings
+from portal.extensions import db
+from portal.messaging.receiving.imap import ImapError, MailboxAddress, ReadOnlyMailbox
+from portal.models import MailReceiveConfig, MailReceiveState, ReceivedMail, SmtpSecurity
+from portal.models.secretbox import SecretUnavailable
+from portal.web.access import Permission, requires
+from portal.web.forms import Form, form_data, is_htmx, owned, tier_name, varies, viewed_tier
+
+bp = Blueprint("mail_receivers", __name__, url_prefix="/mail-receivers")
+
+LABELS = {
+    "name": "Name",
+    "host": "Host",
+    "port": "Port",
+    "security": "Security",
+    "verify_tls": "Check the server's TLS certificate",
+    "username": "Username",
+    "password": "Password",
+    "folder": "Folder",
+    "enabled": "Enabled",
+}
+SECURITY_OPTIONS = [
+    (SmtpSecurity.SSL.value, "IMAPS: TLS from the start (usually port 993)"),
+    (SmtpSecurity.STARTTLS.value, "STARTTLS (usually port 143)"),
+    (SmtpSecurity.PLAIN.value, "None (plain text; local servers only)"),
+]
+DEFAULT_PORTS = {SmtpSecurity.SSL.value: 993}  # the others: 143
+TEST_TIMEOUT_S = 10.0  # a page waits for the answer: never the fetch job's 30 s
+
+
+def _settings() -> Settings:
+    settings: Settings = current_app.config["SETTINGS"]
+    return settings
+
+
+def _read(form: Form, box: MailReceiveConfig, tier: int) -> bool:
+    """Check the form and copy it onto ``box``; False (nothing usable) when it has errors."""
+    name = form.text("name", required=True, max_len=200)
+    host = form.text("host", required=True, max_len=255)
+    port = form.number("port", lo=1, hi=65535)
+    security = form.choice("security", [s.value for s in SmtpSecurity], SmtpSecurity.SSL.value)
+    username = form.text("username", required=True, max_len=320)
+    password = form.text("password", max_len=500)
+    folder = form.text("folder", max_len=200)
+    if host is not None and any(c.isspace() or c in "/@:" for c in host):
+        form.fail("host", "must be a host name or IP address, such as imap.example.com")
+    if not box.secret_encrypted and password is None and "password" not in form.errors:
+        form.fail("password", "is required (the mailbox is read by logging in)")
+    if form.flag("remove_password") and password is None:
+        form.fail("password", "cannot be removed: the mailbox is read by logging in")
+    if name is not None and "name" not in form.errors:
+        clash = db.session.scalar(
+            select(MailReceiveConfig.id).where(
+                MailReceiveConfig.tenant_id == tier,
+                MailReceiveConfig.name == name,
+                MailReceiveConfig.id != (box.id or 0),
+            )
+        )
+        if clash is not None:
+            form.fail("name", f"{name!r} is already used by another bounce mailbox")
+    if not form.ok:
+        return False
+    assert name is not None
+    assert host is not None
+    assert username is not None
+    box.tenant_id = tier
+    box.name = name
+    box.host = host
+    box.security = security
+    box.port = port or DEFAULT_PORTS.get(security, 143)
+    box.verify_tls = form.flag("verify_tls")
+    box.username = username
+    if password is not None:
+        try:
+            box.secret = password
+        except SecretUnavailable:  # the old one is unreadable (SECRET_KEY rotated): replace it
+            box.secret_encrypted = None
+            box.secret = password
+    box.folder = folder or "INBOX"
+    box.enabled = form.flag("enabled")
+    return True
+
+
+def _form_of(box: MailReceiveConfig) -> Form:
+    return Form(
+        form_data(
+            name=box.name,
+            host=box.host,
+            port=box.port,
+            security=box.security,
+            verify_tls=box.verify_tls,
+            username=box.username,
+            folder=box.folder,
+            enabled=box.enabled,
+        ),
+        LABELS,
+    )
+
+
+# --- how far the fetch job has read ---------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Reading:
+    """What the fetch job has left behind for one mailbox: its watermark per folder and the
+    messages it stored (with the newest that could not be read or applied)."""
+
+    folders: list[MailReceiveState]
+    stored: int = 0
+    broken: int = 0
+    last_stored_at: datetime | None = None
+    last_error: str | None = None
+    last_error_at: datetime | None = None
+    last_error_uid: int | None = None
+
+    @property
+    def last_read_at(self) -> datetime | None:
+        times = [state.updated_time for state in self.folders if state.updated_time]
+        return max(times) if times else None
+
+
+def readings(tier: int, config_ids: list[int], *, with_error: bool = False) -> dict[int, Reading]:
+    """Each config's Reading (one query for the watermarks, one for the counts)."""
+    if not config_ids:
+        return {}
+    states: dict[int, list[MailReceiveState]] = {i: [] for i in config_ids}
+    for state in db.session.scalars(
+        select(MailReceiveState)
+        .where(MailReceiveState.config_id.in_(config_ids))
+        .order_by(MailReceiveState.folder)
+    ):
+        states[state.config_id].append(state)
+    counts = {
+        config_id: (stored, broken, last)
+        for config_id, stored, broken, last in db.session.execute(
+            select(
+                ReceivedMail.config_id,
+                func.count(),
+                func.count(ReceivedMail.error),
+                func.max(ReceivedMail.fetched_at),
+            )
+            .where(ReceivedMail.tenant_id == tier, ReceivedMail.config_id.in_(config_ids))
+            .group_by(ReceivedMail.config_id)
+        )
+    }
+    result = {}
+    for config_id in config_ids:
+        stored, broken, last = counts.get(config_id, (0, 0, None))
+        error: Any = None
+        if with_error and broken:
+            error = db.session.execute(
+                select(ReceivedMail.error, ReceivedMail.fetched_at, ReceivedMail.uid)
+                .where(
+                    ReceivedMail.tenant_id == tier,
+                    ReceivedMail.config_id == config_id,
+                    ReceivedMail.error.is_not(None),
+                )
+                .order_by(ReceivedMail.id.desc())
+                .limit(1)
+            ).first()
+        result[config_id] = Reading(
+            folders=states[config_id],
+            stored=stored,
+            broken=broken,
+            last_stored_at=last,
+            last_error=error.error if error else None,
+            last_error_at=error.fetched_at if error else None,
+            last_error_uid=error.uid if error else None,
+        )
+    return result
+
+
+# --- views ------------------------------------------------------------------------------------
+
+
+def _page(box: MailReceiveConfig | None, form: Form, status: int = 200) -> tuple[str, int]:
+    saved = box is not None and box.id is not None
+    tier = box.tenant_id if box is not None and saved else viewed_tier()
+    reading = None
+    if box is not None and saved:
+        reading = readings(box.tenant_id, [box.id], with_error=True)[box.id]
+    return render_template(
+        "mail_receivers/edit.html",
+        box=box if saved else None,
+        form=form,
+        tier_name=tier_name(tier),
+        security_options=SECURITY_OPTIONS,
+        reading=reading,
+    ), status
+
+
+def _save(form: Form) -> bool:
+    try:
+        db.session.commit()
+    except IntegrityError:  # the same name saved by someone else a moment ago
+        db.session.rollback()
+        form.fail("name", "is already used by another bounce mailbox")
+        return False
+    return True
+
+
+@bp.get("/")
+@requires(Permission.EDIT_CONFIG)
+def index() -> str:
+    """The viewed tier's bounce mailboxes and how far each has been read."""
+    tier = viewed_tier()
+    boxes = db.session.scalars(
+        select(MailReceiveConfig)
+        .where(MailReceiveConfig.tenant_id == tier)
+        .order_by(MailReceiveConfig.name)
+    ).all()
+    return render_template(
+        "mail_receivers/index.html",
+        boxes=boxes,
+        readings=readings(tier, [b.id for b in boxes]),
+        tier_name=tier_name(tier),
+    )
+
+
+@bp.get("/new")
+@requires(Permission.EDIT_CONFIG)
+def new() -> tuple[str, int]:
+    """An empty mailbox form."""
+    defaults = {
+        "port": "993",
+        "security": SmtpSecurity.SSL.value,
+        "verify_tls": "on",
+        "folder": "INBOX",
+        "enabled": "on",
+    }
+    return _page(None, Form(defaults, LABELS))
+
+
+@bp.post("/")
+@requires(Permission.EDIT_CONFIG)
+def create() -> ResponseReturnValue:
+    """Add a bounce mailbox to the viewed tier."""
+    form = Form(request.form, LABELS)
+    box = MailReceiveConfig()
+    if not _read(form, box, viewed_tier()):
+        return _page(None, form, 422)
+    db.session.add(box)
+    if not _save(form):
+        return _page(None, form, 422)
+    flash(f"Bounce mailbox {box.name!r} added. Test its connection below.", "success")
+    return redirect(url_for("mail_receivers.edit", box_id=box.id), 303)
+
+
+@bp.get("/<int:box_id>/edit")
+@requires(Permission.EDIT_CONFIG)
+def edit(box_id: int) -> tuple[str, int]:
+    """The mailbox's form (the password is never shown) and how far it has been read."""
+    box = owned(MailReceiveConfig, box_id, viewed_tier())
+    return _page(box, _form_of(box))
+
+
+@bp.post("/<int:box_id>")
+@requires(Permission.EDIT_CONFIG)
+def update(box_id: int) -> ResponseReturnValue:
+    """Save the mailbox; the next fetch run reads it with the new settings."""
+    box = owned(MailReceiveConfig, box_id, viewed_tier())
+    form = Form(request.form, LABELS)
+    if not _read(form, box, box.tenant_id):
+        db.session.rollback()
+        return _page(box, form, 422)
+    if not _save(form):
+        box = owned(MailReceiveConfig, box_id, viewed_tier())
+        return _page(box, form, 422)
+    flash("Bounce mailbox saved.", "success")
+    return redirect(url_for("mail_receivers.edit", box_id=box.id), 303)
+
+
+@bp.post("/<int:box_id>/enabled")
+@requires(Permission.EDIT_CONFIG)
+def enable(box_id: int) -> ResponseReturnValue:
+    """Turn reading on (``enabled=on``) or off (anything else) without the whole form."""
+    box = owned(MailReceiveConfig, box_id, viewed_tier())
+    box.enabled = Form(request.form, LABELS).flag("enabled")
+    db.session.commit()
+    if box.enabled:
+        flash(f"Bounce mailbox {box.name!r} enabled: the next fetch run reads it.", "success")
+    else:
+        flash(f"Bounce mailbox {box.name!r} disabled: it is no longer read.", "success")
+    fallback = url_for("mail_receivers.index")
+    target = request.form.get("next", "")
+    edit_url = url_for("mail_receivers.edit", box_id=box.id)
+    return redirect(edit_url if target == edit_url else fallback, 303)
+
+
+@bp.post("/<int:box_id>/delete")
+@requires(Permission.EDIT_CONFIG)
+def delete(box_id: int) -> ResponseReturnValue:
+    """Delete a mailbox with no stored messages; one with stored messages is only disabled."""
+    box = owned(MailReceiveConfig, box_id, viewed_tier())
+    used = db.session.scalar(
+        select(ReceivedMail.id)
+        .where(ReceivedMail.tenant_id == box.tenant_id, ReceivedMail.config_id == box.id)
+        .limit(1)
+    )
+    if used is not None:
+        if box.enabled:
+            box.enabled = False
+            db.session.commit()
+        flash(
+            "Messages read from this mailbox are stored (bounces and receipts point at it), so "
+            "it cannot be deleted. It is disabled instead: it is no longer read.",
+            "error",
+        )
+        return redirect(url_for("mail_receivers.edit", box_id=box.id), 303)
+    db.session.delete(box)
+    db.session.commit()
+    flash(f"Bounce mailbox {box.name!r} deleted.", "success")
+    return redirect(url_for("mail_receivers.index"), 303)
+
+
+@dataclass(frozen=True)
+class ConnectionResult:
+    error: str | None = None
+    exists: int | None = None
+    uidvalidity: int | None = None
+    uidnext: int | None = None
+    latency_ms: int = 0
+
+
+def mailbox_address(box: MailReceiveConfig, timeout_s: float) -> MailboxAddress | str:
+    """Where and how to log in (the decrypted password), or why we cannot try."""
+    try:
+        password = box.secret
+    except SecretUnavailable:
+        return "The stored password cannot be decrypted: enter it again and save."
+    if not password:
+        return "No password is stored: enter it and save."
+    try:
+        security = SmtpSecurity(box.security)
+    except ValueError:
+        return f"The security setting {box.security!r} is unknown: choose one and save."
+    return MailboxAddress(
+        host=box.host,
+        port=box.port,
+        security=security,
+        username=box.username,
+        password=password,
+        folder=box.folder,
+        verify_tls=box.verify_tls,
+        timeout_s=timeout_s,
+    )
+
+
+def check_connection(address: MailboxAddress) -> ConnectionResult:
+    """Log in, open the folder read-only (EXAMINE), log out: what it holds, or the error."""
+    started = time.monotonic()
+    try:
+        with ReadOnlyMailbox(address) as mailbox:
+            folder = mailbox.folder
+    except ImapError as exc:
+        latency = round((time.monotonic() - started) * 1000)
+        return ConnectionResult(_plain(str(exc), address), latency_ms=latency)
+    latency = round((time.monotonic() - started) * 1000)
+    assert folder is not None
+    return ConnectionResult(
+        exists=folder.exists,
+        uidvalidity=folder.uidvalidity,
+        uidnext=folder.uidnext,
+        latency_ms=latency,
+    )
+
+
+def _plain(error: str, box: MailboxAddress) -> str:
+    """The IMAP error, with what it usually means."""
+    lowered = error.lower()
+    if "authenticationfailed" in lowered or "authentication failed" in lowered:
+        return f"The server refused the username or password ({error})."
+    if "cannot open folder" in lowered:
+        return f"Logged in, but the folder {box.folder!r} cannot be opened ({error})."
+    if "certificate" in lowered:
+        return f"The server's TLS certificate was not accepted ({error})."
+    if "timed out" in lowered or "timeout" in lowered:
+        return f"The server did not answer in time ({error})."
+    if "refused" in lowered:
+        return f"Nothing answers at {box.host}:{box.port} ({error})."
+    return error
+
+
+@bp.post("/<int:box_id>/test")
+@requires(Permission.EDIT_CONFIG)
+def test(box_id: int) -> ResponseReturnValue:
+    """Log in to the saved mailbox and open its folder read-only: its count or the error."""
+    box = owned(MailReceiveConfig, box_id, viewed_tier())
+    timeout = min(TEST_TIMEOUT_S, max(_settings().smtp_connect_timeout_s, 1.0) * 2)
+    address = mailbox_address(box, timeout)
+    db.session.close()  # no database connection held while the IMAP server answers
+    result = ConnectionResult(address) if isinstance(address, str) else check_connection(address)
+    context = {"box": box, "result": result}
+    if is_htmx():
+        return varies(Response(render_template("mail_receivers/_connection.html", **context)))
+    return varies(Response(render_template("mail_receivers/test.html", **context)))
