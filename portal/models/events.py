@@ -114,7 +114,13 @@ class MailReceiveConfig(Base):
 
 
 class MailReceiveState(Base):
-    """The UID watermark of one (config, folder), reset when UIDVALIDITY changes."""
+    """The UID watermark of one (config, folder), reset when UIDVALIDITY changes, and how the
+    fetch job's last run over it went.
+
+    ``updated_time`` moves when the folder is opened or read (the portal's "last read");
+    ``last_run_at`` on every run, also one that failed. A row whose folder was never opened
+    (every run so far failed) has no ``uidvalidity``.
+    """
 
     __tablename__ = "mail_receive_state"
     __table_args__ = (UniqueConstraint("config_id", "folder"),)
@@ -127,6 +133,11 @@ class MailReceiveState(Base):
     updated_time: Mapped[datetime] = mapped_column(
         UTCDateTime, server_default=db_now(), onupdate=db_now()
     )
+    last_run_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    # Why the last run could not read the folder, in plain words (at most 2,000 characters);
+    # NULL after a run that read it. last_error_at: when this run of failures began.
+    last_error: Mapped[str | None] = mapped_column(Text)
+    last_error_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
 
 
 class ReceivedMail(Base):

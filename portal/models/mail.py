@@ -90,8 +90,12 @@ class MailSendServerConfig(Base):
 
     @password.setter
     def password(self, value: str | None) -> None:
-        if value and self.password_encrypted and self.password == value:
-            return  # unchanged: a fresh ciphertext would look like a change
+        if value and self.password_encrypted:
+            try:
+                if secretbox.decrypt(self.password_encrypted) == value:
+                    return  # unchanged: a fresh ciphertext would look like a change
+            except secretbox.SecretUnavailable:
+                pass  # unreadable since SECRET_KEY changed: the new value replaces it
         self.password_encrypted = secretbox.encrypt(value) if value else None
 
 

@@ -82,8 +82,12 @@ class SmsProviderConfig(Base):
 
     @secret.setter
     def secret(self, value: str | None) -> None:
-        if value and self.secret_encrypted and self.secret == value:
-            return  # unchanged: a fresh ciphertext would look like a change
+        if value and self.secret_encrypted:
+            try:
+                if secretbox.decrypt(self.secret_encrypted) == value:
+                    return  # unchanged: a fresh ciphertext would look like a change
+            except secretbox.SecretUnavailable:
+                pass  # unreadable since SECRET_KEY changed: the new value replaces it
         self.secret_encrypted = secretbox.encrypt(value) if value else None
 
     @property
@@ -95,8 +99,12 @@ class SmsProviderConfig(Base):
 
     @webhook_secret.setter
     def webhook_secret(self, value: str | None) -> None:
-        if value and self.webhook_secret_encrypted and self.webhook_secret == value:
-            return
+        if value and self.webhook_secret_encrypted:
+            try:
+                if secretbox.decrypt(self.webhook_secret_encrypted) == value:
+                    return
+            except secretbox.SecretUnavailable:
+                pass  # unreadable since SECRET_KEY changed: the new value replaces it
         self.webhook_secret_encrypted = secretbox.encrypt(value) if value else None
 
 

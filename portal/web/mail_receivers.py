@@ -11,6 +11,7 @@ does, and reports what it found: nothing in the mailbox changes.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -31,6 +32,7 @@ from sqlalchemy.exc import IntegrityError
 
 from portal.config import Settings
 from portal.extensions import db
+from portal.messaging.receiving.fetch import UNREADABLE_PASSWORD, plain_error
 from portal.messaging.receiving.imap import ImapError, MailboxAddress, ReadOnlyMailbox
 from portal.models import MailReceiveConfig, MailReceiveState, ReceivedMail, SmtpSecurity
 from portal.models.secretbox import SecretUnavailable
@@ -133,9 +135,11 @@ def _form_of(box: MailReceiveConfig) -> Form:
 
 @dataclass(frozen=True)
 class Reading:
-    """What the fetch job has left behind for one mailbox: its watermark per folder and the
-    messages it stored (with the newest that could not be read or applied)."""
+    """What the fetch job has left behind for one mailbox: its watermark per folder, how its
+    last run over the mailbox's folder went, and the messages it stored (with the newest that
+    could not be read or applied)."""
 
+    folder: str  # the folder the mailbox is set to read
     folders: list[MailReceiveState]
     stored: int = 0
     broken: int = 0
@@ -145,15 +149,42 @@ class Reading:
     last_error_uid: int | None = None
 
     @property
+    def opened(self) -> list[MailReceiveState]:
+        """The folders the job has opened at least once (a row without UIDVALIDITY only holds
+        failed runs)."""
+        return [state for state in self.folders if state.uidvalidity is not None]
+
+    @property
     def last_read_at(self) -> datetime | None:
-        times = [state.updated_time for state in self.folders if state.updated_time]
+        times = [state.updated_time for state in self.opened if state.updated_time]
         return max(times) if times else None
 
+    @property
+    def current(self) -> MailReceiveState | None:
+        """The state of the folder the mailbox is set to read (None: no run has tried it)."""
+        return next((state for state in self.folders if state.folder == self.folder), None)
 
-def readings(tier: int, config_ids: list[int], *, with_error: bool = False) -> dict[int, Reading]:
-    """Each config's Reading (one query for the watermarks, one for the counts)."""
-    if not config_ids:
+    @property
+    def last_run_at(self) -> datetime | None:
+        return self.current.last_run_at if self.current else None
+
+    @property
+    def run_error(self) -> str | None:
+        """Why the last run could not read the folder (None: it could, or none ran yet)."""
+        return self.current.last_error if self.current else None
+
+    @property
+    def failing_since(self) -> datetime | None:
+        return self.current.last_error_at if self.current and self.current.last_error else None
+
+
+def readings(
+    tier: int, boxes: Sequence[MailReceiveConfig], *, with_error: bool = False
+) -> dict[int, Reading]:
+    """Each mailbox's Reading (one query for the watermarks, one for the counts)."""
+    if not boxes:
         return {}
+    config_ids = [box.id for box in boxes]
     states: dict[int, list[MailReceiveState]] = {i: [] for i in config_ids}
     for state in db.session.scalars(
         select(MailReceiveState)
@@ -175,7 +206,8 @@ def readings(tier: int, config_ids: list[int], *, with_error: bool = False) -> d
         )
     }
     result = {}
-    for config_id in config_ids:
+    for box in boxes:
+        config_id = box.id
         stored, broken, last = counts.get(config_id, (0, 0, None))
         error: Any = None
         if with_error and broken:
@@ -190,6 +222,7 @@ def readings(tier: int, config_ids: list[int], *, with_error: bool = False) -> d
                 .limit(1)
             ).first()
         result[config_id] = Reading(
+            folder=box.folder,
             folders=states[config_id],
             stored=stored,
             broken=broken,
@@ -209,7 +242,7 @@ def _page(box: MailReceiveConfig | None, form: Form, status: int = 200) -> tuple
     tier = box.tenant_id if box is not None and saved else viewed_tier()
     reading = None
     if box is not None and saved:
-        reading = readings(box.tenant_id, [box.id], with_error=True)[box.id]
+        reading = readings(box.tenant_id, [box], with_error=True)[box.id]
     return render_template(
         "mail_receivers/edit.html",
         box=box if saved else None,
@@ -243,7 +276,7 @@ def index() -> str:
     return render_template(
         "mail_receivers/index.html",
         boxes=boxes,
-        readings=readings(tier, [b.id for b in boxes]),
+        readings=readings(tier, boxes),
         tier_name=tier_name(tier),
     )
 
@@ -358,7 +391,7 @@ def mailbox_address(box: MailReceiveConfig, timeout_s: float) -> MailboxAddress 
     try:
         password = box.secret
     except SecretUnavailable:
-        return "The stored password cannot be decrypted: enter it again and save."
+        return UNREADABLE_PASSWORD
     if not password:
         return "No password is stored: enter it and save."
     try:
@@ -385,7 +418,7 @@ def check_connection(address: MailboxAddress) -> ConnectionResult:
             folder = mailbox.folder
     except ImapError as exc:
         latency = round((time.monotonic() - started) * 1000)
-        return ConnectionResult(_plain(str(exc), address), latency_ms=latency)
+        return ConnectionResult(plain_error(str(exc), address), latency_ms=latency)
     latency = round((time.monotonic() - started) * 1000)
     assert folder is not None
     return ConnectionResult(
@@ -394,22 +427,6 @@ def check_connection(address: MailboxAddress) -> ConnectionResult:
         uidnext=folder.uidnext,
         latency_ms=latency,
     )
-
-
-def _plain(error: str, box: MailboxAddress) -> str:
-    """The IMAP error, with what it usually means."""
-    lowered = error.lower()
-    if "authenticationfailed" in lowered or "authentication failed" in lowered:
-        return f"The server refused the username or password ({error})."
-    if "cannot open folder" in lowered:
-        return f"Logged in, but the folder {box.folder!r} cannot be opened ({error})."
-    if "certificate" in lowered:
-        return f"The server's TLS certificate was not accepted ({error})."
-    if "timed out" in lowered or "timeout" in lowered:
-        return f"The server did not answer in time ({error})."
-    if "refused" in lowered:
-        return f"Nothing answers at {box.host}:{box.port} ({error})."
-    return error
 
 
 @bp.post("/<int:box_id>/test")

@@ -7,7 +7,8 @@ send records point at is never deleted (records keep its id to be retried throug
 disabled instead.
 
 The edit page shows the server's webhook URL and signing secret (derived from SECRET_KEY and
-the config id, so never stored), read-only with a copy button, to whoever may edit servers.
+the config id, so never stored), read-only with a copy button, to whoever may edit servers; and
+says so when the stored password can no longer be decrypted (a new one replaces it).
 """
 
 from __future__ import annotations
@@ -151,16 +152,37 @@ def _form_of(server: MailSendServerConfig) -> Form:
 
 
 def webhook_of(server: MailSendServerConfig) -> dict[str, str]:
-    """Where the server's delivery events are posted, and the secret that signs them.
+    """Where the server's delivery events are posted, and the secret that signs them
+    (for templates/shared/_webhook.html).
 
     The secret is derived (from SECRET_KEY and the config id), not stored: it is shown here
     only, to those who may edit the server, so they can set up the sender of the events.
     """
     return {
         "url": url_for("webhooks.mail", provider=GENERIC, config_id=server.id, _external=True),
+        "intro": (
+            "Have the service behind this server post delivered, bounced and complained events "
+            "here, as JSON. Events about mail we do not know are kept until the mail is sent."
+        ),
+        "signature": (
+            "Sign each request with the secret below: hex HMAC-SHA256 of the raw body, sent in "
+            f"the {SIGNATURE_HEADER} header."
+        ),
         "secret": mail_webhook_secret(_settings(), server.id),
-        "header": SIGNATURE_HEADER,
+        "secret_hint": (
+            "Derived from the portal's secret key: it changes when that key is rotated. Keep it "
+            "to the sender of the events; select it to copy."
+        ),
     }
+
+
+def unreadable(server: MailSendServerConfig) -> list[str]:
+    """The form's secrets that are stored but cannot be decrypted (SECRET_KEY changed)."""
+    try:
+        _ = server.password  # decrypting is the check
+    except SecretUnavailable:
+        return ["password"]
+    return []
 
 
 def _page(server: MailSendServerConfig | None, form: Form, status: int = 200) -> tuple[str, int]:
@@ -174,6 +196,7 @@ def _page(server: MailSendServerConfig | None, form: Form, status: int = 200) ->
         security_options=SECURITY_OPTIONS,
         uncertain_options=UNCERTAIN_OPTIONS,
         webhook=webhook_of(server) if server is not None and saved else None,
+        unreadable=unreadable(server) if server is not None and saved else [],
     ), status
 
 

@@ -1,7 +1,10 @@
 """SMS providers: the accounts a tier sends SMS through, their routes by country, and a
 credential check.
 
-Secrets (the auth token and the webhook secret) are write-only, as mail server passwords are.
+Secrets (the auth token and the webhook secret) are write-only, as mail server passwords are;
+one that can no longer be decrypted (SECRET_KEY changed) is said so, and a new one replaces it.
+The edit page shows where the provider posts its delivery events and how they are signed, naming
+the stored secret that checks them (never showing it).
 A provider that send records point at is never deleted, only disabled. Routes say which
 providers may carry SMS to a country, lower priority first; a country with routes never falls
 back to the default provider.
@@ -51,6 +54,7 @@ from portal.web.forms import (
     varies,
     viewed_tier,
 )
+from portal.web.webhooks import SIGNATURE_HEADER
 
 bp = Blueprint("sms_providers", __name__, url_prefix="/sms-providers")
 
@@ -168,6 +172,68 @@ def _routes(provider: SmsProviderConfig) -> list[SmsProviderRegion]:
     )
 
 
+# --- delivery events ---------------------------------------------------------------------------
+
+# What each kind's provider posts to the webhook, and how webhooks.py checks its signature: the
+# provider's own scheme keyed by one of the config's stored secrets (the form field named here),
+# or ours (X-Postroom-Signature) keyed by the stored webhook secret. None of them is derived, so
+# the page names the field and never shows its value.
+WEBHOOK_TEXTS: dict[str, tuple[str, str, str]] = {
+    SmsProviderKind.TWILIO.value: (
+        "Set this URL as the status callback (StatusCallback) of the messages or of the "
+        "Messaging Service: Twilio posts each status change here (delivered, undelivered, "
+        "failed).",
+        "Twilio signs each request itself: X-Twilio-Signature, an HMAC-SHA1 of this exact URL "
+        "and the posted parameters, keyed by the account's auth token. Use the URL exactly as "
+        "shown: a different host or scheme changes what is signed.",
+        "secret",
+    ),
+    SmsProviderKind.VONAGE.value: (
+        "Set this URL as the delivery receipt URL (SMS API, GET or POST) or the status URL "
+        "(Messages API) in the Vonage dashboard, with signed webhooks turned on.",
+        "Vonage signs each request itself with the account's signature secret: SMS API "
+        "receipts carry a sig parameter (MD5 hash or HMAC, as chosen in the dashboard) with a "
+        "timestamp that must be within 5 minutes; Messages API webhooks carry a bearer JWT "
+        "(HS256). Enter that signature secret as this provider's webhook secret.",
+        "webhook_secret",
+    ),
+}
+GENERIC_WEBHOOK_TEXTS = (
+    "Have the provider post delivery events here as JSON: one event or a list of up to 100, "
+    "each with eventId, messageId, recipient, event (delivered, bounced, complained), "
+    "bounceType, code, description and timestamp. Events about unknown message ids are kept "
+    "until the id is written.",
+    f"Sign each request with this provider's webhook secret: hex HMAC-SHA256 of the raw body, "
+    f"sent in the {SIGNATURE_HEADER} header (a sha256= prefix is allowed).",
+    "webhook_secret",
+)
+
+
+def stored_state(provider: SmsProviderConfig, name: str) -> str:
+    """``stored``, ``missing`` or ``unreadable`` (SECRET_KEY changed) for a secret field."""
+    try:
+        value = provider.secret if name == "secret" else provider.webhook_secret
+    except SecretUnavailable:
+        return "unreadable"
+    return "stored" if value else "missing"
+
+
+def webhook_of(provider: SmsProviderConfig) -> dict[str, str]:
+    """Where the provider posts its delivery events and how they are signed (for
+    templates/shared/_webhook.html); names the stored credential, never shows it."""
+    intro, signature, field = WEBHOOK_TEXTS.get(provider.provider, GENERIC_WEBHOOK_TEXTS)
+    return {
+        "url": url_for(
+            "webhooks.sms", provider=provider.provider, config_id=provider.id, _external=True
+        ),
+        "intro": intro,
+        "signature": signature,
+        "credential": LABELS[field],
+        "credential_field": field,
+        "credential_state": stored_state(provider, field),
+    }
+
+
 def _page(
     provider: SmsProviderConfig | None,
     form: Form,
@@ -185,6 +251,12 @@ def _page(
         uncertain_options=UNCERTAIN_OPTIONS,
         routes=_routes(saved) if saved is not None else [],
         route_form=route_form or Form({"priority": "100"}, ROUTE_LABELS),
+        webhook=webhook_of(saved) if saved is not None else None,
+        unreadable=[
+            name
+            for name in ("secret", "webhook_secret")
+            if saved is not None and stored_state(saved, name) == "unreadable"
+        ],
     ), status
 
 

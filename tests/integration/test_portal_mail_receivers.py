@@ -438,3 +438,64 @@ def test_test_connection_says_plainly_what_is_wrong(
     wrong = admin.post(f"/mail-receivers/{box_id}/test", htmx=True).text
     assert "connection-bad" in wrong
     assert "The server refused the username or password" in wrong
+
+
+def test_a_run_that_cannot_log_in_shows_on_the_page_until_one_can(
+    app: Flask, world: dict[str, Any], admin: Portal
+) -> None:
+    # Its own server: Dovecot slows every login from an address after a failed one.
+    with DovecotServer(users=1) as server:
+        mailbox = server.add_user()
+        box_id = world["acme"]["box"]
+        point_at(box_id, mailbox)
+        for other in ("globex", "pf"):  # only acme's mailbox is read in this test
+            get_box(world[other]["box"]).enabled = False
+            db.session.commit()
+        get_box(box_id).secret = "not-the-password"
+        db.session.commit()
+        mailbox.append(BOUNCE % 1)
+
+        (run,) = fetch_all(db.engine, FetchLimits(timeout_s=10)).mailboxes
+        assert run.config_id == box_id
+        db.session.expire_all()
+        state = db.session.scalar(
+            select(MailReceiveState).where(MailReceiveState.config_id == box_id)
+        )
+        assert state is not None  # created by the failure: the folder was never opened
+        assert state.last_error is not None
+        assert state.last_error.startswith("Login failed. The server refused the username")
+        assert "not-the-password" not in state.last_error
+        assert state.last_run_at is not None
+        assert state.uidvalidity is None
+        edit = admin.get(f"/mail-receivers/{box_id}/edit").text
+        assert "The last run could not read this mailbox" in edit
+        assert "Login failed. The server refused the username or password" in edit
+        assert "Never read: no run has opened the folder yet." in edit
+        assert "Last run (UTC)" in edit
+        assert "read up to UID" not in edit  # no watermark to show yet
+        listing = admin.get("/mail-receivers/").text
+        assert "Failed</span>" in listing
+        assert "Login failed." in listing
+
+        # The right password: the next run reads the folder and clears the error.
+        form = box_form(
+            name="acme-bounces", host="127.0.0.1", port=str(server.imap_port),
+            security="plain", username=mailbox.name, password=mailbox.password,
+        )  # fmt: skip
+        assert admin.post(f"/mail-receivers/{box_id}", form).status_code == 303
+        (run,) = fetch_all(db.engine, FetchLimits(timeout_s=10)).mailboxes
+        assert (run.error, run.stored) == (None, 1)
+        db.session.expire_all()
+        state = db.session.get(MailReceiveState, state.id)
+        assert state is not None
+        assert (state.last_error, state.last_error_at) == (None, None)
+        assert state.last_run_at is not None
+        assert state.uidvalidity == mailbox.uidvalidity()
+        edit = admin.get(f"/mail-receivers/{box_id}/edit").text
+        assert "could not read this mailbox" not in edit
+        assert "Login failed" not in edit
+        assert f"read up to UID 1 (UIDVALIDITY {mailbox.uidvalidity()})" in edit
+        assert "Last run (UTC)" in edit
+        listing = admin.get("/mail-receivers/").text
+        assert "Login failed" not in listing
+        assert "Never" not in listing

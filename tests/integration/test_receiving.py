@@ -8,6 +8,7 @@ the rest, size limits, tenant isolation, and the fetch chore's schedule."""
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -26,7 +27,14 @@ from sqlalchemy import func, select
 from portal.delivery.chores import PREFIX, QUEUE, ensure_schedules
 from portal.extensions import db
 from portal.messaging import suppression
-from portal.messaging.receiving.fetch import MAX_MESSAGE_BYTES, FetchLimits, FetchReport, fetch_all
+from portal.messaging.receiving.fetch import (
+    MAX_MESSAGE_BYTES,
+    UNREADABLE_PASSWORD,
+    FetchLimits,
+    FetchReport,
+    fetch_all,
+    record_run,
+)
 from portal.models import (
     Channel,
     MailReceiveConfig,
@@ -680,3 +688,127 @@ def test_the_fetch_chore_reads_the_mailboxes_in_its_own_process(
     assert (result["stored"], result["bounces_failed"]) == (1, 1)
     assert result["mailboxes"][0]["config_id"] == config
     assert record(mail.id).status == "Failed"
+
+
+# --- every run is recorded on the folder's state ---------------------------------------------
+
+
+def run_state(config_id: int, folder: str = "INBOX") -> MailReceiveState:
+    db.session.expire_all()
+    state = db.session.scalars(
+        select(MailReceiveState).where(
+            MailReceiveState.config_id == config_id, MailReceiveState.folder == folder
+        )
+    ).one()
+    return state
+
+
+def set_config(config_id: int, **fields: Any) -> None:
+    config = db.session.get(MailReceiveConfig, config_id)
+    assert config is not None
+    for name, value in fields.items():
+        setattr(config, name, value)
+    db.session.commit()
+
+
+def test_a_run_that_cannot_read_the_folder_is_recorded_and_a_run_that_can_clears_it(
+    app: Flask, acme: int, mailbox: ImapUser
+) -> None:
+    """A folder never opened has no state row yet: the failure creates it."""
+    config = receive_config(acme, mailbox, folder="Later")
+    assert db.session.scalar(select(func.count()).select_from(MailReceiveState)) == 0
+
+    (run,) = fetch().mailboxes
+    state = run_state(config, "Later")
+    assert state.last_error is not None
+    assert state.last_error.startswith("Folder missing. Logged in, but the folder 'Later'")
+    assert state.last_error == run.error
+    assert state.last_run_at is not None
+    assert state.last_error_at == state.last_run_at
+    assert (state.uidvalidity, state.last_uid) == (None, 0)  # never opened
+    first_failure, first_run = state.last_error_at, state.last_run_at
+
+    fetch()  # still failing: the run moves, "failing since" stays
+    state = run_state(config, "Later")
+    assert state.last_run_at is not None
+    assert state.last_run_at > first_run
+    assert state.last_error_at == first_failure
+
+    mailbox.create("Later")
+    mailbox.append(auto_message(1), "Later")
+    (run,) = fetch().mailboxes
+    assert (run.stored, run.error, run.uidvalidity_reset) == (1, None, False)
+    state = run_state(config, "Later")
+    assert (state.last_error, state.last_error_at) == (None, None)
+    assert state.last_run_at is not None
+    assert state.last_run_at > first_run
+    assert (state.uidvalidity, state.last_uid) == (mailbox.uidvalidity("Later"), 1)
+
+
+def test_each_kind_of_failure_is_said_plainly_and_last_read_stays(
+    app: Flask, acme: int, mailbox: ImapUser
+) -> None:
+    config = receive_config(acme, mailbox)
+    mailbox.append(auto_message(1))
+    assert fetch().mailboxes[0].error is None
+    read_at = run_state(config).updated_time
+
+    with socket.socket() as sock:  # a port with nothing listening
+        sock.bind(("127.0.0.1", 0))
+        closed = sock.getsockname()[1]
+    set_config(config, port=closed)
+    fetch()
+    error = run_state(config).last_error or ""
+    assert error.startswith(f"Connection refused. Nothing answers at 127.0.0.1:{closed} ("), error
+
+    with socket.socket() as silent:  # takes the connection and never says hello
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(1)
+        set_config(config, port=silent.getsockname()[1])
+        fetch(timeout_s=1)
+    error = run_state(config).last_error or ""
+    assert error.startswith("Timed out. The server did not answer in time"), error
+
+    set_config(config, port=mailbox.server.imaps_port, security="ssl", verify_tls=True)
+    fetch()
+    error = run_state(config).last_error or ""
+    assert error.startswith("TLS failed. The server's TLS certificate was not accepted"), error
+    assert "CERTIFICATE_VERIFY_FAILED" in error  # the library's words follow
+
+    set_config(config, secret_encrypted="not-a-fernet-token")  # the key changed since
+    fetch()
+    assert run_state(config).last_error == UNREADABLE_PASSWORD
+
+    state = run_state(config)
+    assert state.updated_time == read_at  # "last read" is when the folder was last read
+    assert state.last_run_at is not None
+    assert state.last_run_at > read_at
+    assert db.session.scalar(select(func.count()).select_from(MailReceiveState)) == 1
+
+
+def run_ends(config_id: int, error: str | None) -> None:
+    db.session.rollback()  # the test's reads end here: on SQLite an open one holds the lock
+    record_run(db.engine, config_id, "INBOX", error)
+
+
+def test_runs_are_recorded_on_each_database(any_app: Flask, mailbox: ImapUser) -> None:
+    """The upsert (with "failing since" kept) on SQLite as on PostgreSQL; an error is kept to
+    2,000 characters; a config deleted during its run leaves nothing behind, and no error."""
+    config = receive_config(tenant("acme").id, mailbox)
+    run_ends(config, "x" * 5000 + "\x00")
+    state = run_state(config)
+    assert state.last_error == "x" * 2000
+    since = state.last_error_at
+    assert since is not None
+    run_ends(config, "Login failed.")
+    state = run_state(config)
+    assert (state.last_error, state.last_error_at) == ("Login failed.", since)
+    assert state.last_run_at is not None
+    assert state.last_run_at >= since  # SQLite's clock has milliseconds only
+    run_ends(config, None)
+    state = run_state(config)
+    assert (state.last_error, state.last_error_at) == (None, None)
+    db.session.delete(db.session.get(MailReceiveConfig, config))
+    db.session.commit()
+    run_ends(config, "gone")
+    assert db.session.scalar(select(func.count()).select_from(MailReceiveState)) == 0

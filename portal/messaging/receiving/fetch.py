@@ -15,6 +15,11 @@ For each enabled MailReceiveConfig, in its tenant's context:
   (connection, timeout, deadlock) is not the message's fault: the run stops where it is and the
   next one takes the message again.
 
+Every run is written on the (config, folder)'s state row, created if the folder was never
+opened: ``last_run_at``, and ``last_error`` in plain words (connection refused, login failed,
+folder missing, timeout, TLS) when it could not read the folder, cleared by a run that could.
+So a mailbox that cannot be reached shows on its portal page, not only in the worker's log.
+
 Nothing here holds a database connection while it talks to the IMAP server.
 """
 
@@ -27,9 +32,9 @@ from email.parser import BytesHeaderParser
 from email.policy import compat32
 from typing import Any
 
-from sqlalchemy import Engine, select, update
+from sqlalchemy import Engine, func, select, update
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.exc import InterfaceError, OperationalError
+from sqlalchemy.exc import IntegrityError, InterfaceError, OperationalError
 from sqlalchemy.orm import Session
 
 from portal.messaging.receiving import apply, bounces
@@ -46,6 +51,9 @@ MAX_BROKEN_PER_RUN = 10  # unreadable messages (each costs a reconnect) before a
 IMAP_TIMEOUT_S = 30.0
 MAX_ID_CHARS = 300
 MAX_SUBJECT_CHARS = 1000
+MAX_ERROR_CHARS = 2000
+# SECRET_KEY changed since the password was saved (the portal says the same on its page).
+UNREADABLE_PASSWORD = "The stored password cannot be decrypted: enter it again and save."
 
 
 @dataclass(frozen=True)
@@ -118,14 +126,21 @@ def fetch_all(engine: Engine, limits: FetchLimits | None = None) -> FetchReport:
                 run = fetch_mailbox(engine, config_id, limits)
             except Exception as exc:
                 log.exception("mailbox read failed", extra={"config_id": config_id})
-                run = MailboxRun(config_id, tenant_id, folder, error=f"{type(exc).__name__}: {exc}")
+                said = (str(exc).splitlines() or [""])[0]  # not the SQL and its parameters
+                error = f"The run stopped: {type(exc).__name__}: {said}"
+                run = MailboxRun(config_id, tenant_id, folder, error=error)
+                try:  # the database may be what failed: then the log is all there is
+                    record_run(engine, config_id, folder, error)
+                except Exception:
+                    log.exception("mailbox run not recorded", extra={"config_id": config_id})
         if run is not None:
             report.mailboxes.append(run)
     return report
 
 
 def fetch_mailbox(engine: Engine, config_id: int, limits: FetchLimits) -> MailboxRun | None:
-    """One run over one mailbox; None if the config is gone or disabled meanwhile."""
+    """One run over one mailbox, recorded on its folder's state; None if the config is gone
+    or disabled meanwhile."""
     with Session(engine) as session:
         config = session.get(MailReceiveConfig, config_id)
         if config is None or not config.enabled:
@@ -143,10 +158,38 @@ def fetch_mailbox(engine: Engine, config_id: int, limits: FetchLimits) -> Mailbo
                 verify_tls=config.verify_tls,
                 timeout_s=limits.timeout_s,
             )
-        except (SecretUnavailable, ValueError) as exc:
-            run.error = str(exc)
+        except SecretUnavailable as exc:
+            run.error = UNREADABLE_PASSWORD
             log.error("mailbox not read: %s", exc, extra={"config_id": config_id})
-            return run
+        except ValueError as exc:
+            run.error = f"The security setting {config.security!r} is unknown: choose one and save."
+            log.error("mailbox not read: %s", exc, extra={"config_id": config_id})
+    if run.error is not None:
+        record_run(engine, config_id, run.folder, run.error)
+        return run
+    failure = _read_mailbox(engine, config_id, run, address, limits, mailbox_name)
+    record_run(engine, config_id, address.folder, failure)
+    if run.stored or run.broken or run.error:
+        log.info(
+            "mailbox read",
+            extra={"config_id": config_id, "stored": run.stored, "broken": run.broken},
+        )
+    return run
+
+
+def _read_mailbox(
+    engine: Engine,
+    config_id: int,
+    run: MailboxRun,
+    address: MailboxAddress,
+    limits: FetchLimits,
+    mailbox_name: str,
+) -> str | None:
+    """Read the new messages into ``run``; why the folder could not be read (None: it was).
+
+    Too many unreadable messages end the run early, but the folder was read: those messages
+    are stored with their errors and shown as such, so that is not the run's failure.
+    """
     mailbox = ReadOnlyMailbox(address)
     try:
         folder = mailbox.open()
@@ -163,16 +206,68 @@ def fetch_mailbox(engine: Engine, config_id: int, limits: FetchLimits) -> Mailbo
     except _WatermarkMoved:
         log.info("another run is reading this mailbox", extra={"config_id": config_id})
     except ImapError as exc:
-        run.error = str(exc)
+        run.error = plain_error(str(exc), address)
         log.error("mailbox read stopped: %s", exc, extra={"config_id": config_id})
+        return run.error
     finally:
         mailbox.close()
-    if run.stored or run.broken or run.error:
-        log.info(
-            "mailbox read",
-            extra={"config_id": config_id, "stored": run.stored, "broken": run.broken},
+    return None
+
+
+def plain_error(error: str, address: MailboxAddress) -> str:
+    """An IMAP error said plainly: what went wrong first (connection refused, host not found,
+    timeout, TLS, login failed, folder missing), then the server's or the library's words."""
+    lowered = error.lower()
+    if "cannot open folder" in lowered:
+        return (
+            f"Folder missing. Logged in, but the folder {address.folder!r} cannot be opened "
+            f"({error})."
         )
-    return run
+    if "authenticationfailed" in lowered or "authentication failed" in lowered:
+        return f"Login failed. The server refused the username or password ({error})."
+    if "login" in lowered and lowered.startswith("error:"):  # another refusal of LOGIN
+        return f"Login failed ({error})."
+    if "certificate" in lowered:
+        return f"TLS failed. The server's TLS certificate was not accepted ({error})."
+    if lowered.startswith(("sslerror", "sslzeroreturnerror", "sleoferror")) or "[ssl" in lowered:
+        return f"TLS failed. No TLS connection could be set up with the server ({error})."
+    if "timed out" in lowered or "timeout" in lowered:
+        return f"Timed out. The server did not answer in time ({error})."
+    if "refused" in lowered:
+        return f"Connection refused. Nothing answers at {address.host}:{address.port} ({error})."
+    if "gaierror" in lowered or "name or service not known" in lowered:
+        return f"Host not found. The name {address.host!r} cannot be resolved ({error})."
+    return f"The mailbox could not be read ({error})."
+
+
+def record_run(engine: Engine, config_id: int, folder: str, error: str | None) -> None:
+    """Write one run's outcome on the (config, folder)'s state, creating the row when the
+    folder was never opened: ``last_run_at``; ``last_error`` (None clears it) and
+    ``last_error_at``, when this run of failures began. "Last read" (updated_time) stays."""
+    now = db_now()
+    if error is None:
+        outcome: dict[str, Any] = {"last_error": None, "last_error_at": None}
+    else:
+        text = error.replace("\x00", "\ufffd")[:MAX_ERROR_CHARS]
+        outcome = {
+            "last_error": text,
+            "last_error_at": func.coalesce(MailReceiveState.last_error_at, now),
+        }
+    first = outcome | {"last_error_at": now if error is not None else None}
+    try:
+        with Session(engine) as session, session.begin():
+            dialect = session.get_bind().dialect.name
+            insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
+            session.execute(
+                insert(MailReceiveState)
+                .values(config_id=config_id, folder=folder, last_uid=0, last_run_at=now, **first)
+                .on_conflict_do_update(
+                    index_elements=["config_id", "folder"],
+                    set_={"last_run_at": now, **outcome},
+                )
+            )
+    except IntegrityError:  # the config was deleted during the run: nothing to show it on
+        log.info("mailbox run not recorded: config gone", extra={"config_id": config_id})
 
 
 def _fetch(mailbox: ReadOnlyMailbox, uid: int, max_bytes: int) -> tuple[Fetched | None, str | None]:
@@ -402,7 +497,13 @@ def _watermark(
             .where(MailReceiveState.id == state_id)
             .values(updated_time=db_now())
         )
-        if known != uidvalidity:
+        if known is None:  # the row of a folder whose runs so far all failed: first opened now
+            session.execute(
+                update(MailReceiveState)
+                .where(MailReceiveState.id == state_id)
+                .values(uidvalidity=uidvalidity, updated_time=db_now())
+            )
+        elif known != uidvalidity:
             session.execute(
                 update(MailReceiveState)
                 .where(MailReceiveState.id == state_id)
@@ -435,4 +536,13 @@ def _advance(session: Session, mark: _Watermark, uid: int) -> None:
         raise _WatermarkMoved()
 
 
-__all__ = ["FetchLimits", "FetchReport", "MailboxRun", "dedup_key", "fetch_all", "fetch_mailbox"]
+__all__ = [
+    "FetchLimits",
+    "FetchReport",
+    "MailboxRun",
+    "dedup_key",
+    "fetch_all",
+    "fetch_mailbox",
+    "plain_error",
+    "record_run",
+]
