@@ -1,9 +1,10 @@
 """Claim throughput: records/s claimed and completed with a no-op sender, 1 and 8 threads, on
 PostgreSQL with 1,000,000 history rows (mostly Sent) and a backlog of Pending records to drain.
 
-ours  portal.messaging.scan.claim_next (scan 4, k=1) in a short Session transaction, then
-      portal.messaging.outcomes.record_sent with a Claimed(...): what a delivery worker runs
-      for a record, minus the send. The engine is the product's (create_app, engine_options),
+ours  portal.messaging.scan.claim_due (k=1: the one-statement claim a pool worker runs for its
+      next record, detached MailSendRecord objects), then portal.messaging.outcomes.record_sent
+      with a Claimed(...): what a delivery worker runs for a record, minus the send. The
+      engine is the product's (create_app, engine_options),
       logging as worker.py sets it (JSON lines at INFO, into /dev/null here).
 raw   a bare psycopg loop (autocommit) running the same single-statement SKIP LOCKED claim and
       the same versioned completion, writing the same columns (bench/_common.py RAW_*).
@@ -13,7 +14,7 @@ again and again) on the same backlog; each side's rate = its records / its own t
 backlog is refilled and the table VACUUM ANALYZEd between rounds when it runs low (the shared
 server runs with autovacuum off), never inside a slice.
 Goal (issue 4): ours >= 0.7 of raw. When missed (or with --profile) a breakdown follows: round
-trips per record, a cProfile of ours, and variants that show what each cost is worth.
+trips per record, a cProfile of ours, and SQLAlchemy Core running the raw statements.
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ from __future__ import annotations
 import cProfile
 import io
 import pstats
-import random
 import threading
 import time
 from collections.abc import Callable
@@ -30,13 +30,11 @@ from typing import Any
 
 import _common as c
 import psycopg
-from sqlalchemy import Engine, create_engine, event, text
-from sqlalchemy.orm import Session
+from sqlalchemy import Engine, event, text
 
-from portal import engine_options
 from portal.extensions import db
 from portal.messaging.outcomes import Claimed, record_sent
-from portal.messaging.scan import claim_next
+from portal.messaging.scan import claim_due
 from portal.models import Channel, MailSendRecord
 
 DB_NAME = "postroom_bench_claim"
@@ -97,10 +95,8 @@ def drive(threads: int, seconds: float, body: Body) -> tuple[float, Run]:
 
 def ours_body(engine: Engine) -> Body:
     def body(run: Run, stop: threading.Event) -> None:
-        rng = random.Random()
         while not stop.is_set():
-            with Session(engine, expire_on_commit=False) as session, session.begin():
-                records = claim_next(session, MailSendRecord, scan_size=4, k=1, rng=rng)
+            records = claim_due(engine, MailSendRecord, 1)
             if not records:
                 run.empty()
                 continue
@@ -136,54 +132,10 @@ def raw_body(dsn: str) -> Body:
 
 # Diagnostics: where the gap comes from.
 
-SHAPE_PENDING = (
-    "SELECT updated_time, id FROM mail_send_record WHERE status = 'Pending' "
-    "ORDER BY updated_time LIMIT 4"
-)
-SHAPE_RETRY = (
-    "SELECT next_retry_at, id FROM mail_send_record WHERE status = 'Retry' "
-    "AND next_retry_at <= statement_timestamp() ORDER BY next_retry_at LIMIT 4"
-)
-SHAPE_CLAIM = (
-    "UPDATE mail_send_record SET status = 'Sending', version = version + 1, "
-    "updated_time = statement_timestamp(), "
-    "first_claimed_at = coalesce(first_claimed_at, statement_timestamp()) "
-    "WHERE id IN (SELECT id FROM mail_send_record WHERE id = ANY(%(ids)s) AND "
-    "(status = 'Pending' OR (status = 'Retry' AND next_retry_at <= statement_timestamp())) "
-    "ORDER BY array_position(%(ids)s, id) LIMIT 1 FOR UPDATE SKIP LOCKED) RETURNING id, version, *"
-)
-
-
-def raw_shape_of_ours_body(dsn: str) -> Body:
-    """Bare psycopg, but ours' round trips: pre-ping, BEGIN, the two scan SELECTs, the claim
-    UPDATE by id RETURNING *, COMMIT; pre-ping, BEGIN, completion UPDATE, COMMIT."""
-
-    def body(run: Run, stop: threading.Event) -> None:
-        rng = random.Random()
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            while not stop.is_set():
-                conn.execute("SELECT 1")
-                conn.execute("BEGIN")
-                ids = [r[1] for r in conn.execute(SHAPE_PENDING)]
-                ids += [r[1] for r in conn.execute(SHAPE_RETRY)]
-                rng.shuffle(ids)
-                row = conn.execute(SHAPE_CLAIM, {"ids": ids[:4]}).fetchone() if ids else None
-                conn.execute("COMMIT")
-                if row is None:
-                    run.empty()
-                    continue
-                conn.execute("SELECT 1")
-                conn.execute("BEGIN")
-                done = conn.execute(c.RAW_COMPLETE, ("<bench@bench.test>", row[0], row[1]))
-                conn.execute("COMMIT")
-                run.count(done.rowcount == 1)
-
-    return body
-
 
 def core_autocommit_body(engine: Engine) -> Body:
     """The raw statements, each its own transaction, through SQLAlchemy Core and the product's
-    pool (pre-ping included): what SQLAlchemy and the pool cost without the transaction shape."""
+    pool: what SQLAlchemy's execution and result objects cost (ours skips them)."""
     claim_sql = text(c.RAW_CLAIM)
     complete_sql = text(
         c.RAW_COMPLETE.replace("%s", ":pmid", 1).replace("%s", ":id", 1).replace("%s", ":v", 1)
@@ -200,102 +152,6 @@ def core_autocommit_body(engine: Engine) -> Body:
             with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
                 result = conn.execute(complete_sql, params)
             run.count(result.rowcount == 1)
-
-    return body
-
-
-PROPOSED_CLAIM = """
-WITH pending AS (
-    SELECT id, updated_time AS due FROM mail_send_record WHERE status = 'Pending'
-    ORDER BY updated_time LIMIT :k FOR UPDATE SKIP LOCKED),
-retry AS (
-    SELECT id, next_retry_at AS due FROM mail_send_record
-    WHERE status = 'Retry' AND next_retry_at <= statement_timestamp()
-    ORDER BY next_retry_at LIMIT :k FOR UPDATE SKIP LOCKED),
-pick AS (
-    SELECT id FROM (SELECT * FROM pending UNION ALL SELECT * FROM retry) due
-    ORDER BY due LIMIT :k)
-UPDATE mail_send_record SET status = 'Sending', version = version + 1,
-    updated_time = statement_timestamp(),
-    first_claimed_at = coalesce(first_claimed_at, statement_timestamp())
-FROM pick WHERE mail_send_record.id = pick.id
-RETURNING mail_send_record.*
-"""
-
-
-def ping_when_idle(engine: Engine, idle_s: float = 1.0) -> None:
-    """Pre-ping only a connection that sat idle: a busy worker's checkouts cost no round trip."""
-    from sqlalchemy.exc import DisconnectionError
-
-    @event.listens_for(engine.pool, "checkin")
-    def _checkin(_dbapi: Any, record: Any) -> None:
-        record.info["idle_since"] = time.monotonic()
-
-    @event.listens_for(engine.pool, "checkout")
-    def _checkout(dbapi: Any, record: Any, _proxy: Any) -> None:
-        if time.monotonic() - record.info.get("idle_since", 0.0) > idle_s:
-            try:
-                engine.dialect.do_ping(dbapi)
-            except Exception as exc:
-                raise DisconnectionError() from exc  # the pool reconnects and tries again
-
-
-def proposed_body(engine: Engine, orm: bool = True) -> Body:
-    """Prototype of the proposed change (bench code, not the product's): the due scan folded
-    into the claim (the same two index walks, as CTEs with SKIP LOCKED, merged by due time), each
-    write one statement in autocommit (no BEGIN/COMMIT round trips), statements built once,
-    pre-ping only after an idle second. The completion is record_sent's statement and its
-    metric and log line."""
-    from sqlalchemy import bindparam, select, update
-
-    from portal.messaging.outcomes import log as outcome_log
-    from portal.metrics import MESSAGE_SENT
-    from portal.models import SendStatus, db_now
-
-    auto = engine.execution_options(isolation_level="AUTOCOMMIT")
-    claim_sql = text(PROPOSED_CLAIM).bindparams(k=1)
-    claim_stmt = select(MailSendRecord).from_statement(claim_sql)
-    m = MailSendRecord
-    sent_stmt = (
-        update(m)
-        .where(m.id == bindparam("rid"), m.version == bindparam("ver"))
-        .values(
-            status=SendStatus.SENT.value,
-            version=m.version + 1,
-            sent_at=db_now(),
-            updated_time=db_now(),
-            next_retry_at=None,
-            provider_message_id=bindparam("pmid"),
-            error_code=None,
-            error_message=None,
-        )
-    )
-
-    def body(run: Run, stop: threading.Event) -> None:
-        while not stop.is_set():
-            if orm:  # detached MailSendRecord objects, as the pool hands them over today
-                with Session(auto, expire_on_commit=False) as session:
-                    records: list[Any] = list(session.scalars(claim_stmt))
-            else:  # Core rows: the same attribute names, no ORM identity map
-                with auto.connect() as conn:
-                    records = list(conn.execute(claim_sql))
-            if not records:
-                run.empty()
-                continue
-            record = records[0]
-            pmid = f"<bench-{record.id}@bench.test>"
-            with auto.connect() as conn:
-                result = conn.execute(
-                    sent_stmt, {"rid": record.id, "ver": record.version, "pmid": pmid}
-                )
-            ok = result.rowcount == 1
-            if ok:
-                MESSAGE_SENT.labels("mail", "unprepared").inc()
-                outcome_log.info(
-                    "sent",
-                    extra={"record_id": record.id, "channel": "mail", "provider_message_id": pmid},
-                )
-            run.count(ok)
 
     return body
 
@@ -361,7 +217,7 @@ def _site(line: str) -> str:
 def breakdown(engine: Engine, dsn: str, n: int) -> None:
     """One thread, in this thread: round trips per record and a cProfile of ours."""
     top_up(dsn, n + 10, n + 10)
-    counts = {"statements": 0, "begin": 0, "commit": 0, "checkout": 0}
+    counts = {"statements": 0, "begin": 0, "commit": 0, "checkout": 0, "ping": 0}
     in_db = [0.0]
     marks: dict[int, float] = {}
 
@@ -385,6 +241,13 @@ def breakdown(engine: Engine, dsn: str, n: int) -> None:
         (engine, "commit", bump("commit")),
         (engine.pool, "checkout", bump("checkout")),
     ]
+    do_ping = engine.dialect.do_ping
+
+    def counted_ping(dbapi_connection: Any) -> bool:
+        counts["ping"] += 1
+        return do_ping(dbapi_connection)
+
+    engine.dialect.do_ping = counted_ping  # type: ignore[method-assign]
     for target, name, fn in listeners:
         event.listen(target, name, fn)
     run = Run()
@@ -406,17 +269,19 @@ def breakdown(engine: Engine, dsn: str, n: int) -> None:
     elapsed = time.perf_counter() - began
     for target, name, fn in listeners:
         event.remove(target, name, fn)
+    engine.dialect.do_ping = do_ping  # type: ignore[method-assign]
     per = {k: v / run.done for k, v in counts.items()}
+    driver = per["checkout"] - per["statements"]  # checkouts that ran a statement on the driver
     c.say(
         f"\nBreakdown of ours, 1 thread, {run.done:,} records, under cProfile (slower than the "
         f"runs above; the profile counts this thread's CPU time):\n"
         f"  per record: {elapsed / run.done * 1e6:,.0f} us wall, of which "
         f"{in_db[0] / run.done * 1e6:,.0f} us inside cursor.execute (statements only)\n"
-        f"  round trips per record: {sum(per.values()):.1f} = {per['statements']:.1f} statements "
-        "(the 2 scan SELECTs, the claim, the completion and anything record_sent adds) + "
-        f"{per['begin']:.1f} BEGIN + "
-        f"{per['commit']:.1f} COMMIT + {per['checkout']:.1f} pool pre-ping (SELECT 1 per "
-        f"checkout); raw makes 2 (each statement its own transaction)"
+        f"  pool checkouts per record: {per['checkout']:.1f}, of which {driver:.1f} ran one "
+        f"statement on the driver (claim_due, record_sent) and {per['statements']:.1f} "
+        f"statements went through SQLAlchemy (with {per['begin']:.1f} BEGIN, "
+        f"{per['commit']:.1f} COMMIT); pings of idle connections: {per['ping']:.2f}; "
+        "raw makes 2 round trips (each statement its own transaction)"
     )
     out = io.StringIO()
     pstats.Stats(profiler, stream=out).sort_stats("tottime").print_stats(15)
@@ -426,7 +291,7 @@ def breakdown(engine: Engine, dsn: str, n: int) -> None:
             c.say("    " + _site(line))
     out = io.StringIO()
     pstats.Stats(profiler, stream=out).sort_stats("cumulative").print_stats(
-        r"portal/messaging/(scan|outcomes)\.py|orm/session\.py:\d+\((commit|execute|scalars)\)"
+        r"portal/messaging/(scan|outcomes)\.py|portal/models/direct\.py|orm/session\.py:\d+\((commit|execute|scalars)\)"
         r"|pool/base\.py:\d+\(_checkout\)|psycopg/connection\.py:\d+\(wait\)"
         r"|orm/loading\.py:\d+\(instances\)|cache_key\.py:209\(_generate_cache_key\)"
         r"|logging/__init__\.py:\d+\(info\)|prometheus_client/metrics\.py:\d+\(inc\)"
@@ -437,32 +302,22 @@ def breakdown(engine: Engine, dsn: str, n: int) -> None:
             c.say("    " + _site(line))
 
 
-VARIANTS = ("raw", "raw-shape-of-ours", "core-autocommit", "ours", "proposed-orm", "proposed-core")
+VARIANTS = ("raw", "core-autocommit", "ours")
 
 
 def variants(
-    url: str, engine: Engine, dsn: str, slice_s: float, rounds: int, backlog: tuple[int, int]
+    engine: Engine, dsn: str, slice_s: float, rounds: int, backlog: tuple[int, int]
 ) -> None:
     """Each variant against raw, interleaved: what each part of the gap is worth."""
-    proposal_engine = create_engine(
-        url, **(engine_options(c.bench_settings(url)) | {"pool_pre_ping": False})
-    )
-    ping_when_idle(proposal_engine)
     bodies = {
         "raw": raw_body(dsn),
-        "raw-shape-of-ours": raw_shape_of_ours_body(dsn),
         "core-autocommit": core_autocommit_body(engine),
         "ours": ours_body(engine),
-        "proposed-orm": proposed_body(proposal_engine, orm=True),
-        "proposed-core": proposed_body(proposal_engine, orm=False),
     }
     what = {
         "raw": "bare psycopg, 2 round trips",
-        "raw-shape-of-ours": "bare psycopg, ours' 10 round trips",
         "core-autocommit": "raw SQL via SQLAlchemy Core + product pool",
-        "ours": "claim_next + record_sent",
-        "proposed-orm": "prototype of the proposal, ORM objects",
-        "proposed-core": "prototype of the proposal, Core rows",
+        "ours": "claim_due + record_sent",
     }
     order = VARIANTS + tuple(reversed(VARIANTS))
     for threads in (1, 8):
@@ -485,7 +340,6 @@ def variants(
             ["contender", "what", "rec/s", "of raw", "client CPU us/rec", "empty claims"],
             rows,
         )
-    proposal_engine.dispose()
 
 
 def main() -> int:
@@ -557,7 +411,7 @@ def main() -> int:
         )
         if missed or args.profile:
             breakdown(engine, dsn, 300 if quick else 1_500)
-            variants(url, engine, dsn, slice_s, 1 if quick else 3, backlog)
+            variants(engine, dsn, slice_s, 1 if quick else 3, backlog)
         c.say(f"\nload average at the end: {' '.join(f'{x:.2f}' for x in c.os.getloadavg())}")
         engine.dispose()
     return 0

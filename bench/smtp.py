@@ -160,18 +160,16 @@ def compare(
 
 def breakdown(app: Any, sink: c.Sink, tenant_id: int, n: int) -> None:
     """What one worker does per mail, in this thread: round trips, and a cProfile of this
-    thread's CPU time (claim_next + process_mail, as a pool worker runs them)."""
+    thread's CPU time (claim_due + process_mail, as a pool worker runs them)."""
     import cProfile
     import io
     import pstats
-    import random
 
     from sqlalchemy import event
-    from sqlalchemy.orm import Session
 
     from portal.messaging.backoff import BackoffPolicy
     from portal.messaging.pipeline import MailContext, process_mail
-    from portal.messaging.scan import claim_next
+    from portal.messaging.scan import claim_due
     from portal.models import MailSendRecord
 
     accept(app, tenant_id, n)
@@ -197,15 +195,13 @@ def breakdown(app: Any, sink: c.Sink, tenant_id: int, n: int) -> None:
     ctx = MailContext(
         engine=engine, settings=settings, policy=BackoffPolicy.from_settings(settings)
     )
-    rng = random.Random()
     done = 0
     profiler = cProfile.Profile(time.thread_time)
     began = time.perf_counter()
     with sink.quiet():
         profiler.enable()
         while done < n:
-            with Session(engine, expire_on_commit=False) as session, session.begin():
-                claimed = claim_next(session, MailSendRecord, scan_size=4, k=1, rng=rng)
+            claimed = claim_due(engine, MailSendRecord, 1)
             if not claimed:
                 break
             process_mail(ctx, claimed[0])
@@ -219,13 +215,23 @@ def breakdown(app: Any, sink: c.Sink, tenant_id: int, n: int) -> None:
     c.say(
         f"\nBreakdown of ours, 1 worker in this thread, {done:,} mails, under cProfile (this "
         f"thread's CPU time): {elapsed / max(done, 1) * 1e6:,.0f} us wall per mail\n"
-        f"  database round trips per mail: {sum(per.values()):.1f} = {per['statements']:.1f} "
-        f"statements + {per['begin']:.1f} BEGIN + {per['commit']:.1f} COMMIT + "
-        f"{per['checkout']:.1f} pre-pings (one per pool checkout); raw: none"
+        f"  database round trips per mail: {per['checkout']:.1f} pool checkouts; "
+        f"{per['statements']:.1f} statements through SQLAlchemy (+ {per['begin']:.1f} BEGIN, "
+        f"{per['commit']:.1f} COMMIT), the rest one statement each on the driver; raw: none"
     )
     out = io.StringIO()
+    pstats.Stats(profiler, stream=out).sort_stats("tottime").print_stats(25)
+    c.say("  cProfile by own time (top 25):")
+    for line in out.getvalue().splitlines()[7:]:
+        if line.strip():
+            c.say(
+                "    "
+                + line.replace(str(c.ROOT) + "/.venv/lib/python3.11/site-packages/", "")[:150]
+            )
+    out = io.StringIO()
     pstats.Stats(profiler, stream=out).sort_stats("cumulative").print_stats(
-        r"portal/|orm/session\.py:\d+\((commit|execute|scalars|scalar)\)"
+        r"portal/|psycopg/cursor\.py:\d+\(execute\)"
+        r"|orm/session\.py:\d+\((commit|execute|scalars|scalar)\)"
         r"|pool/base\.py:\d+\(_checkout\)|smtplib\.py:\d+\((mail|rcpt|data|getreply|send)\)"
         r"|email/message\.py:\d+\((as_bytes|set_content)\)|cache_key\.py:209"
         r"|logging/__init__\.py:\d+\(info\)"
@@ -244,6 +250,9 @@ def main() -> int:
         __doc__,
         lambda p: (
             p.add_argument("--log", default="info", help="worker log level (default: info)"),
+            p.add_argument(
+                "--breakdown", action="store_true", help="only the profile of one worker"
+            ),
             p.add_argument(
                 "--sink",
                 choices=("both", "subprocess", "inproc"),
@@ -269,6 +278,9 @@ def main() -> int:
             sink = c.Sink(mode).start()
             try:
                 tenant_id = c.tenant_with_mail_server(app, sink.host, sink.port, slug=mode)
+                if args.breakdown:
+                    breakdown(app, sink, tenant_id, 200 if quick else 600)
+                    continue
                 for threads in thread_counts:
                     c.say(f"\nsink {mode}, {threads} thread(s), {n:,} mails per run, {ORDER}:")
                     totals = compare(app, dsn, sink, tenant_id, threads, n, rounds)

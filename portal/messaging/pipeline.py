@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 import httpx
-from sqlalchemy import Engine
+from sqlalchemy import Engine, bindparam
 from sqlalchemy.orm import Session
 
 from portal.config import Settings
@@ -53,7 +53,7 @@ from portal.models import (
     SmsSendRecord,
     UncertainPolicy,
 )
-from portal.models.direct import reader
+from portal.models.direct import Lookup, reader
 from portal.models.secretbox import SecretUnavailable
 from portal.tenancy import tenant_context
 
@@ -192,8 +192,7 @@ def _suppressed(
 ) -> dict[str, str] | None:
     """The suppressed recipients (address -> why); None when every recipient is suppressed
     and the record has been ended Suppressed (no provider call)."""
-    with Session(reader(engine)) as session:
-        blocked, total = suppressed_recipients(session, record)
+    blocked, total = suppressed_recipients(engine, record)
     if blocked and len(blocked) >= total:
         why = "; ".join(f"{a}: {r}" for a, r in blocked.items())
         outcomes.finish(
@@ -223,6 +222,9 @@ def _frozen(record: MailSendRecord) -> PreparedMail:
         read_receipt=record.read_receipt,
         message_id=record.message_id_header,
     )
+
+
+_SERVER = Lookup(MailSendServerConfig, MailSendServerConfig.id == bindparam("id"))
 
 
 def _server(config: MailSendServerConfig, settings: Settings) -> SmtpServer:
@@ -325,8 +327,7 @@ def _attempt(ctx: MailContext, record: MailSendRecord, claimed: Claimed) -> None
         prepared = _frozen(record)
     config = prepared.server
     if config is None:  # a retry: the server as it is now (a saved change applies)
-        with Session(reader(ctx.engine)) as session:
-            config = session.get(MailSendServerConfig, prepared.server_id)
+        config = _SERVER.first(ctx.engine, id=prepared.server_id)
     try:
         server = _server(config, ctx.settings) if config is not None else None
     except SecretUnavailable as exc:

@@ -34,14 +34,35 @@ from portal.models import (
     Suppression,
     db_now,
 )
-from portal.models.direct import Direct, reader
+from portal.models.direct import Direct, Lookup, padded, reader
 from portal.tenancy import PLATFORM_TENANT_ID
 
 SUPPRESSED = MarkerCode.SUPPRESSED.value  # the error code of a record the list stopped
 
 
+def _suppression_statement(size: int) -> Direct:
+    """Active suppressions of one tenant and channel among ``size`` addresses."""
+    columns = (
+        Suppression.address,
+        Suppression.reason,
+        Suppression.created_time,
+        Suppression.created_by,
+        Suppression.detail,
+    )
+    statement = select(*columns).where(
+        Suppression.tenant_id == bindparam("tenant"),
+        Suppression.channel == bindparam("channel"),
+        Suppression.address.in_([bindparam(f"v{i}") for i in range(size)]),
+        Suppression.removed_at.is_(None),
+    )
+    return Direct(statement, columns)
+
+
+_SUPPRESSION_STATEMENTS: dict[int, Direct] = {}
+
+
 def suppressed_recipients(
-    session: Session, record: MailSendRecord | SmsSendRecord
+    engine: Engine, record: MailSendRecord | SmsSendRecord
 ) -> tuple[dict[str, str], int]:
     """The record's recipients on its tenant's suppression list (address -> why), and how many
     distinct recipients it has.
@@ -65,23 +86,19 @@ def suppressed_recipients(
             continue
     if not wanted:
         return {}, len(set(raw))
-    rows = session.scalars(
-        select(Suppression).where(
-            Suppression.tenant_id == record.tenant_id,
-            Suppression.channel == channel.value,
-            Suppression.address.in_(list(wanted)),
-            Suppression.removed_at.is_(None),
-        )
-    ).all()
+    statement, addresses = padded(list(wanted), _SUPPRESSION_STATEMENTS, _suppression_statement)
+    _count, rows = statement.run(
+        engine, tenant=record.tenant_id, channel=channel.value, **addresses
+    )
     blocked: dict[str, str] = {}
-    for row in rows:
-        when = row.created_time.strftime("%Y-%m-%d %H:%M UTC") if row.created_time else "?"
-        why = f"{row.reason.replace('_', ' ')} since {when}"
-        if row.created_by:
-            why += f" by {row.created_by}"
-        if row.detail:
-            why += f": {row.detail[:200]}"
-        blocked[wanted[row.address]] = why
+    for address, reason, created, created_by, detail in rows:
+        when = created.strftime("%Y-%m-%d %H:%M UTC") if created else "?"
+        why = f"{reason.replace('_', ' ')} since {when}"
+        if created_by:
+            why += f" by {created_by}"
+        if detail:
+            why += f": {detail[:200]}"
+        blocked[wanted[address]] = why
     return blocked, len(wanted)
 
 
@@ -138,39 +155,42 @@ def _find_template(session: Session, record: MailSendRecord) -> MailTemplate | N
     )
 
 
-def _default_server(session: Session, tenant_id: int) -> MailSendServerConfig | None:
-    return session.scalar(
-        select(MailSendServerConfig)
-        .where(
-            MailSendServerConfig.tenant_id == tenant_id,
-            MailSendServerConfig.is_default.is_(True),
-            MailSendServerConfig.enabled.is_(True),
-        )
-        .order_by(MailSendServerConfig.id)
-        .limit(1)
-    )
+_SERVER_BY_ID = Lookup(
+    MailSendServerConfig,
+    MailSendServerConfig.id == bindparam("id"),
+    MailSendServerConfig.tenant_id == bindparam("tier"),
+)
+_DEFAULT_SERVER = Lookup(
+    MailSendServerConfig,
+    MailSendServerConfig.tenant_id == bindparam("tier"),
+    MailSendServerConfig.is_default.is_(True),
+    MailSendServerConfig.enabled.is_(True),
+    order_by=MailSendServerConfig.id,
+    limit=1,
+)
+
+
+def _default_server(engine: Engine, tenant_id: int) -> MailSendServerConfig | None:
+    found: MailSendServerConfig | None = _DEFAULT_SERVER.first(engine, tier=tenant_id)
+    return found
 
 
 def _choose_server(
-    session: Session, record: MailSendRecord, template: MailTemplate | None
+    engine: Engine, record: MailSendRecord, template: MailTemplate | None
 ) -> MailSendServerConfig:
     tier = _tier(record)
     wanted = record.server_id or (template.preferred_server_id if template else None)
     if wanted is not None:
-        server = session.scalar(
-            select(MailSendServerConfig).where(
-                MailSendServerConfig.id == wanted, MailSendServerConfig.tenant_id == tier
-            )
-        )
+        server: MailSendServerConfig | None = _SERVER_BY_ID.first(engine, id=wanted, tier=tier)
         if server is None or not server.enabled:
             raise PreparationFailed(
                 MarkerCode.CONFIG_NOT_RESOLVABLE,
                 f"mail server {wanted} is missing or disabled in this tier",
             )
     else:
-        server = _default_server(session, tier)
+        server = _default_server(engine, tier)
         if server is None and record.scope == Scope.TENANT.value and tier != PLATFORM_TENANT_ID:
-            server = _default_server(session, PLATFORM_TENANT_ID)
+            server = _default_server(engine, PLATFORM_TENANT_ID)
         if server is None:
             raise PreparationFailed(
                 MarkerCode.CONFIG_NOT_RESOLVABLE, "no default mail server is configured"
@@ -194,11 +214,12 @@ def _render(source: str | None, variables: dict[str, Any], *, html: bool, what: 
         ) from None
 
 
-def build_mail(session: Session, record: MailSendRecord, settings: Settings) -> PreparedMail:
+def build_mail(engine: Engine, record: MailSendRecord, settings: Settings) -> PreparedMail:
     """Steps 1 to 4: what this record will send, and through which server (no writes)."""
     template = None
     if record.template_id is not None or record.template_code is not None:
-        template = _find_template(session, record)
+        with Session(reader(engine)) as session:
+            template = _find_template(session, record)
         if template is None:
             wanted = (
                 f"id {record.template_id}"
@@ -231,7 +252,7 @@ def build_mail(session: Session, record: MailSendRecord, settings: Settings) -> 
             MarkerCode.CONTENT_INVALID,
             f"the body has {longest} characters, over the limit of {settings.mail_body_max_chars}",
         )
-    server = _choose_server(session, record, template)
+    server = _choose_server(engine, record, template)
     reply_to = record.reply_to or (template.reply_to if template else None) or server.reply_to
     if reply_to:
         try:
@@ -263,8 +284,7 @@ def prepare_mail(
     Raises PreparationFailed with the marker code; returns None when the write-back lost a
     version race (someone else moved the record on: stop quietly).
     """
-    with Session(reader(engine)) as session:
-        prepared = build_mail(session, record, settings)
+    prepared = build_mail(engine, record, settings)
     frozen = {
         "rendered_subject": prepared.subject,
         "rendered_html": prepared.html,

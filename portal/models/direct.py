@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from functools import lru_cache
 from typing import Any, TypeVar
 
-from sqlalchemy import Engine, inspect
+from sqlalchemy import Engine, inspect, select
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import Mapper
 from sqlalchemy.sql.compiler import Compiled
@@ -28,7 +28,6 @@ from sqlalchemy.sql.elements import ColumnElement
 from sqlalchemy.sql.expression import ClauseElement
 
 T = TypeVar("T")
-Processor = Callable[[Any], Any] | None
 
 
 class _Plan:
@@ -46,10 +45,11 @@ class _Plan:
             processor = bind.type.dialect_impl(dialect).bind_processor(dialect)
             if processor is not None:
                 self.bind_processors[name] = processor
-        self.result_processors: list[Processor] = [
+        processors = [
             column.type.dialect_impl(dialect).result_processor(dialect, None)
             for column in returning
         ]
+        self.converting = [(i, p) for i, p in enumerate(processors) if p is not None]
         self.prepare = dialect.name == "postgresql"
 
     def parameters(self, given: Mapping[str, Any]) -> Any:
@@ -61,14 +61,18 @@ class _Plan:
             return tuple(values[name] for name in self.positional)
         return values
 
-    def rows(self, raw: Sequence[Sequence[Any]]) -> list[tuple[Any, ...]]:
-        processors = self.result_processors
-        if not any(processors):
-            return [tuple(row) for row in raw]
-        return [
-            tuple(p(v) if p is not None else v for p, v in zip(processors, row, strict=True))
-            for row in raw
-        ]
+    def rows(self, raw: Sequence[Sequence[Any]]) -> list[Sequence[Any]]:
+        converting = self.converting
+        if not converting:
+            return list(raw)
+        out: list[Sequence[Any]] = []
+        for row in raw:
+            values = list(row)
+            for i, processor in converting:
+                if values[i] is not None:
+                    values[i] = processor(values[i])
+            out.append(values)
+        return out
 
 
 class Direct:
@@ -91,7 +95,7 @@ class Direct:
                 self._plans[dialect.name] = plan
         return plan
 
-    def run(self, engine: Engine, **params: Any) -> tuple[int, list[tuple[Any, ...]]]:
+    def run(self, engine: Engine, **params: Any) -> tuple[int, list[Sequence[Any]]]:
         """Execute in its own (autocommit) transaction: (rows affected, rows returned)."""
         plan = self._plan(engine.dialect)
         args = plan.parameters(params)
@@ -165,3 +169,42 @@ def reader(engine: Engine) -> Engine:
     if engine.dialect.name != "postgresql":
         return engine
     return engine.execution_options(isolation_level="AUTOCOMMIT")
+
+
+class Lookup:
+    """A SELECT of a model's rows run on the driver, handing back detached objects: for the
+    rows the delivery loop reads at every record (the mail server it sends through)."""
+
+    def __init__(
+        self, model: type[Any], *where: Any, order_by: Any = None, limit: int | None = None
+    ):
+        self.loader = Loader(model)
+        statement = select(*self.loader.columns).where(*where)
+        if order_by is not None:
+            statement = statement.order_by(order_by)
+        if limit is not None:
+            statement = statement.limit(limit)
+        self.direct = Direct(statement, self.loader.columns)
+
+    def all(self, engine: Engine, **params: Any) -> list[Any]:
+        _count, rows = self.direct.run(engine, **params)
+        return [self.loader.load(row) for row in rows]
+
+    def first(self, engine: Engine, **params: Any) -> Any:
+        found = self.all(engine, **params)
+        return found[0] if found else None
+
+
+def padded(
+    values: Sequence[T], cache: dict[int, Direct], build: Callable[[int], Direct]
+) -> tuple[Direct, dict[str, T]]:
+    """A statement with ``IN (:v0 .. :vN)`` for N a power of two at least len(values), the
+    values padded with the first one: a handful of compiled statements serve any list length."""
+    size = 1
+    while size < len(values):
+        size *= 2
+    statement = cache.get(size)
+    if statement is None:
+        statement = cache.setdefault(size, build(size))
+    params = {f"v{i}": values[i] if i < len(values) else values[0] for i in range(size)}
+    return statement, params

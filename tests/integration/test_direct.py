@@ -1,0 +1,182 @@
+"""The delivery loop's one-statement claim, charge and Sent (portal.models.direct), on both
+dialects: what they return must be what the ORM would load, and what they write must be what
+the Session code they replaced wrote."""
+
+from __future__ import annotations
+
+import threading
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from flask import Flask
+from sqlalchemy import inspect, select, text, update
+from sqlalchemy.orm import Session
+
+from portal.extensions import db
+from portal.messaging import quota
+from portal.messaging.outcomes import Claimed, record_sent
+from portal.messaging.scan import claim_due
+from portal.models import (
+    Channel,
+    MailSendRecord,
+    SendStatus,
+    TenantMessageQuota,
+    TenantMessageUsage,
+)
+from portal.models.direct import driver_cursor
+from tests.support.delivery import accept_mail, tenant
+
+
+def _accept(app: Flask, tenant_id: int, n: int, **body: Any) -> list[int]:
+    return [
+        accept_mail(
+            app,
+            tenant_id,
+            to=[f"U{i}@Example.com"],
+            cc=["cc@example.com"],
+            subject=f"S {i}",
+            text="Hi",
+            variables={"n": i, "nested": {"ü": [1, 2]}},
+            **body,
+        )
+        for i in range(n)
+    ]
+
+
+def _loaded(record_id: int) -> MailSendRecord:
+    with Session(db.engine, expire_on_commit=False) as session:
+        found = session.get(MailSendRecord, record_id)
+        assert found is not None
+        return found
+
+
+def test_claim_due_returns_what_the_orm_loads_and_claims_oldest_first(any_app: Flask) -> None:
+    acme = tenant("acme")
+    ids = _accept(any_app, acme.id, 3, expiresAt="2999-01-01T00:00:00Z")
+    # The middle one waits in Retry, due already; a Retry due later is left alone.
+    db.session.execute(
+        update(MailSendRecord)
+        .where(MailSendRecord.id == ids[1])
+        .values(status=SendStatus.RETRY.value, next_retry_at=datetime.now(UTC) - timedelta(hours=1))
+    )
+    later = _accept(any_app, acme.id, 1)[0]
+    db.session.execute(
+        update(MailSendRecord)
+        .where(MailSendRecord.id == later)
+        .values(status=SendStatus.RETRY.value, next_retry_at=datetime.now(UTC) + timedelta(hours=1))
+    )
+    db.session.commit()
+
+    first = claim_due(db.engine, MailSendRecord, 1)
+    assert [r.id for r in first] == [ids[1]]  # due an hour ago: the longest due
+    rest = claim_due(db.engine, MailSendRecord, 5)
+    assert sorted(r.id for r in rest) == [ids[0], ids[2]]
+    assert claim_due(db.engine, MailSendRecord, 5) == []
+
+    for claimed in [*first, *rest]:
+        assert inspect(claimed).detached
+        loaded = _loaded(claimed.id)
+        assert loaded.status == SendStatus.SENDING.value
+        for attr in inspect(MailSendRecord).column_attrs:
+            assert getattr(claimed, attr.key) == getattr(loaded, attr.key), attr.key
+        assert claimed.version == 1
+        assert claimed.expires_at is not None
+        assert claimed.expires_at.tzinfo is not None
+        assert claimed.variables == {"n": loaded.variables["n"], "nested": {"ü": [1, 2]}}
+        assert claimed.first_claimed_at == claimed.updated_time
+
+
+def test_concurrent_claims_never_hand_out_a_record_twice(app: Flask) -> None:
+    acme = tenant("acme")
+    ids = set(_accept(app, acme.id, 120))
+    engine = db.engine
+    got: list[int] = []
+    lock = threading.Lock()
+
+    def worker() -> None:
+        while True:
+            records = claim_due(engine, MailSendRecord, 2)
+            if not records:
+                return
+            with lock:
+                got.extend(r.id for r in records)
+
+    threads = [threading.Thread(target=worker) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert len(got) == len(set(got)) == len(ids)
+    assert set(got) == ids
+
+
+def test_record_sent_writes_by_version_and_says_nothing_when_the_race_is_lost(
+    any_app: Flask,
+) -> None:
+    acme = tenant("acme")
+    (rid,) = _accept(any_app, acme.id, 1)
+    (record,) = claim_due(db.engine, MailSendRecord, 1)
+    claimed = Claimed(Channel.MAIL, record.id, record.version, record.tenant_id, 0)
+    refused = {"x@example.com": [550, "no such user"]}
+    assert record_sent(db.engine, claimed, "<m1@example.com>", refused=refused)
+    assert not record_sent(db.engine, claimed, "<m2@example.com>")  # the version moved on
+    row = _loaded(rid)
+    assert (row.status, row.version, row.provider_message_id) == ("Sent", 2, "<m1@example.com>")
+    assert row.refused_recipients == refused
+    assert row.sent_at is not None
+    assert row.next_retry_at is None
+
+
+def test_the_driver_connection_goes_back_to_the_pool_out_of_autocommit(app: Flask) -> None:
+    """A pooled connection the driver path used must still roll back a Session's work."""
+    acme = tenant("acme")
+    _accept(app, acme.id, 1)
+    engine = db.engine
+    for _ in range(3):
+        claim_due(engine, MailSendRecord, 1)
+    with driver_cursor(engine) as cursor:
+        cursor.execute("SELECT 1")
+    with Session(engine) as session:
+        session.execute(update(TenantMessageUsage).values(mail_count=999))
+        session.execute(
+            text("INSERT INTO tenant_message_usage (tenant_id, month) VALUES (:t, 'x')"),
+            {"t": acme.id},
+        )
+        session.rollback()
+    assert (
+        db.session.scalar(select(TenantMessageUsage).where(TenantMessageUsage.month == "x")) is None
+    )
+
+
+@pytest.mark.parametrize("channel", [Channel.MAIL, Channel.SMS])
+def test_the_charge_is_one_statement_that_honours_the_ceiling(
+    any_app: Flask, channel: Channel
+) -> None:
+    """SQLite: the test reads through db.session, which on SQLite begins IMMEDIATE (the write
+    lock); each read ends its transaction before the next charge, as the worker never holds one."""
+    settings = any_app.config["SETTINGS"]
+    acme, bravo, charlie = (tenant(slug).id for slug in ("acme", "bravo", "charlie"))
+    column = "mail_monthly_limit" if channel is Channel.MAIL else "sms_monthly_limit"
+    db.session.add(TenantMessageQuota(tenant_id=acme, **{column: 2}))
+    db.session.add(TenantMessageQuota(tenant_id=bravo, **{column: 0}))
+    db.session.commit()
+
+    assert [quota.charge(db.engine, acme, channel, settings) for _ in range(3)] == [
+        True,
+        True,
+        False,
+    ]
+    assert not quota.charge(db.engine, bravo, channel, settings)  # a ceiling of 0
+    used = quota.usage(db.session, acme, settings)
+    assert (used.mail_used, used.sms_used) == ((2, 0) if channel is Channel.MAIL else (0, 2))
+    assert quota.usage(db.session, bravo, settings).mail_used == 0
+    db.session.rollback()
+
+    # No quota row: the setting's default applies; no default: no ceiling, still counted.
+    limited = settings.replace(mail_monthly_default=1, sms_monthly_default=1)
+    assert quota.charge(db.engine, charlie, channel, limited)
+    assert not quota.charge(db.engine, charlie, channel, limited)
+    assert all(quota.charge(db.engine, charlie, channel, settings) for _ in range(5))
+    used = quota.usage(db.session, charlie, settings)
+    assert used.mail_used + used.sms_used == 6
