@@ -53,6 +53,7 @@ from portal.extensions import csrf, db
 from portal.messaging import events
 from portal.messaging.events import EventType, ProviderEvent
 from portal.models import Channel, MailSendServerConfig, SmsProviderConfig, SmsProviderKind
+from portal.models.secretbox import SecretUnavailable
 from portal.tenancy import tenant_context
 from portal.web.api import error_response
 
@@ -201,6 +202,18 @@ def sms(provider: str, config_id: int) -> Response:
     body = _body()
     if isinstance(body, Response):
         return body
+    try:
+        return _verified_sms(config, provider, body)
+    except SecretUnavailable:
+        # SECRET_KEY changed since the secret was saved: nothing can be verified until an
+        # admin enters it again (the provider page says so). Refused, never a 500.
+        return _unsigned(
+            "the signing secret stored for this provider can no longer be read; "
+            "an admin must enter it again on the SMS provider page"
+        )
+
+
+def _verified_sms(config: SmsProviderConfig, provider: str, body: bytes) -> Response:
     if provider == SmsProviderKind.VONAGE.value and not request.headers.get(SIGNATURE_HEADER):
         return _vonage_native(config, body)
     if provider == SmsProviderKind.TWILIO.value:

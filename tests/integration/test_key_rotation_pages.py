@@ -208,3 +208,27 @@ def test_the_setters_replace_an_unreadable_secret_and_keep_a_readable_unchanged_
     sms.webhook_secret = "w"
     assert (sms.secret, sms.webhook_secret) == ("t", "w")
     db.session.rollback()
+
+
+@pytest.mark.parametrize("kind", ["twilio", "generic"])
+def test_an_event_signed_with_an_unreadable_secret_is_refused_not_a_500(
+    app: Flask, world: dict[str, Any], kind: str
+) -> None:
+    """Until an admin re-enters the secret, nothing can be verified: 401 naming why."""
+    body = json.dumps({"id": "SM1", "status": "delivered"}).encode()
+    client = app.test_client()
+    if kind == "twilio":
+        url = f"/webhooks/sms/twilio/{world['twilio']}"
+        form = {"MessageSid": "SM1", "MessageStatus": "delivered"}
+        headers = {
+            "X-Twilio-Signature": twilio_signature(
+                "old-auth-token", f"http://localhost{url}", list(form.items())
+            )
+        }
+        response = client.post(url, data=form, headers=headers)
+    else:
+        url = f"/webhooks/sms/http_json/{world['generic']}"
+        headers = {"X-Postroom-Signature": body_signature("old-webhook-secret", body)}
+        response = client.post(url, data=body, headers=headers, content_type="application/json")
+    assert response.status_code == 401, response.get_data(as_text=True)
+    assert "can no longer be read" in response.get_json()["error"]["message"]
