@@ -125,7 +125,8 @@ class ChannelPool:
     def _work(self) -> None:
         context = self.spec.make_context()
         try:
-            record: Any = None
+            # A backlog waiting at start is taken at once, not after the first poll interval.
+            record: Any = self._claim_own()
             while True:
                 if record is None:
                     record = self._wait_for_work()
@@ -145,12 +146,16 @@ class ChannelPool:
                 finally:
                     with self._lock:
                         self._in_flight -= 1
-                record = None
-                if not self.stop_claiming.is_set():
-                    own = self._claim(1)
-                    record = own[0] if own else None
+                record = self._claim_own()
         finally:
             context.close()
+
+    def _claim_own(self) -> Any:
+        """This worker's next record, claimed by itself (None: nothing due, or stopping)."""
+        if self.stop_claiming.is_set():
+            return None
+        own = self._claim(1)
+        return own[0] if own else None
 
     def _wait_for_work(self) -> Any:
         with self._lock:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from email_validator import EmailNotValidError, validate_email
-from sqlalchemy import Engine, bindparam, select, update
+from sqlalchemy import Engine, Update, bindparam, exists, func, select, update
 from sqlalchemy.orm import Session
 
 from portal.config import Settings
@@ -324,10 +324,10 @@ _FROZEN_COLUMNS: dict[type[MailSendRecord] | type[SmsSendRecord], tuple[str, ...
 }
 
 
-def _freeze_statement(model: type[MailSendRecord] | type[SmsSendRecord]) -> Direct:
-    """The write-back of what preparation decided, by version (one statement)."""
+def _freeze_statement(model: type[MailSendRecord] | type[SmsSendRecord]) -> Update:
+    """The write-back of what preparation decided, by version."""
     columns = _FROZEN_COLUMNS[model]
-    return Direct(
+    return (
         update(model)
         .where(model.id == bindparam("rid"), model.version == bindparam("ver"))
         .values(
@@ -339,7 +339,26 @@ def _freeze_statement(model: type[MailSendRecord] | type[SmsSendRecord]) -> Dire
     )
 
 
-_FREEZE = {model: _freeze_statement(model) for model in _FROZEN_COLUMNS}
+def _charged_and_frozen(model: type[MailSendRecord] | type[SmsSendRecord]) -> Direct:
+    """PostgreSQL: the charge and the write-back in one statement (data-modifying CTEs); the
+    write-back happens only when the charge did. Returns (charged, frozen) counts."""
+    channel = Channel.MAIL if model is MailSendRecord else Channel.SMS
+    charged = quota.charge_statement(channel, "postgresql").cte("charged")
+    frozen = (
+        _freeze_statement(model)
+        .where(exists(select(charged.c.id)))
+        .returning(model.id)
+        .cte("frozen")
+    )
+    counts = (
+        select(func.count()).select_from(charged).scalar_subquery(),
+        select(func.count()).select_from(frozen).scalar_subquery(),
+    )
+    return Direct(select(*counts), counts)
+
+
+_FREEZE = {model: Direct(_freeze_statement(model)) for model in _FROZEN_COLUMNS}
+_CHARGE_AND_FREEZE = {model: _charged_and_frozen(model) for model in _FROZEN_COLUMNS}
 
 
 def _charge_and_freeze(
@@ -351,16 +370,24 @@ def _charge_and_freeze(
     frozen: dict[str, Any],
 ) -> bool:
     """Steps 5 and 6 for either channel: charge the quota (last, so a message that cannot go
-    out uses none), then write the prepared values back by version. False when the
-    write-back lost a version race; the charge then stays, a small reconcilable over-count."""
-    if not quota.charge(engine, tier, claimed.channel, settings):
+    out uses none), then write the prepared values back by version (one statement on
+    PostgreSQL, two on SQLite). False when the write-back lost a version race; the charge then
+    stays, a small reconcilable over-count."""
+    values = {f"frozen_{c}": frozen[c] for c in _FROZEN_COLUMNS[model]}
+    values |= {"rid": claimed.id, "ver": claimed.version}
+    if engine.dialect.name == "postgresql":
+        params = quota.charge_params(tier, claimed.channel, settings) | values
+        _count, rows = _CHARGE_AND_FREEZE[model].run(engine, **params)
+        charged, written = rows[0]
+    else:
+        charged = quota.charge(engine, tier, claimed.channel, settings)
+        written = charged and _FREEZE[model].run(engine, **values)[0] == 1
+    if not charged:
         raise PreparationFailed(
             MarkerCode.MONTHLY_QUOTA_EXCEEDED,
             f"this month's {'mail' if claimed.channel is Channel.MAIL else 'SMS'} quota is used up",
         )
-    values = {f"frozen_{c}": frozen[c] for c in _FROZEN_COLUMNS[model]}
-    count, _rows = _FREEZE[model].run(engine, rid=claimed.id, ver=claimed.version, **values)
-    return count == 1
+    return bool(written)
 
 
 # --- SMS --------------------------------------------------------------------------------

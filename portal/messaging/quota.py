@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Any
 
 from sqlalchemy import Engine, Integer, bindparam, func, literal, or_, select
 from sqlalchemy.dialects.postgresql import insert as pg_insert
@@ -48,7 +49,7 @@ def limit_for(session: Session, tenant_id: int, channel: Channel, settings: Sett
     return value if value is not None else settings.sms_monthly_default
 
 
-def _charge_statement(channel: Channel, dialect: str) -> Direct:
+def charge_statement(channel: Channel, dialect: str) -> Any:
     """One upsert that counts a send unless the ceiling is reached: the month's row is made
     on its first send; the ceiling is read in the same statement (the tier's quota row, else
     the default passed in), so there is nothing to read first and nothing to retry."""
@@ -84,11 +85,19 @@ def _charge_statement(channel: Channel, dialect: str) -> Direct:
         )
         .returning(usage_.id)
     )
-    return Direct(statement, [usage_.id])
+    return statement
+
+
+def charge_params(tenant_id: int, channel: Channel, settings: Settings) -> dict[str, Any]:
+    """The parameters of ``charge_statement`` for one send of ``tenant_id``'s bucket."""
+    default = (
+        settings.mail_monthly_default if channel is Channel.MAIL else settings.sms_monthly_default
+    )
+    return {"tenant": tenant_id, "month": current_month(), "default": default}
 
 
 _CHARGES = {
-    (channel, dialect): _charge_statement(channel, dialect)
+    (channel, dialect): Direct(charge_statement(channel, dialect), [TenantMessageUsage.id])
     for channel in Channel
     for dialect in ("postgresql", "sqlite")
 }
@@ -96,11 +105,8 @@ _CHARGES = {
 
 def charge(engine: Engine, tenant_id: int, channel: Channel, settings: Settings) -> bool:
     """Count one send against the bucket's month; False when the ceiling is reached."""
-    default = (
-        settings.mail_monthly_default if channel is Channel.MAIL else settings.sms_monthly_default
-    )
     statement = _CHARGES[(channel, engine.dialect.name)]
-    count, _rows = statement.run(engine, tenant=tenant_id, month=current_month(), default=default)
+    count, _rows = statement.run(engine, **charge_params(tenant_id, channel, settings))
     return count == 1
 
 
