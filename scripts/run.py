@@ -19,6 +19,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from portal.delivery.children import die_with_parent
+
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 
@@ -27,9 +29,9 @@ def _run(args: list[str], env: dict[str, str]) -> None:
     subprocess.run(args, cwd=ROOT, env=env, check=True)
 
 
-def _wait_http(url: str, seconds: float) -> bool:
+def _wait_http(url: str, seconds: float, give_up: Any = lambda: False) -> bool:
     deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
+    while time.monotonic() < deadline and not give_up():
         try:
             with urllib.request.urlopen(url, timeout=1) as response:
                 if response.status == 200:
@@ -78,13 +80,30 @@ def main(argv: list[str] | None = None) -> int:
 
     children: list[subprocess.Popen[bytes]] = []
     portal_env = dict(env, PROMETHEUS_MULTIPROC_DIR=str(metrics_dir))
+    stopping = False
+
+    def stop(*_: Any) -> None:
+        nonlocal stopping
+        stopping = True
+
+    # Before any child starts: a signal while the portal is still coming up stops the
+    # children too, instead of killing this launcher and leaving them running.
+    signal.signal(signal.SIGINT, stop)
+    signal.signal(signal.SIGTERM, stop)
 
     def start(name: str, command: list[str], child_env: dict[str, str] | None = None) -> None:
         print(f"postroom: starting {name}", flush=True)
         # Each child in its own session: Ctrl-C reaches this launcher only, which then sends
-        # one SIGTERM to each (a second signal would make the worker exit at once).
+        # one SIGTERM to each (a second signal would make the worker exit at once). Should
+        # this launcher die without doing so (SIGKILL), the kernel sends them SIGTERM.
         children.append(
-            subprocess.Popen(command, cwd=ROOT, env=child_env or env, start_new_session=True)
+            subprocess.Popen(
+                command,
+                cwd=ROOT,
+                env=child_env or env,
+                start_new_session=True,
+                preexec_fn=die_with_parent,
+            )
         )
 
     start(
@@ -119,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     start("worker", [sys.executable, "worker.py"])
 
     url = f"http://127.0.0.1:{args.port}"
-    if _wait_http(f"{url}/health", 30):
+    if _wait_http(f"{url}/health", 30, lambda: stopping):
         demo = json.loads((ROOT / "demo" / "demo-config.json").read_text())
         print(f"\npostroom is running at {url}\n\nDemo logins:", flush=True)
         for user in demo["users"]:
@@ -134,17 +153,9 @@ def main(argv: list[str] | None = None) -> int:
             f"Mail lands in {instance / 'mail-sink'}. Ctrl-C stops everything.\n",
             flush=True,
         )
-    else:
+    elif not stopping:
         print("postroom: the portal did not answer within 30 s; see the output above", flush=True)
 
-    stopping = False
-
-    def stop(*_: Any) -> None:
-        nonlocal stopping
-        stopping = True
-
-    signal.signal(signal.SIGINT, stop)
-    signal.signal(signal.SIGTERM, stop)
     while not stopping and all(child.poll() is None for child in children):
         time.sleep(0.2)
     for child in children:

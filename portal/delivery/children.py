@@ -24,7 +24,8 @@ log = logging.getLogger("portal.worker")
 _PR_SET_PDEATHSIG = 1
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
+    """In a child, before exec: SIGTERM when the parent dies (Linux; elsewhere nothing)."""
     # Not Linux: no such call; the supervisor's own shutdown still stops them.
     with contextlib.suppress(OSError):
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
@@ -80,7 +81,7 @@ class Supervisor:
                 child.argv,
                 cwd=self.cwd,
                 env=self.env,
-                preexec_fn=_die_with_parent,
+                preexec_fn=die_with_parent,
                 # Out of the terminal's process group: a Ctrl-C reaches the worker only, and
                 # the worker stops its children in order.
                 start_new_session=True,
