@@ -11,7 +11,7 @@ import logging
 from dataclasses import dataclass, replace
 from typing import Any, assert_never
 
-from sqlalchemy import Engine, bindparam, exists, update
+from sqlalchemy import Engine, bindparam, exists, select, update
 from sqlalchemy.orm import Session
 
 from portal.messaging.backoff import BackoffPolicy, DeadLetter, Fail, Retry, RetryDecision
@@ -61,20 +61,8 @@ def _extra(claimed: Claimed, **more: Any) -> dict[str, Any]:
 
 
 def _sent_statement(channel: Channel, with_refused: bool) -> Direct:
-    """Sent by version, in one statement that also says whether delivery events are waiting
-    for this record's provider id (they arrived first and are applied now, seed 002)."""
+    """Sent, by version, in one statement."""
     model = MODELS[channel]
-    route = model.server_config_id if channel is Channel.MAIL else model.provider_config_id  # type: ignore[union-attr]
-    retained = (
-        exists()
-        .where(
-            DeliveryEvent.channel == channel.value,
-            DeliveryEvent.config_id == route,
-            DeliveryEvent.provider_message_id == bindparam("pmid"),
-            DeliveryEvent.record_id.is_(None),
-        )
-        .label("retained")
-    )
     values: dict[str, Any] = {
         "status": SendStatus.SENT.value,
         "version": model.version + 1,
@@ -88,13 +76,26 @@ def _sent_statement(channel: Channel, with_refused: bool) -> Direct:
     if with_refused:
         refused = MailSendRecord.refused_recipients
         values["refused_recipients"] = bindparam("refused", type_=refused.type)
-    statement = (
+    return Direct(
         update(model)
         .where(model.id == bindparam("rid"), model.version == bindparam("ver"))
         .values(**values)
-        .returning(retained)
     )
-    return Direct(statement, [retained])
+
+
+def _retained_statement(channel: Channel) -> Direct:
+    """Whether delivery events for this record's route and provider id wait unmatched."""
+    model = MODELS[channel]
+    route = model.server_config_id if channel is Channel.MAIL else model.provider_config_id  # type: ignore[union-attr]
+    waiting = exists().where(
+        model.id == bindparam("rid"),
+        DeliveryEvent.channel == channel.value,
+        DeliveryEvent.config_id == route,
+        DeliveryEvent.provider_message_id == bindparam("pmid"),
+        DeliveryEvent.record_id.is_(None),
+    )
+    column = waiting.label("waiting")
+    return Direct(select(column), [column])
 
 
 _SENT = {
@@ -102,6 +103,7 @@ _SENT = {
     for channel in Channel
     for with_refused in ((False, True) if channel is Channel.MAIL else (False,))
 }
+_RETAINED = {channel: _retained_statement(channel) for channel in Channel}
 
 
 def record_sent(
@@ -127,7 +129,7 @@ def record_sent(
     if with_refused:
         params["refused"] = refused
     try:
-        count, rows = _SENT[(claimed.channel, with_refused)].run(engine, **params)
+        count, _rows = _SENT[(claimed.channel, with_refused)].run(engine, **params)
     except Exception:
         log.exception(
             "sent, but recording it failed; the stuck-send sweep will retry it",
@@ -137,8 +139,8 @@ def record_sent(
     if count != 1:
         return False
     MESSAGE_SENT.labels(claimed.channel.value, claimed.provider).inc()
-    if provider_message_id and rows[0][0]:
-        _apply_retained(engine, claimed)
+    if provider_message_id:
+        _apply_retained(engine, claimed, provider_message_id)
     more: dict[str, Any] = {"provider_message_id": provider_message_id}
     if duplicate:
         more["duplicate_key"] = True  # accepted by an earlier attempt
@@ -146,11 +148,24 @@ def record_sent(
     return True
 
 
-def _apply_retained(engine: Engine, claimed: Claimed) -> None:
-    """Events that arrived before the provider id was written apply now (seed 002)."""
+def _apply_retained(engine: Engine, claimed: Claimed, provider_message_id: str) -> None:
+    """Events that arrived before the provider id was written apply now (seed 002).
+
+    Looked for after the Sent write committed, never inside it: a webhook stores its event,
+    commits, then looks for the record once more (``events.match_again``). One of the two
+    looks always comes after the other's commit, so the event is found by one of them; a look
+    inside the Sent statement would see that statement's snapshot and could miss an event
+    committed while it ran. The check is one indexed SELECT; the transaction that applies
+    events opens only when there are some.
+    """
     from portal.messaging import events  # events imports suppression -> acceptance
 
     try:
+        _count, rows = _RETAINED[claimed.channel].run(
+            engine, rid=claimed.id, pmid=provider_message_id
+        )
+        if not rows or not rows[0][0]:
+            return
         with Session(engine) as session, session.begin():
             events.apply_retained(session, claimed.channel, claimed.id)
     except Exception:

@@ -11,12 +11,15 @@ from __future__ import annotations
 
 import base64
 import logging
+import sqlite3
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 import httpx
+import psycopg
 from sqlalchemy import Engine, bindparam
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
 from portal.config import Settings
@@ -58,6 +61,8 @@ from portal.models.secretbox import SecretUnavailable
 from portal.tenancy import tenant_context
 
 log = logging.getLogger("portal.delivery")
+
+DATABASE_ERROR = "DATABASE_ERROR"  # an attempt the database failed (retried as UNKNOWN)
 
 
 def _limiter(settings: Settings, limiter: RateLimiter | None) -> RateLimiter:
@@ -296,9 +301,15 @@ def _run(
             attempt(claimed)
         except Exception as exc:  # an unexpected error must not kill the worker
             log.exception("unexpected error while delivering", extra={"record_id": record.id})
-            outcomes.handle_failure(
-                ctx.engine, claimed, type(exc).__name__, str(exc), policy=ctx.policy
-            )
+            code = type(exc).__name__
+            if isinstance(exc, (DBAPIError, psycopg.Error, sqlite3.Error)):
+                # One stable code for the database, whichever layer raised it: the driver's
+                # class names would be classified by their words (ProgramLimitExceeded reads
+                # as a quota), and SQLAlchemy's and psycopg's differ for the same failure.
+                code, message = DATABASE_ERROR, f"{type(exc).__name__}: {exc}"
+            else:
+                message = str(exc)
+            outcomes.handle_failure(ctx.engine, claimed, code, message, policy=ctx.policy)
 
 
 def process_mail(ctx: MailContext, record: MailSendRecord) -> None:

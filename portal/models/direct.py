@@ -96,9 +96,27 @@ class Direct:
         return plan
 
     def run(self, engine: Engine, **params: Any) -> tuple[int, list[Sequence[Any]]]:
-        """Execute in its own (autocommit) transaction: (rows affected, rows returned)."""
+        """Execute in its own (autocommit) transaction: (rows affected, rows returned).
+
+        A connection the database dropped (a restart, a failover) fails its statement; the
+        whole pool's older connections are then replaced, as SQLAlchemy does for its own
+        statements, and the statement runs once more on a fresh connection. Every statement
+        run here is safe to repeat: writes are guarded by version (a repeat of one that did
+        commit matches no row) and a claim that committed unseen leaves its record in
+        Sending for the stuck-send sweep.
+        """
         plan = self._plan(engine.dialect)
         args = plan.parameters(params)
+        try:
+            return self._execute(engine, plan, args)
+        except Disconnected:
+            pass
+        try:
+            return self._execute(engine, plan, args)
+        except Disconnected as gone:
+            raise gone.__cause__ or gone from None
+
+    def _execute(self, engine: Engine, plan: _Plan, args: Any) -> tuple[int, list[Sequence[Any]]]:
         with driver_cursor(engine) as cursor:
             if plan.prepare:
                 cursor.execute(plan.sql, args, prepare=True)
@@ -109,10 +127,15 @@ class Direct:
         return count, plan.rows(fetched)
 
 
+class Disconnected(Exception):
+    """The pooled connection was found dropped by the database (raised from its error)."""
+
+
 @contextmanager
 def driver_cursor(engine: Engine) -> Iterator[Any]:
     """A cursor on a pooled connection with the driver in autocommit; the connection goes
-    back to the pool as it came (a broken one is thrown away)."""
+    back to the pool as it came. A dropped connection raises Disconnected (from the driver's
+    error) after marking every pooled connection as old as it for replacement."""
     proxied = engine.raw_connection()
     raw = proxied.driver_connection
     postgres = engine.dialect.name == "postgresql"
@@ -124,12 +147,15 @@ def driver_cursor(engine: Engine) -> Iterator[Any]:
             yield cursor
         finally:
             cursor.close()
-    except BaseException:
+    except Exception as exc:
         if postgres and (raw.closed or raw.broken):  # type: ignore[union-attr]
-            proxied.invalidate()
+            # What SQLAlchemy does when one of its statements finds the server gone: the
+            # connections of this generation are recycled at their next checkout.
+            engine.pool._invalidate(proxied, exc)
+            raise Disconnected(str(exc)) from exc
         raise
     finally:
-        if postgres and not raw.closed:  # type: ignore[union-attr]
+        if postgres and not raw.closed and proxied.is_valid:  # type: ignore[union-attr]
             try:
                 raw.autocommit = False  # type: ignore[union-attr]
             except Exception:

@@ -5,6 +5,7 @@ the Session code they replaced wrote."""
 from __future__ import annotations
 
 import threading
+import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -14,12 +15,14 @@ from sqlalchemy import inspect, select, text, update
 from sqlalchemy.orm import Session
 
 from portal.extensions import db
-from portal.messaging import quota
+from portal.messaging import events, quota
 from portal.messaging.outcomes import Claimed, record_sent
 from portal.messaging.scan import claim_due
 from portal.models import (
     Channel,
+    DeliveryEvent,
     MailSendRecord,
+    MailSendServerConfig,
     SendStatus,
     TenantMessageQuota,
     TenantMessageUsage,
@@ -180,3 +183,101 @@ def test_the_charge_is_one_statement_that_honours_the_ceiling(
     assert all(quota.charge(db.engine, charlie, channel, settings) for _ in range(5))
     used = quota.usage(db.session, charlie, settings)
     assert used.mail_used + used.sms_used == 6
+
+
+def _sent_record(app: Flask) -> tuple[int, int, Claimed]:
+    """A claimed mail record routed through a server: (record id, server id, its claim)."""
+    acme = tenant("acme")
+    server = MailSendServerConfig(
+        tenant_id=acme.id, name="s", host="127.0.0.1", port=25, security="plain", is_default=True
+    )
+    db.session.add(server)
+    db.session.flush()
+    server_id = server.id
+    record_id = accept_mail(app, acme.id, to=["ann@example.com"])
+    db.session.execute(
+        update(MailSendRecord)
+        .where(MailSendRecord.id == record_id)
+        .values(server_config_id=server_id)
+    )
+    db.session.commit()
+    (record,) = claim_due(db.engine, MailSendRecord, 1)
+    return record_id, server_id, Claimed(Channel.MAIL, record.id, record.version, acme.id, 0)
+
+
+def test_an_event_stored_while_the_sent_write_waits_is_applied(app: Flask) -> None:
+    """The webhook stores a bounce and looks for the record (not there yet: the provider id is
+    not committed) while the Sent write waits on a row lock; after it commits, record_sent's
+    own look must find the event: one of the two looks always follows the other's commit."""
+    record_id, server_id, claimed = _sent_record(app)
+    locker = db.engine.connect()
+    held = locker.begin()
+    locker.execute(
+        text("SELECT id FROM mail_send_record WHERE id = :i FOR UPDATE"), {"i": record_id}
+    )
+    result: dict[str, bool] = {}
+    engine = db.engine
+    writer = threading.Thread(
+        target=lambda: result.setdefault(
+            "sent", record_sent(engine, claimed, "<pmid-1@example.com>")
+        )
+    )
+    writer.start()
+    time.sleep(0.3)  # the Sent UPDATE has started and waits for the lock
+    with Session(db.engine) as session:
+        stored = events.store(
+            session,
+            Channel.MAIL,
+            tenant_id=claimed.tenant_id,
+            config_id=server_id,
+            provider="generic",
+            event=events.ProviderEvent(
+                "d1",
+                events.EventType.BOUNCED,
+                "<pmid-1@example.com>",
+                recipient="ann@example.com",
+                code="550 5.1.1",
+            ),
+        )
+        session.commit()
+        assert events.match_again(session, Channel.MAIL, stored.event_id) is None
+        session.commit()
+    held.commit()
+    locker.close()
+    writer.join(30)
+    assert result == {"sent": True}
+    row = _loaded(record_id)
+    assert row.delivery_outcome == "bounced"
+    event = db.session.scalar(select(DeliveryEvent))
+    assert event is not None
+    assert event.record_id == record_id
+
+
+def test_writes_survive_the_database_dropping_every_pooled_connection(app: Flask) -> None:
+    """After a restart or failover the pool's connections are dead but were busy a moment ago
+    (not pinged): each statement finds out, the pool is renewed, and the statement runs once
+    more; nothing is left in Sending for the sweep to send twice."""
+    acme = tenant("acme")
+    for i in range(6):
+        accept_mail(app, acme.id, to=[f"u{i}@example.com"])
+    engine = db.engine
+    records = claim_due(engine, MailSendRecord, 6)
+    held = [engine.raw_connection() for _ in range(4)]
+    pids = [h.driver_connection.info.backend_pid for h in held]  # type: ignore[union-attr]
+    for h in held:
+        h.close()
+    with Session(engine) as session:
+        session.execute(
+            text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE pid = ANY(:p)"),
+            {"p": pids},
+        )
+        session.commit()
+    time.sleep(0.2)
+    done = [
+        record_sent(engine, Claimed(Channel.MAIL, r.id, r.version, r.tenant_id, 0), f"<m{r.id}@x>")
+        for r in records
+    ]
+    assert done == [True] * 6
+    statuses = {_loaded(r.id).status for r in records}
+    assert statuses == {"Sent"}
+    assert quota.charge(engine, acme.id, Channel.MAIL, app.config["SETTINGS"])
