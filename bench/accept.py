@@ -19,6 +19,7 @@ missed goal (or --profile) is followed by a sampled profile of the gunicorn work
 from __future__ import annotations
 
 import collections
+import contextlib
 import json
 import os
 import re
@@ -28,6 +29,7 @@ import subprocess
 import tempfile
 import threading
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -55,10 +57,39 @@ wrk.method = "POST"
 wrk.body = io.open(os.getenv("BENCH_BODY_FILE")):read("*a")
 wrk.headers["Content-Type"] = "application/json"
 wrk.headers["Authorization"] = "Bearer " .. os.getenv("BENCH_TOKEN")
+local done = os.getenv("BENCH_DONE_FILE")
 response = function(status, headers, body)
   counter = counter + 1
-  if counter >= limit then wrk.thread:stop() end
+  if counter == limit then
+    if done ~= "" then
+      local f = io.open(done, "a")
+      f:write("done\\n")
+      f:close()
+    end
+    wrk.thread:stop()
+  end
 end
+"""
+
+# The ceiling: a hello-world Flask app under the same gunicorn and wrk, doing only what any
+# JSON endpoint does (parse the body, answer 202 with a small JSON object). Nothing of ours,
+# no database: what this machine allows a Flask endpoint at all.
+HELLO = """
+from flask import Flask, jsonify, request
+
+app = Flask(__name__)
+
+
+@app.post("/api/v1/mail")
+def one():
+    request.get_json()
+    return jsonify({"id": 1, "duplicate": False}), 202
+
+
+@app.post("/api/v1/mail/batch")
+def many():
+    items = request.get_json()["items"]
+    return jsonify({"items": [{"id": i, "duplicate": False} for i in range(len(items))]}), 202
 """
 
 
@@ -66,7 +97,14 @@ end
 
 
 class Gunicorn:
-    def __init__(self, url: str, workers: int, threads: int):
+    def __init__(
+        self,
+        url: str,
+        workers: int,
+        threads: int,
+        app: str = "app:app",
+        cwd: Path = c.ROOT,
+    ):
         self.port = c.free_port()
         self.workers, self.threads = workers, threads
         env = dict(os.environ)
@@ -88,9 +126,9 @@ class Gunicorn:
                 f"127.0.0.1:{self.port}",
                 "--log-level",
                 "warning",
-                "app:app",
+                app,
             ],
-            cwd=c.ROOT,
+            cwd=cwd,
             env=env,
             stdout=self._log,
             stderr=self._log,
@@ -102,7 +140,7 @@ class Gunicorn:
         return f"{self.workers} workers x {self.threads} threads ({kind})"
 
     def wait_ready(self) -> None:
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 90  # a loaded, shared machine starts slowly
         while time.monotonic() < deadline:
             try:
                 with urllib.request.urlopen(f"{self.base}/health", timeout=1) as r:
@@ -145,9 +183,10 @@ def max_id(dsn: str) -> int:
 
 
 def wrk_run(
-    base: str, path: str, body: Any, token: str, requests: int, records: int, dsn: str
-) -> dict[str, float]:
-    """Send ``requests`` requests; seconds until the database holds ``records`` more rows."""
+    base: str, path: str, body: Any, token: str, requests: int, records: int, dsn: str | None
+) -> dict[str, Any]:
+    """Send ``requests`` requests; seconds until the database holds ``records`` more rows
+    (``dsn`` None, for the ceiling: until every wrk thread has had its share of answers)."""
     work = Path(tempfile.mkdtemp(prefix="bench-wrk-"))
     try:
         (work / "body.json").write_text(json.dumps(body))
@@ -157,25 +196,14 @@ def wrk_run(
             BENCH_PER_THREAD=str(requests // WRK_THREADS),
             BENCH_BODY_FILE=str(work / "body.json"),
             BENCH_TOKEN=token,
+            BENCH_DONE_FILE=str(work / "done") if dsn is None else "",
         )
+        if dsn is None:
+            return _wrk_until_answered(base, path, work, env)
         start_id = max_id(dsn)
         began = time.perf_counter()
         process = subprocess.Popen(
-            [
-                "wrk",
-                "-t",
-                str(WRK_THREADS),
-                "-c",
-                str(WRK_CONNECTIONS),
-                "-d",
-                "600s",
-                "--timeout",
-                "60s",
-                "--latency",
-                "-s",
-                str(work / "load.lua"),
-                base + path,
-            ],
+            _wrk_command(base, path, work),
             env=env,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
@@ -200,20 +228,65 @@ def wrk_run(
         process.send_signal(signal.SIGINT)  # wrk prints its summary and exits
         out, _ = process.communicate(timeout=30)
         got = max_id(dsn) - start_id
-        non2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
-        errors = re.search(r"Socket errors: (.*)", out)
-        p50 = re.search(r"\s50%\s+(\S+)", out)
-        p99 = re.search(r"\s99%\s+(\S+)", out)
-        return {
-            "s": elapsed,
-            "records": got,
-            "non2xx": int(non2xx.group(1)) if non2xx else 0,
-            "errors": errors.group(1) if errors else "",
-            "p50": p50.group(1) if p50 else "?",
-            "p99": p99.group(1) if p99 else "?",
-        }
+        return {"s": elapsed, "records": got} | _wrk_summary(out)
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def _wrk_command(base: str, path: str, work: Path) -> list[str]:
+    return [
+        "wrk",
+        "-t",
+        str(WRK_THREADS),
+        "-c",
+        str(WRK_CONNECTIONS),
+        "-d",
+        "600s",
+        "--timeout",
+        "60s",
+        "--latency",
+        "-s",
+        str(work / "load.lua"),
+        base + path,
+    ]
+
+
+def _wrk_summary(out: str) -> dict[str, Any]:
+    non2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+    errors = re.search(r"Socket errors: (.*)", out)
+    p50 = re.search(r"\s50%\s+(\S+)", out)
+    p99 = re.search(r"\s99%\s+(\S+)", out)
+    return {
+        "non2xx": int(non2xx.group(1)) if non2xx else 0,
+        "errors": errors.group(1) if errors else "",
+        "p50": p50.group(1) if p50 else "?",
+        "p99": p99.group(1) if p99 else "?",
+    }
+
+
+def _wrk_until_answered(base: str, path: str, work: Path, env: dict[str, str]) -> dict[str, Any]:
+    """The ceiling's clock: until each wrk thread has written its line to the done file."""
+    began = time.perf_counter()
+    process = subprocess.Popen(
+        _wrk_command(base, path, work),
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    elapsed = float("nan")
+    done = work / "done"
+    while process.poll() is None:
+        if done.exists() and len(done.read_text().splitlines()) >= WRK_THREADS:
+            elapsed = time.perf_counter() - began
+            break
+        if time.perf_counter() - began > 300:
+            break
+        time.sleep(0.005)
+    process.send_signal(signal.SIGINT)  # wrk prints its summary and exits
+    out, _ = process.communicate(timeout=30)
+    requests = re.search(r"(\d+) requests in", out)
+    return {"s": elapsed, "records": int(requests.group(1)) if requests else 0} | _wrk_summary(out)
 
 
 # --- the raw limit -------------------------------------------------------------------------
@@ -418,17 +491,75 @@ def setup(url: str) -> tuple[int, str]:
     return tenant_id, token
 
 
-def main() -> int:
-    args = c.parse_args(
-        __doc__, lambda p: p.add_argument("--profile", action="store_true", help="always profile")
+def _options(parser: Any) -> None:
+    parser.add_argument("--profile", action="store_true", help="always profile")
+    parser.add_argument(
+        "--only", choices=("single", "batch"), help="measure one kind only (a quicker loop)"
     )
+    parser.add_argument(
+        "--threads",
+        help="gunicorn threads per worker to sweep, comma-separated (default 1,4,8; quick 1,4)",
+    )
+    parser.add_argument("--workers", type=int, default=2, help="gunicorn workers (default 2)")
+
+
+def run_server(
+    kind: str, workers: int, threads: int, url: str, token: str, dsn: str, n: int, ceiling: bool
+) -> dict[str, Any]:
+    """One wrk run against a fresh gunicorn: ours (``app:app``) or the hello-world ceiling."""
+    hello_dir: Path | None = None
+    if ceiling:
+        hello_dir = Path(tempfile.mkdtemp(prefix="bench-hello-"))
+        (hello_dir / "hello_bench.py").write_text(HELLO)
+        server = Gunicorn(url, workers, threads, app="hello_bench:app", cwd=hello_dir)
+    else:
+        server = Gunicorn(url, workers, threads)
+    try:
+        server.wait_ready() if not ceiling else _wait_port(server)
+        target = None if ceiling else dsn
+        if kind == "single":
+            r = wrk_run(server.base, "/api/v1/mail", MAIL, token, n, n, target)
+        else:
+            body = {"items": [MAIL] * BATCH}
+            r = wrk_run(server.base, "/api/v1/mail/batch", body, token, n, n * BATCH, target)
+    finally:
+        server.stop()
+        if hello_dir is not None:
+            shutil.rmtree(hello_dir, ignore_errors=True)
+    r["config"] = server.config()
+    return r
+
+
+def _wait_port(server: Gunicorn) -> None:
+    """The hello-world app has no /health: wait until it answers at all."""
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        try:
+            urllib.request.urlopen(server.base + "/", timeout=1).read()
+        except urllib.error.HTTPError:
+            for _ in range(server.workers * 4):  # 404s: every worker up and imported
+                with contextlib.suppress(urllib.error.HTTPError):
+                    urllib.request.urlopen(server.base + "/", timeout=5).read()
+            return
+        except OSError:
+            time.sleep(0.2)
+    raise RuntimeError("the hello-world gunicorn did not start")
+
+
+def main() -> int:
+    args = c.parse_args(__doc__, _options)
     quick = args.quick
     if shutil.which("wrk") is None:
         c.say("wrk is not installed (apt-get install wrk); nothing measured")
         return 0
     singles = 1_000 if quick else 3_000
     batches = 10 if quick else 40
-    thread_counts = (1, 4) if quick else THREADS
+    if args.threads:
+        thread_counts: tuple[int, ...] = tuple(int(t) for t in args.threads.split(","))
+    else:
+        thread_counts = (1, 4) if quick else THREADS
+    workers = args.workers
+    kinds = (args.only,) if args.only else ("single", "batch")
     c.print_header("bench/accept.py: acceptance API under gunicorn", quick)
     rows = []
     best: tuple[float, int] = (0.0, 4)
@@ -436,10 +567,15 @@ def main() -> int:
     with c.bench_database(DB_NAME) as url:
         tenant_id, token = setup(url)
         dsn = c.conninfo(url)
-        for kind in ("single", "batch"):
+        for kind in kinds:
             raw_rates: dict[str, list[float]] = {"raw": [], "raw+notify": []}
             ours: dict[int, dict[str, Any]] = {}
-            order: list[Any] = ["raw", "raw+notify", *thread_counts, "raw+notify", "raw"]
+            ceiling: dict[int, float] = {}
+            order: list[Any] = ["raw", "raw+notify"]
+            for threads in thread_counts:
+                order += [threads, -threads]  # ours, then the ceiling on the same config
+            order += ["raw+notify", "raw"]
+            n = singles if kind == "single" else batches
             for who in order:
                 if isinstance(who, str):
                     notify = who == "raw+notify"
@@ -451,28 +587,18 @@ def main() -> int:
                     raw_rates[who].append(r["records"] / r["s"])
                     c.say(f"  {kind:<6} {who}: {r['records']:,} records in {r['s']:.2f} s")
                     continue
-                server = Gunicorn(url, 2, who)
-                try:
-                    server.wait_ready()
-                    if kind == "single":
-                        r = wrk_run(server.base, "/api/v1/mail", MAIL, token, singles, singles, dsn)
-                    else:
-                        body = {"items": [MAIL] * BATCH}
-                        r = wrk_run(
-                            server.base,
-                            "/api/v1/mail/batch",
-                            body,
-                            token,
-                            batches,
-                            batches * BATCH,
-                            dsn,
-                        )
-                finally:
-                    server.stop()
-                r["config"] = server.config()
-                ours[who] = r
+                threads, is_ceiling = abs(who), who < 0
+                r = run_server(kind, workers, threads, url, token, dsn, n, is_ceiling)
+                if is_ceiling:
+                    ceiling[threads] = (n if kind == "single" else n * BATCH) / r["s"]
+                    c.say(
+                        f"  {kind:<6} ceiling (hello-world Flask) {r['config']}: {r['records']:,}"
+                        f" requests in {r['s']:.2f} s; latency p50 {r['p50']}, p99 {r['p99']}"
+                    )
+                    continue
+                ours[threads] = r
                 c.say(
-                    f"  {kind:<6} ours {server.config()}: {r['records']:,} records in "
+                    f"  {kind:<6} ours {r['config']}: {r['records']:,} records in "
                     f"{r['s']:.2f} s; latency p50 {r['p50']}, p99 {r['p99']}; non-2xx "
                     f"{r['non2xx']}{'; socket errors ' + r['errors'] if r['errors'] else ''}"
                 )
@@ -496,6 +622,8 @@ def main() -> int:
                         f"{rate / raw:.2f}",
                         raw_notify,
                         f"{rate / raw_notify:.2f}",
+                        ceiling[threads],
+                        f"{rate / ceiling[threads]:.2f}",
                         f">= {goal:,.0f} {unit}",
                         c.verdict(rate >= goal),
                         r["non2xx"],
@@ -504,7 +632,8 @@ def main() -> int:
                 )
         c.print_table(
             f"Acceptance throughput (wrk: {WRK_THREADS} threads, {WRK_CONNECTIONS} connections; "
-            f"batch = {BATCH} items; raw: mean of the runs before and after)",
+            f"batch = {BATCH} items; raw: mean of the runs before and after; ceiling: a "
+            "hello-world Flask endpoint under the same gunicorn, no database)",
             [
                 "kind",
                 "gunicorn",
@@ -513,6 +642,8 @@ def main() -> int:
                 "ours/raw",
                 "raw+NOTIFY",
                 "ours/that",
+                "ceiling",
+                "ours/ceil",
                 "goal",
                 "",
                 "non-2xx",
@@ -520,10 +651,11 @@ def main() -> int:
             ],
             rows,
         )
-        c.say(f"\nbest single-send config: 2 workers x {best[1]} threads")
-        if best[0] < SINGLE_GOAL or args.profile:
+        if "single" in kinds:
+            c.say(f"\nbest single-send config: {workers} workers x {best[1]} threads")
+        if "single" in kinds and (best[0] < SINGLE_GOAL or args.profile):
             profile(url, token, dsn, best[1], "single", 500 if quick else 2_000)
-        if best_batch < BATCH_GOAL or args.profile:
+        if "batch" in kinds and (best_batch < BATCH_GOAL or args.profile):
             profile(url, token, dsn, best[1], "batch", 5 if quick else 20)
     return 0
 

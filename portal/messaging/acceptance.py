@@ -3,6 +3,11 @@
 Nothing here commits. A rejection raises ``AcceptanceError`` before anything is written, so the
 caller's transaction stays usable; a business key already used by the same tenant returns the
 existing record instead of writing a second one (idempotent acceptance).
+
+On PostgreSQL every call writes with one statement (records and recipients together); the
+API's single sends use ``send_mail_committed`` / ``send_sms_committed``, which write and
+commit in that one statement when the caller holds no transaction. Workers are woken by a
+NOTIFY sent after the commit from a thread of this process, folded to a few a second.
 """
 
 from __future__ import annotations
@@ -10,19 +15,31 @@ from __future__ import annotations
 import base64
 import binascii
 import contextlib
+import functools
 import hashlib
 import json
+import logging
+import math
+import os
 import re
+import threading
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 import phonenumbers
+import psycopg
 from email_validator import EmailNotValidError, validate_email
-from sqlalchemy import select, text
-from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import Session
+from email_validator.rfc_constants import (
+    CASE_INSENSITIVE_MAILBOX_NAMES,
+    DOT_ATOM_TEXT,
+    EMAIL_MAX_LENGTH,
+)
+from sqlalchemy import Engine, delete, event, select
+from sqlalchemy.exc import DBAPIError, IntegrityError
+from sqlalchemy.orm import Session, SessionTransaction, scoped_session
 
 from portal.config import Settings
 from portal.models import (
@@ -35,6 +52,8 @@ from portal.models import (
     SmsSendRecord,
 )
 from portal.tenancy import PLATFORM_TENANT_ID, current_tenant_id, current_trace_id, new_trace_id
+
+log = logging.getLogger(__name__)
 
 MAX_BATCH = 500
 MAX_RECIPIENTS = 50  # per field: to, cc, bcc
@@ -85,6 +104,11 @@ class Accepted:
     duplicate: bool
 
 
+_CASE_INSENSITIVE = frozenset(CASE_INSENSITIVE_MAILBOX_NAMES)
+# Enum members and values looked up once (an enum attribute costs a descriptor call each time).
+_TENANT, _PLATFORM = Scope.TENANT, Scope.PLATFORM
+_PENDING = SendStatus.PENDING.value
+
 # --- field validation -------------------------------------------------------------------
 
 T = TypeVar("T")
@@ -104,6 +128,8 @@ def _str(data: Mapping[str, Any], name: str, *, max_len: int, required: bool = F
         raise _reject(name, f"{name} must be a string")
     if len(value) > max_len:
         raise _reject(name, f"{name} is longer than {max_len} characters", "too_large")
+    if "\x00" in value:  # PostgreSQL text cannot hold NUL: refuse it here, not with a 500
+        raise _reject(name, f"{name} must not contain NUL characters")
     return value
 
 
@@ -123,10 +149,44 @@ def _email(value: Any, name: str) -> str:
         raise _reject(name, f"{name} must be an email address string")
     if len(value) > 320 or "\r" in value or "\n" in value:
         raise _reject(name, f"{name} is not a valid email address")
+    quick = _plain_email(value)
+    if quick is not None:
+        return quick
     try:
         return validate_email(value, check_deliverability=False).normalized
     except EmailNotValidError as exc:
         raise _reject(name, f"{name} is not a valid email address: {exc}") from None
+
+
+@functools.lru_cache(maxsize=4096)
+def _email_domain(domain: str) -> tuple[str, str] | None:
+    """email_validator's (normalized, ASCII) form of a domain, or None when it refuses it."""
+    try:
+        checked = validate_email("a@" + domain, check_deliverability=False)
+    except EmailNotValidError:
+        return None
+    if checked.ascii_domain is None:
+        return None
+    return checked.domain, checked.ascii_domain
+
+
+def _plain_email(value: str) -> str | None:
+    """The common case, without email_validator's full walk: an ASCII dot-atom local part (kept
+    as given, as email_validator keeps it) at a domain it accepts (checked once per domain
+    and remembered). The same normalized address as validate_email's; None for anything
+    else (quoted, Unicode or special local parts, refused domains, lengths near the limit),
+    which then takes the full validation and its error message."""
+    local, at, domain = value.rpartition("@")
+    if not at or not DOT_ATOM_TEXT.match(local) or local.lower() in _CASE_INSENSITIVE:
+        return None
+    checked = _email_domain(domain)
+    if checked is None:
+        return None
+    normalized = f"{local}@{checked[0]}"
+    for form in (value, normalized, f"{local}@{checked[1]}"):
+        if len(form.encode()) > EMAIL_MAX_LENGTH:
+            return None
+    return normalized
 
 
 def _addresses(data: Mapping[str, Any], name: str, *, required: bool) -> list[str]:
@@ -173,19 +233,22 @@ def _check_json_like(value: Any, path: str, depth: int) -> None:
     elif isinstance(value, list):
         for item in value:
             _check_json_like(item, path, depth + 1)
-    elif isinstance(value, float) and value != value:  # NaN is not JSON
-        raise _reject(path, "variables must not contain NaN")
+    elif isinstance(value, float) and not math.isfinite(value):  # NaN, Infinity: not JSON
+        raise _reject(path, "variables must not contain NaN or Infinity")
     elif not isinstance(value, str | int | float | bool | type(None)):
         raise _reject(path, "variables must be JSON values")
 
 
 def _scope(data: Mapping[str, Any], tenant_id: int | None) -> tuple[Scope, int]:
-    raw = data.get("scope", Scope.TENANT.value)
-    if raw not in (Scope.TENANT.value, Scope.PLATFORM.value):
+    raw = data.get("scope", "TENANT")
+    if raw == "TENANT":
+        scope = _TENANT
+    elif raw == "PLATFORM":
+        scope = _PLATFORM
+    else:
         raise _reject("scope", "scope must be TENANT or PLATFORM")
-    scope = Scope(raw)
     platform_caller = tenant_id is None or tenant_id == PLATFORM_TENANT_ID
-    if scope is Scope.PLATFORM:
+    if scope is _PLATFORM:
         if not platform_caller:
             raise AcceptanceError(
                 "forbidden", "scope", "only the platform tier may send with scope PLATFORM"
@@ -260,8 +323,8 @@ def _attachments(data: Mapping[str, Any], settings: Settings) -> list[dict[str, 
     return result
 
 
-def _no_unknown(data: Mapping[str, Any], allowed: Iterable[str]) -> None:
-    unknown = sorted(set(data) - set(allowed))
+def _no_unknown(data: Mapping[str, Any], allowed: frozenset[str]) -> None:
+    unknown = sorted(data.keys() - allowed)
     if unknown:
         raise _reject(unknown[0], f"unknown field {unknown[0]!r}")
 
@@ -291,6 +354,7 @@ MAIL_FIELDS = (
     "attachments",
     "expiresAt",
 )
+_MAIL_FIELD_SET = frozenset(MAIL_FIELDS)
 
 
 @dataclass
@@ -321,7 +385,7 @@ def validate_mail(data: Any, settings: Settings, tenant_id: int | None) -> MailR
     """Check a mail request's shape and values (no database access)."""
     if not isinstance(data, Mapping):
         raise _reject("body", "a mail request must be a JSON object")
-    _no_unknown(data, MAIL_FIELDS)
+    _no_unknown(data, _MAIL_FIELD_SET)
     scope, owner = _scope(data, tenant_id)
     body_max = settings.mail_body_max_chars
     subject = _str(data, "subject", max_len=MAX_SUBJECT_CHARS)
@@ -437,6 +501,7 @@ SMS_FIELDS = (
     "businessKey",
     "expiresAt",
 )
+_SMS_FIELD_SET = frozenset(SMS_FIELDS)
 
 
 @dataclass
@@ -478,7 +543,7 @@ def validate_sms(data: Any, settings: Settings, tenant_id: int | None) -> SmsReq
     """Check an SMS request's shape and values (no database access)."""
     if not isinstance(data, Mapping):
         raise _reject("body", "an SMS request must be a JSON object")
-    _no_unknown(data, SMS_FIELDS)
+    _no_unknown(data, _SMS_FIELD_SET)
     scope, owner = _scope(data, tenant_id)
     phone, country = parse_phone_number(data.get("phoneNumber"))
     req = SmsRequest(
@@ -541,6 +606,27 @@ def _existing(
     return {key: (rid, digest) for key, rid, digest in rows if key is not None}
 
 
+def _existing_by_key(
+    session: Session, model: type[Rec], requests: Iterable[MailRequest | SmsRequest]
+) -> dict[tuple[int, str], tuple[int, str | None]]:
+    by_tenant: dict[int, list[str]] = {}
+    for req in requests:
+        if req.business_key is not None:
+            by_tenant.setdefault(req.tenant_id, []).append(req.business_key)
+    found: dict[tuple[int, str], tuple[int, str | None]] = {}
+    for tenant_id, keys in by_tenant.items():
+        for key, value in _existing(session, model, tenant_id, keys).items():
+            found[(tenant_id, key)] = value
+    return found
+
+
+def _conflict(index: int, batch: bool) -> AcceptanceError:
+    error = BusinessKeyConflict(
+        "conflict", "businessKey", "this businessKey was already used for a different request"
+    )
+    return error.at(index) if batch else error
+
+
 def _write(
     session: Session,
     model: type[Rec],
@@ -551,33 +637,44 @@ def _write(
 ) -> list[Accepted]:
     """Insert the records not already there by business key; ids come back in input order.
 
-    The insert runs in a savepoint: when a concurrent caller commits the same business key
-    first, the unique index refuses ours, only the savepoint rolls back, and we return the
-    winner's record. The caller's transaction is never aborted.
+    PostgreSQL takes the fast path (one statement for the records and their recipients);
+    other databases (the embedded SQLite default) the plain ORM path. Either way a new record
+    asks for a NOTIFY once the caller commits.
     """
     trace_id = current_trace_id() or new_trace_id()
+    if session.get_bind().dialect.name == "postgresql":
+        results = _write_pg(session, model, requests, trace_id, channel)
+    else:
+        results = _write_orm(session, model, requests, build, extra_rows, trace_id)
+    if any(not r.duplicate for r in results):
+        _notify_after_commit(session, channel)
+    return results
+
+
+def _write_orm(
+    session: Session,
+    model: type[Rec],
+    requests: Sequence[Req],
+    build: Callable[[Req, str], Rec],
+    extra_rows: Callable[[Rec, Req], list[Any]] | None,
+    trace_id: str,
+) -> list[Accepted]:
+    """The plain path: ORM objects, flushed in a savepoint when business keys are given.
+
+    When a concurrent caller commits the same business key first, the unique index refuses
+    ours, only the savepoint rolls back, and we return the winner's record. The caller's
+    transaction is never aborted.
+    """
     for _attempt in range(3):
         results: list[Accepted | None] = [None] * len(requests)
-        by_tenant: dict[int, list[str]] = {}
-        for req in requests:
-            if req.business_key is not None:
-                by_tenant.setdefault(req.tenant_id, []).append(req.business_key)
-        found: dict[tuple[int, str], tuple[int, str | None]] = {}
-        for tenant_id, keys in by_tenant.items():
-            for key, value in _existing(session, model, tenant_id, keys).items():
-                found[(tenant_id, key)] = value
+        found = _existing_by_key(session, model, requests)
         new: list[tuple[int, Req, Rec]] = []
         for i, req in enumerate(requests):
             hit = found.get((req.tenant_id, req.business_key)) if req.business_key else None
             if hit is not None:
                 record_id, digest = hit
                 if digest != req.request_hash:
-                    error = BusinessKeyConflict(
-                        "conflict",
-                        "businessKey",
-                        "this businessKey was already used for a different request",
-                    )
-                    raise error.at(i) if len(requests) > 1 else error
+                    raise _conflict(i, len(requests) > 1)
                 results[i] = Accepted(record_id, duplicate=True)
             else:
                 new.append((i, req, build(req, trace_id)))
@@ -604,17 +701,330 @@ def _write(
             continue
         for i, _req, record in new:
             results[i] = Accepted(record.id, duplicate=False)
-        _notify(session, channel)
         return [r for r in results if r is not None]
     raise AcceptanceError(
         "conflict", "businessKey", "business keys kept colliding with concurrent requests"
     )
 
 
-def _notify(session: Session, channel: str) -> None:
-    """Wake idle workers when the caller commits (PostgreSQL folds repeats in a transaction)."""
-    if session.get_bind().dialect.name == "postgresql":
-        session.execute(text(f"NOTIFY {NOTIFY_CHANNEL[channel]}"))
+# The PostgreSQL path. Every call is one statement, whatever the batch size: the requests
+# travel as one JSON document (a row per request, only the fields it gives), which the
+# server unpacks with json_to_recordset; so the statement text is fixed per channel and
+# psycopg prepares it on the server after a few uses. Ids are drawn in a materialised CTE,
+# so each item's id is known by its ordinal and its recipients go in with it. ON CONFLICT DO
+# NOTHING on the business key replaces the savepoint: a concurrent caller that committed the
+# same key first makes our row a no-op (PostgreSQL waits for its commit, as the unique index
+# did), nothing is aborted, and the item is resolved afterwards against the winner's row.
+
+# (column, type in the document): JSON columns keep their nested JSON as it is.
+_COMMON_COLUMNS = [
+    ("tenant_id", "bigint"),
+    ("scope", "text"),
+    ("status", "text"),
+    ("trace_id", "text"),
+    ("business_key", "text"),
+    ("request_hash", "text"),
+    ("template_code", "text"),
+    ("variables", "json"),
+    ("expires_at", "timestamptz"),
+]
+_PG_COLUMNS = {
+    "mail": [
+        *_COMMON_COLUMNS,
+        ("to_addrs", "json"),
+        ("cc_addrs", "json"),
+        ("bcc_addrs", "json"),
+        ("reply_to", "text"),
+        ("subject", "text"),
+        ("html_body", "text"),
+        ("text_body", "text"),
+        ("template_id", "bigint"),
+        ("server_id", "bigint"),
+        ("priority", "integer"),
+        ("attachments", "json"),
+    ],
+    "sms": [
+        *_COMMON_COLUMNS,
+        ("phone_number", "text"),
+        ("country_code", "text"),
+        ("content", "text"),
+    ],
+}
+_PG_TABLE = {"mail": "mail_send_record", "sms": "sms_send_record"}
+_PG_KEY = {"mail": "uq_mail_send_business_key", "sms": "uq_sms_send_business_key"}
+
+
+def _pg_insert_sql(channel: str) -> str:
+    table, columns = _PG_TABLE[channel], _PG_COLUMNS[channel]
+    names = ", ".join(name for name, _ in columns)
+    shape = ", ".join(f"{name} {kind}" for name, kind in columns)
+    sql = (
+        f"WITH d AS MATERIALIZED (SELECT nextval('{table}_id_seq') AS id, u.* "
+        f"FROM json_to_recordset(%s::json) AS u(ord integer, rcpt json, {shape})), "
+        f"ins AS (INSERT INTO {table} (id, {names}) SELECT id, {names} FROM d ORDER BY ord "
+        f"ON CONFLICT ON CONSTRAINT {_PG_KEY[channel]} DO NOTHING RETURNING id)"
+    )
+    if channel == "mail":
+        sql += (
+            ", rcp AS (INSERT INTO mail_send_recipient (record_id, tenant_id, address, kind) "
+            "SELECT d.id, d.tenant_id, e->>0, e->>1 FROM d JOIN ins ON ins.id = d.id "
+            "CROSS JOIN LATERAL json_array_elements(d.rcpt) AS e)"
+        )
+    return (
+        sql
+        + " SELECT d.id, ins.id IS NOT NULL FROM d LEFT JOIN ins ON ins.id = d.id ORDER BY d.ord"
+    )
+
+
+_PG_SQL = {channel: _pg_insert_sql(channel) for channel in _PG_TABLE}
+
+
+def _recipient_rows(req: MailRequest) -> list[tuple[str, str]]:
+    """(address, kind): each address lower-cased, once per kind, for search by recipient."""
+    rows = []
+    for kind, addresses in (("to", req.to), ("cc", req.cc), ("bcc", req.bcc)):
+        for address in dict.fromkeys(a.lower() for a in addresses):
+            rows.append((address, kind))
+    return rows
+
+
+def _pg_row(req: MailRequest | SmsRequest, ord_: int, trace_id: str) -> dict[str, Any]:
+    row: dict[str, Any] = {
+        "ord": ord_,
+        "tenant_id": req.tenant_id,
+        "scope": str(req.scope),
+        "status": _PENDING,
+        "trace_id": trace_id,
+        "request_hash": req.request_hash,
+    }
+    optional: dict[str, Any] = {
+        "business_key": req.business_key,
+        "template_code": req.template_code,
+        "variables": req.variables,
+        "expires_at": req.expires_at.isoformat() if req.expires_at else None,
+    }
+    if isinstance(req, MailRequest):
+        row["to_addrs"] = req.to
+        row["rcpt"] = _recipient_rows(req)
+        optional |= {
+            "cc_addrs": req.cc or None,
+            "bcc_addrs": req.bcc or None,
+            "reply_to": req.reply_to,
+            "subject": req.subject,
+            "html_body": req.html,
+            "text_body": req.text,
+            "template_id": req.template_id,
+            "server_id": req.server_id,
+            "priority": req.priority,
+            "attachments": req.attachments,
+        }
+    else:
+        row["phone_number"] = req.phone_number
+        optional |= {"country_code": req.country_code, "content": req.content}
+    row.update((k, v) for k, v in optional.items() if v is not None)
+    return row
+
+
+def _insert_pg(
+    session: Session,
+    channel: str,
+    requests: Sequence[MailRequest | SmsRequest],
+    trace_id: str,
+) -> list[tuple[int, bool]]:
+    """Insert ``requests`` in one statement: (id, inserted) per request, in input order;
+    inserted is False where a committed row already holds the item's business key."""
+    document = json.dumps([_pg_row(req, i, trace_id) for i, req in enumerate(requests)])
+    sql = _PG_SQL[channel]
+    # Straight to the driver, on the session's connection and in its transaction: this is the
+    # hot path of the API, and SQLAlchemy's execution context would cost more than the insert.
+    connection = session.connection()
+    raw = connection.connection.dbapi_connection
+    assert isinstance(raw, psycopg.Connection)
+    try:
+        with raw.cursor() as cursor:
+            cursor.execute(sql, (document,))
+            rows = cursor.fetchall()
+    except psycopg.Error as exc:
+        if raw.broken:
+            connection.invalidate(exc)
+        raise DBAPIError.instance(sql, None, exc, psycopg.Error) from exc
+    return [(int(row[0]), bool(row[1])) for row in rows]
+
+
+def _write_pg(
+    session: Session,
+    model: type[Rec],
+    requests: Sequence[Req],
+    trace_id: str,
+    channel: str,
+) -> list[Accepted]:
+    """The fast path. A batch looks its business keys up first (one SELECT, only when it has
+    any), so that a conflict is found before anything is written; a single send just inserts
+    and, when its key was taken, reads the winner's row."""
+    batch = len(requests) > 1
+    for _attempt in range(3):
+        results: list[Accepted | None] = [None] * len(requests)
+        found = _existing_by_key(session, model, requests) if batch else {}
+        todo: list[int] = []
+        for i, req in enumerate(requests):
+            hit = found.get((req.tenant_id, req.business_key)) if req.business_key else None
+            if hit is None:
+                todo.append(i)
+                continue
+            record_id, digest = hit
+            if digest != req.request_hash:
+                raise _conflict(i, batch)
+            results[i] = Accepted(record_id, duplicate=True)
+        if todo:
+            written = _insert_pg(session, channel, [requests[i] for i in todo], trace_id)
+            lost: list[int] = []
+            for i, (record_id, inserted) in zip(todo, written, strict=True):
+                if inserted:
+                    results[i] = Accepted(record_id, duplicate=False)
+                else:
+                    lost.append(i)
+            if lost and not _resolve_lost(session, model, requests, lost, results, batch):
+                continue  # a winner's row vanished again meanwhile: start over
+        return [r for r in results if r is not None]
+    raise AcceptanceError(
+        "conflict", "businessKey", "business keys kept colliding with concurrent requests"
+    )
+
+
+def _resolve_lost(
+    session: Session,
+    model: type[Rec],
+    requests: Sequence[Req],
+    lost: list[int],
+    results: list[Accepted | None],
+    batch: bool,
+) -> bool:
+    """Items whose business key a concurrent caller committed between our look-up and our
+    insert: theirs decide. The same request is a duplicate; another one is a conflict, and
+    then nothing of ours may stay. False: a winner's row is gone again (ours undone too)."""
+    winners = _existing_by_key(session, model, [requests[i] for i in lost])
+    for i in lost:
+        req = requests[i]
+        hit = winners.get((req.tenant_id, req.business_key or ""))
+        if hit is not None and hit[1] == req.request_hash:
+            results[i] = Accepted(hit[0], duplicate=True)
+            continue
+        mine = [r.id for r in results if r is not None and not r.duplicate]
+        if mine:
+            session.execute(
+                delete(model).where(model.id.in_(mine)),
+                execution_options={"synchronize_session": False},
+            )
+        if hit is None:
+            return False
+        raise _conflict(i, batch)
+    return True
+
+
+# --- wake-ups ---------------------------------------------------------------------------
+
+NOTIFY_INTERVAL_S = 0.01
+"""At most one NOTIFY per channel per process in this interval; the workers' poll is the
+fallback, so a NOTIFY is a hint and never the only way work is found."""
+
+_PENDING_NOTIFY = "postroom.notify"
+
+
+def _notify_after_commit(session: Session, channel: str) -> None:
+    """Ask for a NOTIFY on ``channel`` once the caller commits (never if it rolls back)."""
+    bind = session.get_bind()
+    if bind.dialect.name != "postgresql":
+        return
+    engine = bind if isinstance(bind, Engine) else bind.engine
+    session.info.setdefault(_PENDING_NOTIFY, set()).add((engine, channel))
+
+
+@event.listens_for(Session, "after_commit")
+def _committed(session: Session) -> None:
+    if session.in_nested_transaction():
+        return  # a savepoint released: the work is not visible until the outer commit
+    pending = session.info.pop(_PENDING_NOTIFY, None)
+    if pending:
+        NOTIFIER.request(pending)
+
+
+@event.listens_for(Session, "after_transaction_end")
+def _ended(session: Session, transaction: SessionTransaction) -> None:
+    if transaction.parent is None:  # rolled back or closed without a commit: no wake-up
+        session.info.pop(_PENDING_NOTIFY, None)
+
+
+class Notifier:
+    """Sends the wake-up NOTIFYs from a thread of its own, after the commit, folded.
+
+    A commit only marks its channel; the thread sends one NOTIFY per marked channel, then
+    waits ``interval_s`` before it sends again, so a burst of commits costs the database a
+    few NOTIFYs a second per process and the requests none at all. A NOTIFY that fails is
+    logged and dropped: the workers poll.
+    """
+
+    def __init__(self, interval_s: float = NOTIFY_INTERVAL_S):
+        self.interval_s = interval_s
+        self._lock = threading.Lock()
+        self._due: set[tuple[Engine, str]] = set()
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._pid = 0
+        self.sent = 0  # NOTIFY statements sent by this process (for tests and benchmarks)
+
+    def request(self, pending: Iterable[tuple[Engine, str]]) -> None:
+        with self._lock:
+            self._due.update(pending)
+            if self._thread is None or self._pid != os.getpid() or not self._thread.is_alive():
+                # First use in this process (gunicorn forks after import): start the thread.
+                self._pid = os.getpid()
+                self._wake = threading.Event()
+                self._thread = threading.Thread(target=self._run, name="notify", daemon=True)
+                self._thread.start()
+            self._wake.set()
+
+    def _run(self) -> None:
+        wake = self._wake
+        while True:
+            wake.wait()
+            wake.clear()
+            with self._lock:
+                due, self._due = self._due, set()
+            by_engine: dict[Engine, list[str]] = {}
+            for engine, channel in due:
+                by_engine.setdefault(engine, []).append(channel)
+            for engine, channels in by_engine.items():
+                try:
+                    notify = ", ".join(
+                        f"pg_notify('{NOTIFY_CHANNEL[channel]}', '')"
+                        for channel in sorted(channels)
+                    )
+                    _autocommit(engine, f"SELECT {notify}")
+                    self.sent += len(channels)
+                except Exception as exc:  # a hint only: the poll finds the work
+                    log.warning("NOTIFY failed (%s); the workers' poll will find the work", exc)
+            time.sleep(self.interval_s)
+
+
+NOTIFIER = Notifier()
+
+
+def _autocommit(engine: Engine, sql: str) -> None:
+    """Run one statement in autocommit on a pooled connection (one round trip)."""
+    pooled = engine.raw_connection()
+    try:
+        raw = pooled.driver_connection
+        assert isinstance(raw, psycopg.Connection)
+        raw.autocommit = True
+        try:
+            raw.execute(sql)
+        finally:
+            raw.autocommit = False
+    except psycopg.Error as exc:
+        pooled.invalidate(exc)
+        raise
+    finally:
+        pooled.close()
 
 
 def _check_batch(items: Any) -> list[Any]:
@@ -712,3 +1122,113 @@ def send_sms_batch(
             raise (error if _single else error.at(i)) from None
     _unique_keys(requests)
     return _write(session, SmsSendRecord, requests, _sms_record, None, "sms")
+
+
+# --- accept and commit: the API's single sends ------------------------------------------
+
+
+def send_mail_committed(
+    session: Session, request: Mapping[str, Any], *, settings: Settings | None = None
+) -> Accepted:
+    """Accept one mail and commit it, for a caller with no transaction of its own (the API).
+
+    On PostgreSQL, with no transaction open on ``session``, the record and its recipients are
+    written by one statement in autocommit on a connection of the session's engine (one round
+    trip: no BEGIN, no COMMIT; the statement is atomic). Elsewhere: ``send_mail`` and
+    ``session.commit()``. Rejections raise ``AcceptanceError`` with nothing written either way.
+    """
+    cfg = _settings_of(session, settings)
+    req = validate_mail(request, cfg, current_tenant_id())
+    engine = _autocommit_engine(session)
+    if engine is not None:
+        return _accept_now(engine, "mail", req)
+    _check_mail_references(session, req)
+    (result,) = _write(session, MailSendRecord, [req], _mail_record, _mail_recipients, "mail")
+    session.commit()
+    return result
+
+
+def send_sms_committed(
+    session: Session, request: Mapping[str, Any], *, settings: Settings | None = None
+) -> Accepted:
+    """Accept one SMS and commit it; as ``send_mail_committed``."""
+    cfg = _settings_of(session, settings)
+    req = validate_sms(request, cfg, current_tenant_id())
+    engine = _autocommit_engine(session)
+    if engine is not None:
+        return _accept_now(engine, "sms", req)
+    (result,) = _write(session, SmsSendRecord, [req], _sms_record, None, "sms")
+    session.commit()
+    return result
+
+
+def _autocommit_engine(session: Session | scoped_session[Session]) -> Engine | None:
+    """The session's PostgreSQL engine when the session holds no transaction (else None)."""
+    own = session() if isinstance(session, scoped_session) else session
+    bind = own.get_bind()
+    if bind.dialect.name != "postgresql" or own.in_transaction():
+        return None
+    return bind if isinstance(bind, Engine) else None
+
+
+_REFERENCE_SQL = {
+    "templateId": ("SELECT 1 FROM mail_template WHERE id = %s AND tenant_id = %s", "template"),
+    "serverId": (
+        "SELECT 1 FROM mail_send_server_config WHERE id = %s AND tenant_id = %s",
+        "mail server",
+    ),
+}
+_KEY_SQL = {
+    channel: f"SELECT id, request_hash FROM {table} WHERE tenant_id = %s AND business_key = %s"
+    for channel, table in _PG_TABLE.items()
+}
+
+
+def _accept_now(engine: Engine, channel: str, req: MailRequest | SmsRequest) -> Accepted:
+    trace_id = current_trace_id() or new_trace_id()
+    pooled = engine.raw_connection()
+    raw = pooled.driver_connection
+    assert isinstance(raw, psycopg.Connection)
+    try:
+        raw.autocommit = True
+        try:
+            result = _accept_on(raw, channel, req, trace_id)
+        finally:
+            raw.autocommit = False
+    except psycopg.Error as exc:
+        if raw.broken or raw.closed:
+            pooled.invalidate(exc)
+        raise DBAPIError.instance(_PG_SQL[channel], None, exc, psycopg.Error) from exc
+    finally:
+        pooled.close()
+    if not result.duplicate:
+        NOTIFIER.request([(engine, channel)])
+    return result
+
+
+def _accept_on(
+    raw: psycopg.Connection[Any], channel: str, req: MailRequest | SmsRequest, trace_id: str
+) -> Accepted:
+    with raw.cursor() as cursor:
+        if isinstance(req, MailRequest):
+            for name, value in (("templateId", req.template_id), ("serverId", req.server_id)):
+                if value is not None:
+                    sql, what = _REFERENCE_SQL[name]
+                    if cursor.execute(sql, (value, req.tenant_id)).fetchone() is None:
+                        raise AcceptanceError("not_found", name, f"no such {what}")
+        document = json.dumps([_pg_row(req, 0, trace_id)])
+        for _attempt in range(3):
+            row = cursor.execute(_PG_SQL[channel], (document,)).fetchone()
+            assert row is not None
+            if row[1]:
+                return Accepted(int(row[0]), duplicate=False)
+            # The business key is taken (PostgreSQL waited for its owner to commit): theirs.
+            winner = cursor.execute(_KEY_SQL[channel], (req.tenant_id, req.business_key)).fetchone()
+            if winner is None:
+                continue  # gone again meanwhile: try once more
+            if winner[1] != req.request_hash:
+                raise _conflict(0, batch=False)
+            return Accepted(int(winner[0]), duplicate=True)
+    raise AcceptanceError(
+        "conflict", "businessKey", "business keys kept colliding with concurrent requests"
+    )

@@ -7,6 +7,7 @@ key reused for a different request 409; never a 500 for bad input.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 from functools import wraps
@@ -14,7 +15,7 @@ from typing import Any, ParamSpec, TypeVar
 
 from flask import Blueprint, Response, current_app, g, jsonify, request
 from markupsafe import escape
-from sqlalchemy import select, update
+from sqlalchemy import event, select, update
 
 from portal.config import Settings
 from portal.extensions import csrf, db
@@ -51,6 +52,57 @@ def _settings() -> Settings:
     return settings
 
 
+# --- API keys -----------------------------------------------------------------------------
+#
+# A valid key is remembered in this process for API_KEY_CACHE_S seconds (app config, default
+# 5; 0 turns the cache off), keyed by the token's SHA-256 digest (never the token), so a busy
+# client costs one look-up per process per interval instead of one per request. Revoking a key
+# or deactivating a tenant through the ORM (the portal's API keys page, the importer) clears
+# this process's cache at once; other processes (gunicorn workers) notice within the interval.
+# Unknown, revoked and inactive keys are never remembered: each such request asks the database.
+
+API_KEY_CACHE_S = 5.0
+API_KEY_CACHE_MAX = 10_000
+_key_cache: dict[str, tuple[float, int, int]] = {}  # digest -> (valid until, key id, tenant id)
+
+
+def _forget_keys(*_args: Any) -> None:
+    _key_cache.clear()
+
+
+for _attribute in (ApiKey.revoked_at, ApiKey.token_hash, ApiKey.tenant_id, Tenant.is_active):
+    event.listen(_attribute, "set", _forget_keys)
+event.listen(ApiKey, "after_delete", _forget_keys)
+event.listen(Tenant, "after_delete", _forget_keys)
+
+
+def _authenticate(token: str) -> tuple[int, int] | None:
+    """(key id, tenant id) of a valid, unrevoked key of an active tenant."""
+    digest = hash_api_token(token)
+    ttl = float(current_app.config.get("API_KEY_CACHE_S", API_KEY_CACHE_S))
+    now = time.monotonic()
+    cached = _key_cache.get(digest)
+    if cached is not None and cached[0] > now and ttl > 0:
+        return cached[1], cached[2]
+    key = db.session.execute(
+        select(ApiKey.id, ApiKey.tenant_id)
+        .join(Tenant, Tenant.id == ApiKey.tenant_id)
+        .where(
+            ApiKey.token_hash == digest,
+            ApiKey.revoked_at.is_(None),
+            Tenant.is_active.is_(True),
+        )
+    ).first()
+    if key is None:
+        _key_cache.pop(digest, None)
+        return None
+    if ttl > 0:
+        if len(_key_cache) >= API_KEY_CACHE_MAX:
+            _key_cache.clear()
+        _key_cache[digest] = (now + ttl, key.id, key.tenant_id)
+    return key.id, key.tenant_id
+
+
 def api_key_required(view: Callable[P, R]) -> Callable[P, R | Response]:
     """Authenticate ``Authorization: Bearer <key>``; the key fixes the tenant."""
 
@@ -60,22 +112,14 @@ def api_key_required(view: Callable[P, R]) -> Callable[P, R | Response]:
         scheme, _, token = header.partition(" ")
         if scheme.lower() != "bearer" or not token.strip():
             return _unauthorised("send Authorization: Bearer <api key>")
-        key = db.session.execute(
-            select(ApiKey.id, ApiKey.tenant_id)
-            .join(Tenant, Tenant.id == ApiKey.tenant_id)
-            .where(
-                ApiKey.token_hash == hash_api_token(token.strip()),
-                ApiKey.revoked_at.is_(None),
-                Tenant.is_active.is_(True),
-            )
-        ).first()
+        key = _authenticate(token.strip())
         if key is None:
             return _unauthorised("the API key is not valid or has been revoked")
-        g.api_key_id, g.tenant_id = key.id, key.tenant_id
+        g.api_key_id, g.tenant_id = key
         trace = request.headers.get("X-Trace-Id", "")
         trace_id = trace if trace.isalnum() and 8 <= len(trace) <= 64 else new_trace_id()
         g.trace_id = trace_id
-        with tenant_context(key.tenant_id, trace_id):
+        with tenant_context(g.tenant_id, trace_id):
             return view(*args, **kwargs)
 
     return wrapper
@@ -143,8 +187,7 @@ def _touch_key() -> None:
 @api_key_required
 def mail_create() -> tuple[Response, int]:
     """Accept one mail."""
-    result = acceptance.send_mail(db.session(), _json_body(), settings=_settings())
-    db.session.commit()
+    result = acceptance.send_mail_committed(db.session(), _json_body(), settings=_settings())
     (item,) = _accepted("mail", [result])
     return jsonify(item), 202
 
@@ -163,8 +206,7 @@ def mail_batch() -> tuple[Response, int]:
 @api_key_required
 def sms_create() -> tuple[Response, int]:
     """Accept one SMS."""
-    result = acceptance.send_sms(db.session(), _json_body(), settings=_settings())
-    db.session.commit()
+    result = acceptance.send_sms_committed(db.session(), _json_body(), settings=_settings())
     (item,) = _accepted("sms", [result])
     return jsonify(item), 202
 
