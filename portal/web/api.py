@@ -54,14 +54,13 @@ def _settings() -> Settings:
 
 # --- API keys -----------------------------------------------------------------------------
 #
-# A valid key is remembered in this process for API_KEY_CACHE_S seconds (app config, default
+# A valid key is remembered in this process for API_KEY_CACHE_S seconds (a setting, default
 # 5; 0 turns the cache off), keyed by the token's SHA-256 digest (never the token), so a busy
 # client costs one look-up per process per interval instead of one per request. Revoking a key
 # or deactivating a tenant through the ORM (the portal's API keys page, the importer) clears
 # this process's cache at once; other processes (gunicorn workers) notice within the interval.
 # Unknown, revoked and inactive keys are never remembered: each such request asks the database.
 
-API_KEY_CACHE_S = 5.0
 API_KEY_CACHE_MAX = 10_000
 _key_cache: dict[str, tuple[float, int, int]] = {}  # digest -> (valid until, key id, tenant id)
 
@@ -79,7 +78,7 @@ event.listen(Tenant, "after_delete", _forget_keys)
 def _authenticate(token: str) -> tuple[int, int] | None:
     """(key id, tenant id) of a valid, unrevoked key of an active tenant."""
     digest = hash_api_token(token)
-    ttl = float(current_app.config.get("API_KEY_CACHE_S", API_KEY_CACHE_S))
+    ttl = _settings().api_key_cache_s
     now = time.monotonic()
     cached = _key_cache.get(digest)
     if cached is not None and cached[0] > now and ttl > 0:
