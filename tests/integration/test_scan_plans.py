@@ -27,7 +27,7 @@ from sqlalchemy.dialects import postgresql
 from sqlalchemy.orm import Session
 
 from portal.extensions import db
-from portal.messaging.scan import scan_due
+from portal.messaging.scan import _CLAIMS, scan_due
 from portal.models import MailSendRecord, SendStatus, SmsSendRecord, db_now
 from tests.conftest import TEST_DATABASE_URL, make_app
 
@@ -283,3 +283,27 @@ def test_one_or_query_would_walk_the_history_under_a_generic_plan(
     seq = [n for n in plan.nodes() if n["Node Type"] == "Seq Scan"]
     # Not index-bounded: it reads (nearly) the whole history to find four due rows.
     assert removed >= HISTORY * 0.9 or seq, plan.summary()
+
+
+@pytest.mark.parametrize("channel", list(CHANNELS))
+def test_the_one_statement_claim_walks_the_same_status_indexes(
+    plans_engine: Engine, channel: str
+) -> None:
+    """What the workers run (``claim_due``): the scan folded into the claim. Its two CTEs are
+    the same two index walks, locked with SKIP LOCKED; the UPDATE reaches each picked row by
+    its key. Under a generic plan, nothing walks or filters the history (EXPLAIN ANALYZE of
+    the UPDATE runs in a transaction that is rolled back)."""
+    model, pending_index, retry_index = CHANNELS[channel]
+    plan_of = _CLAIMS[model].direct._plan(plans_engine.dialect)
+    params = plan_of.compiled.construct_params({"k": SCAN_N}) or {}
+    plan = explain_generic(plans_engine, Captured(plan_of.sql, dict(params)), f"claim_{channel}")
+    print(f"\n[{channel} claim_due] {plan.summary()}")
+    nodes = list(plan.nodes())
+    walked = {n.get("Index Name") for n in nodes if n["Node Type"] == "Index Scan"}
+    assert {pending_index, retry_index} <= walked, plan.summary()
+    for node in nodes:
+        assert node["Node Type"] != "Seq Scan", plan.summary()
+        assert node.get("Rows Removed by Filter", 0) <= SMALL, plan.summary()
+    locked = [n for n in nodes if n["Node Type"] == "LockRows"]
+    assert len(locked) == 2, plan.summary()  # SKIP LOCKED in each walk
+    assert plan.root["Actual Rows"] == SCAN_N, plan.summary()
