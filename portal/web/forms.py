@@ -20,6 +20,7 @@ import phonenumbers
 from email_validator import EmailNotValidError, validate_email
 from flask import Response, abort, current_app, request, url_for
 
+from portal.config import Settings
 from portal.extensions import db
 from portal.models import Tenant
 from portal.web.access import viewed_tenant
@@ -143,6 +144,15 @@ class Form:
         return parsed
 
 
+def replace_secret(form: Form, row: object, name: str, value: str | None) -> None:
+    """A write-only secret field: ticking ``remove_<name>`` clears the stored secret, a typed
+    value replaces it, and a blank field keeps it."""
+    if form.flag(f"remove_{name}"):
+        setattr(row, name, None)
+    elif value is not None:
+        setattr(row, name, value)
+
+
 def form_data(**fields: object) -> dict[str, str]:
     """A saved row's values as a form would post them (for the first render of an edit page)."""
     data = {}
@@ -186,6 +196,12 @@ def tier_name(tenant_id: int) -> str:
         return "Platform tier"
     tenant = db.session.get(Tenant, tenant_id)
     return tenant.name if tenant is not None else f"Tenant {tenant_id}"
+
+
+def settings() -> Settings:
+    """The app's settings (timeouts and the secret key the config pages need)."""
+    value: Settings = current_app.config["SETTINGS"]
+    return value
 
 
 def record_url(endpoint: str, record_id: int) -> str | None:

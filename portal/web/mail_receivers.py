@@ -19,7 +19,6 @@ from typing import Any
 from flask import (
     Blueprint,
     Response,
-    current_app,
     flash,
     redirect,
     render_template,
@@ -30,14 +29,22 @@ from flask.typing import ResponseReturnValue
 from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 
-from portal.config import Settings
 from portal.extensions import db
 from portal.messaging.receiving.fetch import UNREADABLE_PASSWORD, plain_error
 from portal.messaging.receiving.imap import ImapError, MailboxAddress, ReadOnlyMailbox
 from portal.models import MailReceiveConfig, MailReceiveState, ReceivedMail, SmtpSecurity
 from portal.models.secretbox import SecretUnavailable
 from portal.web.access import Permission, requires
-from portal.web.forms import Form, form_data, is_htmx, owned, tier_name, varies, viewed_tier
+from portal.web.forms import (
+    Form,
+    form_data,
+    is_htmx,
+    owned,
+    settings,
+    tier_name,
+    varies,
+    viewed_tier,
+)
 
 bp = Blueprint("mail_receivers", __name__, url_prefix="/mail-receivers")
 
@@ -59,11 +66,6 @@ SECURITY_OPTIONS = [
 ]
 DEFAULT_PORTS = {SmtpSecurity.SSL.value: 993}  # the others: 143
 TEST_TIMEOUT_S = 10.0  # a page waits for the answer: never the fetch job's 30 s
-
-
-def _settings() -> Settings:
-    settings: Settings = current_app.config["SETTINGS"]
-    return settings
 
 
 def _read(form: Form, box: MailReceiveConfig, tier: int) -> bool:
@@ -434,7 +436,7 @@ def check_connection(address: MailboxAddress) -> ConnectionResult:
 def test(box_id: int) -> ResponseReturnValue:
     """Log in to the saved mailbox and open its folder read-only: its count or the error."""
     box = owned(MailReceiveConfig, box_id, viewed_tier())
-    timeout = min(TEST_TIMEOUT_S, max(_settings().smtp_connect_timeout_s, 1.0) * 2)
+    timeout = min(TEST_TIMEOUT_S, max(settings().smtp_connect_timeout_s, 1.0) * 2)
     address = mailbox_address(box, timeout)
     db.session.close()  # no database connection held while the IMAP server answers
     result = ConnectionResult(address) if isinstance(address, str) else check_connection(address)

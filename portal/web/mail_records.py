@@ -566,77 +566,6 @@ def cancel_outcome(report: cancel.CancelReport) -> CancelOutcome:
     )
 
 
-def bulk_cancel_view(kind: Kind) -> ResponseReturnValue:
-    """Two steps, as bulk retry: count what a cancel would do; then cancel by version."""
-    tenant = viewed_tenant(allow_all=True)
-    form: MultiDict[str, str] = request.form
-    filters = parse_filters(form)
-    list_url = url_for(kind.endpoint("index"), **filters.args())
-    fragment = wants_fragment()
-    decision = form.get("confirm", "")
-    if decision == "no":  # "Keep them": clear the confirmation
-        return ("", 200, {"Vary": "HX-Request"}) if fragment else redirect(list_url)
-
-    def render(name: str, status: int = 200, **context: Any) -> ResponseReturnValue:
-        page = "bulk_cancel" if not fragment else f"_cancel_{name}"
-        html = render_template(
-            f"{kind.blueprint}/{page}.html",
-            kind=kind,
-            filters=filters,
-            list_url=list_url,
-            step=name,
-            **context,
-        )
-        return html, status, {"Vary": "HX-Request"}
-
-    if decision == "yes":
-        ids, versions, error = parse_confirmed(form.get("confirmed", ""))
-        if error or not ids:
-            return render("confirm", 422, error=error or "Nothing to cancel.", plan=None)
-        report = cancel.cancel_records(db.session(), kind.model, ids, tenant, versions)
-        db.session.commit()
-        outcome = cancel_outcome(report)
-        if not fragment:
-            flash(outcome.text, "info" if not report.skipped else "error")
-            return redirect(list_url)
-        shown, _ = parse_ids(form.getlist("shown"))
-        visible = set(shown) & set(ids)
-        rows = []
-        if visible:
-            rows = list(
-                db.session.scalars(
-                    select(kind.model)
-                    .where(kind.model.id.in_(visible))
-                    .order_by(kind.model.id.desc())
-                )
-            )
-        return render(
-            "outcome",
-            outcome=outcome,
-            rows=rows,
-            all_tenants=tenant is None,
-            names=tenant_names(tenant),
-        )
-
-    # Step one: which records, and which of them can be cancelled.
-    if form.get("scope") == "filter":
-        if filters.errors:
-            return render("confirm", 422, error=next(iter(filters.errors.values())), plan=None)
-        ids, capped = matching_ids(kind, filters, tenant)
-        if not ids:
-            return render("confirm", 422, error="No records match this filter.", plan=None)
-    else:
-        ids, error = parse_ids(form.getlist("ids"))
-        capped = False
-        if error or not ids:
-            return render(
-                "confirm", 422, error=error or "Select at least one record to cancel.", plan=None
-            )
-    plan = plan_cancel(kind, ids, tenant)
-    plan.capped = capped
-    return render("confirm", plan=plan, error=None)
-
-
 # --- template helpers (app-wide: the dashboard and dead-letter pages show records too) -----
 
 
@@ -731,72 +660,118 @@ def retry_one(kind: Kind, record_id: int) -> ResponseReturnValue:
     return redirect(safe_next(request.form.get("next"), fallback))
 
 
-def bulk_retry_view(kind: Kind) -> ResponseReturnValue:
-    """Two steps on one endpoint: without ``confirm`` count what would happen; with it, do it."""
-    tenant = viewed_tenant(allow_all=True)
-    form: MultiDict[str, str] = request.form
-    filters = parse_filters(form)
-    list_url = url_for(kind.endpoint("index"), **filters.args())
-    fragment = wants_fragment()
-    decision = form.get("confirm", "")
-    if decision == "no":  # Cancel: clear the confirmation
-        return ("", 200, {"Vary": "HX-Request"}) if fragment else redirect(list_url)
+@dataclass
+class BulkRequest:
+    """One post of a bulk form (retry or cancel), read once: whose records, the filter it
+    carries, the list to go back to, and whether htmx wants a fragment or the page."""
 
-    def render(name: str, status: int = 200, **context: Any) -> ResponseReturnValue:
-        page = "bulk_retry" if not fragment else f"_{name}"
-        template = f"{kind.blueprint}/{page}.html"
+    kind: Kind
+    verb: str  # "retry" or "cancel": the endpoint is bulk_<verb>, the page bulk_<verb>.html
+    fragments: str  # the fragments' prefix: <prefix>confirm.html and <prefix>outcome.html
+    tenant: int | None
+    form: MultiDict[str, str]
+    filters: Filters
+    list_url: str
+    fragment: bool
+
+    def render(self, step: str, status: int = 200, **context: Any) -> ResponseReturnValue:
+        """The step's fragment (htmx) or the page that holds the confirmation."""
+        page = f"{self.fragments}{step}" if self.fragment else f"bulk_{self.verb}"
         html = render_template(
-            template, kind=kind, filters=filters, list_url=list_url, step=name, **context
+            f"{self.kind.blueprint}/{page}.html",
+            kind=self.kind,
+            filters=self.filters,
+            list_url=self.list_url,
+            verb=self.verb,
+            step=step,
+            **context,
         )
         return html, status, {"Vary": "HX-Request"}
 
-    if decision == "yes":
-        ids, error = parse_ids([form.get("confirmed", "")])
-        if error or not ids:
-            return render("confirm", 422, error=error or "Nothing to retry.", plan=None)
-        report = retry_records(db.session(), kind.model, ids, tenant)
-        db.session.commit()
-        summary = skipped_summary(report.skipped)
-        if not fragment:
-            flash(_outcome_text(len(report.requeued), summary), "info")
-            return redirect(list_url)
-        shown, _ = parse_ids(form.getlist("shown"))
+    def changed_rows(self, ids: Iterable[int]) -> dict[str, Any]:
+        """The rows on the page (``shown``) among ``ids``, re-read, for the outcome to swap."""
+        shown, _ = parse_ids(self.form.getlist("shown"))
         visible = set(shown) & set(ids)
         rows = []
         if visible:
+            model = self.kind.model
             rows = list(
                 db.session.scalars(
-                    select(kind.model)
-                    .where(kind.model.id.in_(visible))
-                    .order_by(kind.model.id.desc())
+                    select(model).where(model.id.in_(visible)).order_by(model.id.desc())
                 )
             )
-        return render(
-            "outcome",
-            requeued=len(report.requeued),
-            summary=summary,
-            rows=rows,
-            all_tenants=tenant is None,
-            names=tenant_names(tenant),
-        )
+        return {
+            "rows": rows,
+            "all_tenants": self.tenant is None,
+            "names": tenant_names(self.tenant),
+        }
+
+
+def bulk_view(
+    kind: Kind,
+    verb: str,
+    fragments: str,
+    plan: Callable[[Kind, Sequence[int], int | None], RetryPlan | CancelPlan],
+    confirmed: Callable[[BulkRequest], ResponseReturnValue],
+) -> ResponseReturnValue:
+    """A bulk action's two steps on one endpoint: without ``confirm``, ``plan`` counts what
+    would happen to the selection (or everything matching the filter); with ``confirm=yes``,
+    ``confirmed`` does it; ``confirm=no`` clears the confirmation."""
+    form: MultiDict[str, str] = request.form
+    filters = parse_filters(form)
+    bulk = BulkRequest(
+        kind=kind,
+        verb=verb,
+        fragments=fragments,
+        tenant=viewed_tenant(allow_all=True),
+        form=form,
+        filters=filters,
+        list_url=url_for(kind.endpoint("index"), **filters.args()),
+        fragment=wants_fragment(),
+    )
+    decision = form.get("confirm", "")
+    if decision == "no":
+        return ("", 200, {"Vary": "HX-Request"}) if bulk.fragment else redirect(bulk.list_url)
+    if decision == "yes":
+        return confirmed(bulk)
 
     # Step one: which records, and what would happen to them.
     if form.get("scope") == "filter":
         if filters.errors:
-            return render("confirm", 422, error=next(iter(filters.errors.values())), plan=None)
-        ids, capped = matching_ids(kind, filters, tenant)
+            return bulk.render("confirm", 422, error=next(iter(filters.errors.values())), plan=None)
+        ids, capped = matching_ids(kind, filters, bulk.tenant)
         if not ids:
-            return render("confirm", 422, error="No records match this filter.", plan=None)
+            return bulk.render("confirm", 422, error="No records match this filter.", plan=None)
     else:
         ids, error = parse_ids(form.getlist("ids"))
         capped = False
         if error or not ids:
-            return render(
-                "confirm", 422, error=error or "Select at least one record to retry.", plan=None
-            )
-    plan = plan_retry(kind, ids, tenant)
-    plan.capped = capped
-    return render("confirm", plan=plan, error=None, scope=form.get("scope", "selected"))
+            error = error or f"Select at least one record to {verb}."
+            return bulk.render("confirm", 422, error=error, plan=None)
+    planned = plan(kind, ids, bulk.tenant)
+    planned.capped = capped
+    return bulk.render("confirm", plan=planned, error=None)
+
+
+def bulk_retry_view(kind: Kind) -> ResponseReturnValue:
+    """Two steps on one endpoint: without ``confirm`` count what would happen; with it, do it."""
+    return bulk_view(kind, "retry", "_", plan_retry, _retry_confirmed)
+
+
+def _retry_confirmed(bulk: BulkRequest) -> ResponseReturnValue:
+    """Step two of a bulk retry: requeue the confirmed records."""
+    ids, error = parse_ids([bulk.form.get("confirmed", "")])
+    if error or not ids:
+        return bulk.render("confirm", 422, error=error or "Nothing to retry.", plan=None)
+    report = retry_records(db.session(), bulk.kind.model, ids, bulk.tenant)
+    db.session.commit()
+    summary = skipped_summary(report.skipped)
+    if not bulk.fragment:
+        flash(_outcome_text(len(report.requeued), summary), "info")
+        return redirect(bulk.list_url)
+    return bulk.render(
+        "outcome", requeued=len(report.requeued), summary=summary, **bulk.changed_rows(ids)
+    )
 
 
 def _outcome_text(requeued: int, summary: list[tuple[str, int]]) -> str:
@@ -806,6 +781,25 @@ def _outcome_text(requeued: int, summary: list[tuple[str, int]]) -> str:
     skipped = sum(n for _, n in summary)
     reasons = " · ".join(f"{n:,}: {reason}" for reason, n in summary)
     return f"{requeued:,} requeued, {skipped:,} skipped ({reasons})."
+
+
+def bulk_cancel_view(kind: Kind) -> ResponseReturnValue:
+    """Two steps, as bulk retry: count what a cancel would do; then cancel by version."""
+    return bulk_view(kind, "cancel", "_cancel_", plan_cancel, _cancel_confirmed)
+
+
+def _cancel_confirmed(bulk: BulkRequest) -> ResponseReturnValue:
+    """Step two of a bulk cancel: cancel the confirmed records at the versions seen."""
+    ids, versions, error = parse_confirmed(bulk.form.get("confirmed", ""))
+    if error or not ids:
+        return bulk.render("confirm", 422, error=error or "Nothing to cancel.", plan=None)
+    report = cancel.cancel_records(db.session(), bulk.kind.model, ids, bulk.tenant, versions)
+    db.session.commit()
+    outcome = cancel_outcome(report)
+    if not bulk.fragment:
+        flash(outcome.text, "info" if not report.skipped else "error")
+        return redirect(bulk.list_url)
+    return bulk.render("outcome", outcome=outcome, **bulk.changed_rows(ids))
 
 
 # --- mail's views ------------------------------------------------------------------------------

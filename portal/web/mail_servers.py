@@ -16,7 +16,6 @@ from __future__ import annotations
 from flask import (
     Blueprint,
     Response,
-    current_app,
     flash,
     redirect,
     render_template,
@@ -28,13 +27,22 @@ from sqlalchemy import or_, select
 from sqlalchemy import update as sql_update
 from sqlalchemy.exc import IntegrityError
 
-from portal.config import Settings
 from portal.extensions import db
 from portal.messaging.transports.smtp import Security, SmtpServer, test_connection
 from portal.models import MailSendRecord, MailSendServerConfig, SmtpSecurity, UncertainPolicy
 from portal.models.secretbox import SecretUnavailable
 from portal.web.access import Permission, requires
-from portal.web.forms import Form, form_data, is_htmx, owned, tier_name, varies, viewed_tier
+from portal.web.forms import (
+    Form,
+    form_data,
+    is_htmx,
+    owned,
+    replace_secret,
+    settings,
+    tier_name,
+    varies,
+    viewed_tier,
+)
 from portal.web.webhooks import GENERIC, SIGNATURE_HEADER, mail_webhook_secret
 
 bp = Blueprint("mail_servers", __name__, url_prefix="/mail-servers")
@@ -66,11 +74,6 @@ UNCERTAIN_OPTIONS = [
     (UncertainPolicy.RETRY.value, "Retry (may deliver twice)"),
     (UncertainPolicy.HOLD.value, "Hold for a person to decide"),
 ]
-
-
-def _settings() -> Settings:
-    settings: Settings = current_app.config["SETTINGS"]
-    return settings
 
 
 def _read(form: Form, server: MailSendServerConfig, tier: int) -> bool:
@@ -112,10 +115,7 @@ def _read(form: Form, server: MailSendServerConfig, tier: int) -> bool:
     server.security = security
     server.verify_tls = form.flag("verify_tls")
     server.username = username
-    if form.flag("remove_password"):
-        server.password = None
-    elif password is not None:
-        server.password = password
+    replace_secret(form, server, "password", password)
     server.from_address = from_address
     server.from_name = from_name
     server.reply_to = reply_to
@@ -168,7 +168,7 @@ def webhook_of(server: MailSendServerConfig) -> dict[str, str]:
             "Sign each request with the secret below: hex HMAC-SHA256 of the raw body, sent in "
             f"the {SIGNATURE_HEADER} header."
         ),
-        "secret": mail_webhook_secret(_settings(), server.id),
+        "secret": mail_webhook_secret(settings(), server.id),
         "secret_hint": (
             "Derived from the portal's secret key: it changes when that key is rotated. Keep it "
             "to the sender of the events; select it to copy."
@@ -316,7 +316,7 @@ def delete(server_id: int) -> ResponseReturnValue:
 def test(server_id: int) -> ResponseReturnValue:
     """Connect to the saved server, say hello, log in and quit: latency or the error."""
     server = owned(MailSendServerConfig, server_id, viewed_tier())
-    settings = _settings()
+    timeout = settings().smtp_connect_timeout_s
     error: str | None
     try:
         password = server.password
@@ -331,8 +331,8 @@ def test(server_id: int) -> ResponseReturnValue:
                 security=Security(server.security),
                 username=server.username,
                 password=password,
-                connect_timeout_s=settings.smtp_connect_timeout_s,
-                read_timeout_s=settings.smtp_connect_timeout_s,
+                connect_timeout_s=timeout,
+                read_timeout_s=timeout,
                 verify_tls=server.verify_tls,
             )
         )

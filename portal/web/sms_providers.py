@@ -20,7 +20,6 @@ from flask import (
     Blueprint,
     Response,
     abort,
-    current_app,
     flash,
     redirect,
     render_template,
@@ -32,7 +31,6 @@ from sqlalchemy import select
 from sqlalchemy import update as sql_update
 from sqlalchemy.exc import IntegrityError
 
-from portal.config import Settings
 from portal.extensions import db
 from portal.messaging.transports.sms import twilio, vonage
 from portal.models import (
@@ -50,6 +48,8 @@ from portal.web.forms import (
     form_data,
     is_htmx,
     owned,
+    replace_secret,
+    settings,
     tier_name,
     varies,
     viewed_tier,
@@ -86,11 +86,6 @@ UNCERTAIN_OPTIONS = [
 ]
 
 
-def _settings() -> Settings:
-    settings: Settings = current_app.config["SETTINGS"]
-    return settings
-
-
 def _read(form: Form, provider: SmsProviderConfig, tier: int) -> bool:
     """Check the form and copy it onto ``provider``; False when it has errors."""
     name = form.text("name", required=True, max_len=200)
@@ -124,14 +119,8 @@ def _read(form: Form, provider: SmsProviderConfig, tier: int) -> bool:
     provider.provider = kind
     provider.base_url = base_url
     provider.account_id = account_id
-    if form.flag("remove_secret"):
-        provider.secret = None
-    elif secret is not None:
-        provider.secret = secret
-    if form.flag("remove_webhook_secret"):
-        provider.webhook_secret = None
-    elif webhook_secret is not None:
-        provider.webhook_secret = webhook_secret
+    replace_secret(form, provider, "secret", secret)
+    replace_secret(form, provider, "webhook_secret", webhook_secret)
     provider.sender_id = sender_id
     provider.is_default = form.flag("is_default")
     provider.enabled = form.flag("enabled")
@@ -475,7 +464,7 @@ def test(provider_id: int) -> ResponseReturnValue:
     if provider.provider == SmsProviderKind.TEST.value:
         context["note"] = "The test provider accepts every message without any network."
     elif provider.provider in (SmsProviderKind.TWILIO.value, SmsProviderKind.VONAGE.value):
-        latency, error = check_credentials(provider, _settings().sms_connect_timeout_s)
+        latency, error = check_credentials(provider, settings().sms_connect_timeout_s)
         context.update(latency_ms=round(latency * 1000), error=error)
     else:
         context["unavailable"] = True
