@@ -24,6 +24,7 @@ log = logging.getLogger("portal.chores")
 QUEUE = "postroom-chores"
 PREFIX = "postroom-"  # rq job ids allow letters, digits, "_" and "-" only
 FETCH_MAIL_INTERVAL_S = 60
+MATCH_EVENTS_INTERVAL_S = 300
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,12 @@ def schedules(settings: Settings) -> list[Schedule]:
             func="portal.delivery.chores.fetch_mail_job",
             interval_s=FETCH_MAIL_INTERVAL_S,
             description="Read the bounce mailboxes: DSN bounces and read receipts",
+        ),
+        Schedule(
+            id=f"{PREFIX}match-events",
+            func="portal.delivery.chores.match_events_job",
+            interval_s=MATCH_EVENTS_INTERVAL_S,
+            description="Apply delivery events whose record got its provider id unseen",
         ),
     ]
 
@@ -141,3 +148,12 @@ def fetch_mail_job() -> dict[str, Any]:
             extra={k: v for k, v in summary.items() if k != "mailboxes"},
         )
     return summary
+
+
+def match_events_job() -> dict[str, Any]:
+    """Apply waiting delivery events whose record now has their provider id, as an rq job."""
+    from portal.messaging.events import match_waiting
+
+    engine, _settings = _engine_and_settings()
+    report = match_waiting(engine)
+    return {"looked": report.looked, "applied": report.applied}

@@ -20,7 +20,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
-from sqlalchemy import case, select, update
+from sqlalchemy import Engine, case, exists, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
@@ -33,7 +33,9 @@ from portal.models import (
     SendStatus,
     SmsSendRecord,
     db_now,
+    db_now_plus,
 )
+from portal.tenancy import tenant_context
 
 log = logging.getLogger("portal.events")
 
@@ -146,6 +148,61 @@ def match_again(session: Session, channel: Channel, event_id: int) -> int | None
         return None
     apply(session, channel, record, row)
     return record.id
+
+
+MATCH_BATCH = 500
+MATCH_MAX_AGE_S = 7 * 86400
+
+
+@dataclass(frozen=True)
+class MatchReport:
+    looked: int
+    applied: int
+
+
+def match_waiting(
+    engine: Engine, *, limit: int = MATCH_BATCH, max_age_s: float = MATCH_MAX_AGE_S
+) -> MatchReport:
+    """The safety net behind ``match_again`` and ``apply_retained``: unmatched events of the
+    last ``max_age_s`` whose route now has a record with their provider id are applied,
+    oldest first, each in its own transaction in its tenant.
+
+    The two looks close the race between a webhook and the Sent write; what they cannot cover
+    is a process that died between them (the worker after its Sent commit, the portal after
+    storing the event). A scheduled chore (``portal.delivery.chores``) runs this, so such an
+    event waits minutes, not forever.
+    """
+    looked = applied = 0
+    for channel in Channel:
+        model = model_for(channel)
+        has_record = exists().where(
+            _route_column(channel) == DeliveryEvent.config_id,
+            model.provider_message_id == DeliveryEvent.provider_message_id,
+        )
+        with Session(engine) as session:
+            waiting = session.execute(
+                select(DeliveryEvent.id, DeliveryEvent.tenant_id)
+                .where(
+                    DeliveryEvent.channel == channel.value,
+                    DeliveryEvent.record_id.is_(None),
+                    DeliveryEvent.provider_message_id.is_not(None),
+                    DeliveryEvent.received_at >= db_now_plus(-max_age_s),
+                    has_record,
+                )
+                .order_by(DeliveryEvent.id)
+                .limit(limit)
+            ).all()
+        for event_id, tenant_id in waiting:
+            looked += 1
+            with tenant_context(tenant_id), Session(engine) as session, session.begin():
+                if match_again(session, channel, event_id) is not None:
+                    applied += 1
+    if applied:
+        log.warning(
+            "applied delivery events that had waited unmatched",
+            extra={"applied": applied, "looked": looked},
+        )
+    return MatchReport(looked, applied)
 
 
 def _detail(event: ProviderEvent) -> dict[str, Any]:
