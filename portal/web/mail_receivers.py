@@ -16,35 +16,18 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from flask import (
-    Blueprint,
-    Response,
-    flash,
-    redirect,
-    render_template,
-    request,
-    url_for,
-)
+from flask import Blueprint, flash, redirect, render_template, request, url_for
 from flask.typing import ResponseReturnValue
 from sqlalchemy import func, select
-from sqlalchemy.exc import IntegrityError
 
 from portal.extensions import db
 from portal.messaging.receiving.fetch import UNREADABLE_PASSWORD, plain_error
 from portal.messaging.receiving.imap import ImapError, MailboxAddress, ReadOnlyMailbox
 from portal.models import MailReceiveConfig, MailReceiveState, ReceivedMail, SmtpSecurity
 from portal.models.secretbox import SecretUnavailable
+from portal.web import config_pages
 from portal.web.access import Permission, requires
-from portal.web.forms import (
-    Form,
-    form_data,
-    is_htmx,
-    owned,
-    settings,
-    tier_name,
-    varies,
-    viewed_tier,
-)
+from portal.web.forms import Form, form_data, owned, settings, tier_name, viewed_tier
 
 bp = Blueprint("mail_receivers", __name__, url_prefix="/mail-receivers")
 
@@ -83,16 +66,7 @@ def _read(form: Form, box: MailReceiveConfig, tier: int) -> bool:
         form.fail("password", "is required (the mailbox is read by logging in)")
     if form.flag("remove_password") and password is None:
         form.fail("password", "cannot be removed: the mailbox is read by logging in")
-    if name is not None and "name" not in form.errors:
-        clash = db.session.scalar(
-            select(MailReceiveConfig.id).where(
-                MailReceiveConfig.tenant_id == tier,
-                MailReceiveConfig.name == name,
-                MailReceiveConfig.id != (box.id or 0),
-            )
-        )
-        if clash is not None:
-            form.fail("name", f"{name!r} is already used by another bounce mailbox")
+    config_pages.check_name(PAGES, form, box, tier, name)
     if not form.ok:
         return False
     assert name is not None
@@ -239,30 +213,26 @@ def readings(
 # --- views ------------------------------------------------------------------------------------
 
 
-def _page(box: MailReceiveConfig | None, form: Form, status: int = 200) -> tuple[str, int]:
-    saved = box is not None and box.id is not None
-    tier = box.tenant_id if box is not None and saved else viewed_tier()
+def _context(box: MailReceiveConfig | None) -> dict[str, Any]:
+    """What the edit page shows besides the form: how far a saved mailbox has been read."""
     reading = None
-    if box is not None and saved:
+    if box is not None:
         reading = readings(box.tenant_id, [box], with_error=True)[box.id]
-    return render_template(
-        "mail_receivers/edit.html",
-        box=box if saved else None,
-        form=form,
-        tier_name=tier_name(tier),
-        security_options=SECURITY_OPTIONS,
-        reading=reading,
-    ), status
+    return {"security_options": SECURITY_OPTIONS, "reading": reading}
 
 
-def _save(form: Form) -> bool:
-    try:
-        db.session.commit()
-    except IntegrityError:  # the same name saved by someone else a moment ago
-        db.session.rollback()
-        form.fail("name", "is already used by another bounce mailbox")
-        return False
-    return True
+PAGES = config_pages.Pages(
+    model=MailReceiveConfig,
+    blueprint="mail_receivers",
+    row_name="box",
+    noun="bounce mailbox",
+    title="Bounce mailboxes",
+    add_title="Add a bounce mailbox",
+    labels=LABELS,
+    read=_read,
+    context=_context,
+    added_hint=" Test its connection below.",
+)
 
 
 @bp.get("/")
@@ -270,11 +240,7 @@ def _save(form: Form) -> bool:
 def index() -> str:
     """The viewed tier's bounce mailboxes and how far each has been read."""
     tier = viewed_tier()
-    boxes = db.session.scalars(
-        select(MailReceiveConfig)
-        .where(MailReceiveConfig.tenant_id == tier)
-        .order_by(MailReceiveConfig.name)
-    ).all()
+    boxes = config_pages.listed(PAGES, tier)
     return render_template(
         "mail_receivers/index.html",
         boxes=boxes,
@@ -294,22 +260,14 @@ def new() -> tuple[str, int]:
         "folder": "INBOX",
         "enabled": "on",
     }
-    return _page(None, Form(defaults, LABELS))
+    return config_pages.page(PAGES, None, Form(defaults, LABELS))
 
 
 @bp.post("/")
 @requires(Permission.EDIT_CONFIG)
 def create() -> ResponseReturnValue:
     """Add a bounce mailbox to the viewed tier."""
-    form = Form(request.form, LABELS)
-    box = MailReceiveConfig()
-    if not _read(form, box, viewed_tier()):
-        return _page(None, form, 422)
-    db.session.add(box)
-    if not _save(form):
-        return _page(None, form, 422)
-    flash(f"Bounce mailbox {box.name!r} added. Test its connection below.", "success")
-    return redirect(url_for("mail_receivers.edit", box_id=box.id), 303)
+    return config_pages.create(PAGES)
 
 
 @bp.get("/<int:box_id>/edit")
@@ -317,23 +275,14 @@ def create() -> ResponseReturnValue:
 def edit(box_id: int) -> tuple[str, int]:
     """The mailbox's form (the password is never shown) and how far it has been read."""
     box = owned(MailReceiveConfig, box_id, viewed_tier())
-    return _page(box, _form_of(box))
+    return config_pages.page(PAGES, box, _form_of(box))
 
 
 @bp.post("/<int:box_id>")
 @requires(Permission.EDIT_CONFIG)
 def update(box_id: int) -> ResponseReturnValue:
     """Save the mailbox; the next fetch run reads it with the new settings."""
-    box = owned(MailReceiveConfig, box_id, viewed_tier())
-    form = Form(request.form, LABELS)
-    if not _read(form, box, box.tenant_id):
-        db.session.rollback()
-        return _page(box, form, 422)
-    if not _save(form):
-        box = owned(MailReceiveConfig, box_id, viewed_tier())
-        return _page(box, form, 422)
-    flash("Bounce mailbox saved.", "success")
-    return redirect(url_for("mail_receivers.edit", box_id=box.id), 303)
+    return config_pages.update(PAGES, box_id)
 
 
 @bp.post("/<int:box_id>/enabled")
@@ -349,7 +298,7 @@ def enable(box_id: int) -> ResponseReturnValue:
         flash(f"Bounce mailbox {box.name!r} disabled: it is no longer read.", "success")
     fallback = url_for("mail_receivers.index")
     target = request.form.get("next", "")
-    edit_url = url_for("mail_receivers.edit", box_id=box.id)
+    edit_url = PAGES.url("edit", box)
     return redirect(edit_url if target == edit_url else fallback, 303)
 
 
@@ -372,11 +321,8 @@ def delete(box_id: int) -> ResponseReturnValue:
             "it cannot be deleted. It is disabled instead: it is no longer read.",
             "error",
         )
-        return redirect(url_for("mail_receivers.edit", box_id=box.id), 303)
-    db.session.delete(box)
-    db.session.commit()
-    flash(f"Bounce mailbox {box.name!r} deleted.", "success")
-    return redirect(url_for("mail_receivers.index"), 303)
+        return redirect(PAGES.url("edit", box), 303)
+    return config_pages.delete(PAGES, box)
 
 
 @dataclass(frozen=True)
@@ -440,7 +386,4 @@ def test(box_id: int) -> ResponseReturnValue:
     address = mailbox_address(box, timeout)
     db.session.close()  # no database connection held while the IMAP server answers
     result = ConnectionResult(address) if isinstance(address, str) else check_connection(address)
-    context = {"box": box, "result": result}
-    if is_htmx():
-        return varies(Response(render_template("mail_receivers/_connection.html", **context)))
-    return varies(Response(render_template("mail_receivers/test.html", **context)))
+    return config_pages.connection(PAGES, box=box, result=result)

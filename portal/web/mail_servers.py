@@ -13,34 +13,25 @@ says so when the stored password can no longer be decrypted (a new one replaces 
 
 from __future__ import annotations
 
-from flask import (
-    Blueprint,
-    Response,
-    flash,
-    redirect,
-    render_template,
-    request,
-    url_for,
-)
+from typing import Any
+
+from flask import Blueprint, flash, redirect, render_template, url_for
 from flask.typing import ResponseReturnValue
 from sqlalchemy import or_, select
-from sqlalchemy import update as sql_update
-from sqlalchemy.exc import IntegrityError
 
 from portal.extensions import db
 from portal.messaging.transports.smtp import Security, SmtpServer, test_connection
 from portal.models import MailSendRecord, MailSendServerConfig, SmtpSecurity, UncertainPolicy
 from portal.models.secretbox import SecretUnavailable
+from portal.web import config_pages
 from portal.web.access import Permission, requires
 from portal.web.forms import (
     Form,
     form_data,
-    is_htmx,
     owned,
     replace_secret,
     settings,
     tier_name,
-    varies,
     viewed_tier,
 )
 from portal.web.webhooks import GENERIC, SIGNATURE_HEADER, mail_webhook_secret
@@ -94,16 +85,7 @@ def _read(form: Form, server: MailSendServerConfig, tier: int) -> bool:
         form.fail("host", "must be a host name or IP address, such as smtp.example.com")
     if not from_address and not username and not {"from_address", "username"} & set(form.errors):
         form.fail("from_address", "or a username is required (the sender is one of them)")
-    if name is not None and "name" not in form.errors:
-        clash = db.session.scalar(
-            select(MailSendServerConfig.id).where(
-                MailSendServerConfig.tenant_id == tier,
-                MailSendServerConfig.name == name,
-                MailSendServerConfig.id != (server.id or 0),
-            )
-        )
-        if clash is not None:
-            form.fail("name", f"{name!r} is already used by another mail server")
+    config_pages.check_name(PAGES, form, server, tier, name)
     if not form.ok:
         return False
     assert name is not None
@@ -185,41 +167,29 @@ def unreadable(server: MailSendServerConfig) -> list[str]:
     return []
 
 
-def _page(server: MailSendServerConfig | None, form: Form, status: int = 200) -> tuple[str, int]:
-    saved = server is not None and server.id is not None
-    tier = server.tenant_id if server is not None and saved else viewed_tier()
-    return render_template(
-        "mail_servers/edit.html",
-        server=server if saved else None,
-        form=form,
-        tier_name=tier_name(tier),
-        security_options=SECURITY_OPTIONS,
-        uncertain_options=UNCERTAIN_OPTIONS,
-        webhook=webhook_of(server) if server is not None and saved else None,
-        unreadable=unreadable(server) if server is not None and saved else [],
-    ), status
+def _context(server: MailSendServerConfig | None) -> dict[str, Any]:
+    """What the edit page shows besides the form."""
+    return {
+        "security_options": SECURITY_OPTIONS,
+        "uncertain_options": UNCERTAIN_OPTIONS,
+        "webhook": webhook_of(server) if server is not None else None,
+        "unreadable": unreadable(server) if server is not None else [],
+    }
 
 
-def _save(server: MailSendServerConfig, form: Form) -> bool:
-    """Commit; a default mail server takes the default from the tier's others."""
-    try:
-        db.session.flush()  # a new row gets its id, so the update below can leave it out
-        if server.is_default:
-            db.session.execute(
-                sql_update(MailSendServerConfig)
-                .where(
-                    MailSendServerConfig.tenant_id == server.tenant_id,
-                    MailSendServerConfig.id != server.id,
-                    MailSendServerConfig.is_default.is_(True),
-                )
-                .values(is_default=False, config_version=MailSendServerConfig.config_version + 1)
-            )
-        db.session.commit()
-    except IntegrityError:  # the same name saved by someone else a moment ago
-        db.session.rollback()
-        form.fail("name", "is already used by another mail server")
-        return False
-    return True
+PAGES = config_pages.Pages(
+    model=MailSendServerConfig,
+    blueprint="mail_servers",
+    row_name="server",
+    noun="mail server",
+    title="Mail servers",
+    add_title="Add a mail server",
+    labels=LABELS,
+    read=_read,
+    context=_context,
+    added_hint=" Test its connection below.",
+    on_save=config_pages.take_default,
+)
 
 
 @bp.get("/")
@@ -227,11 +197,7 @@ def _save(server: MailSendServerConfig, form: Form) -> bool:
 def index() -> str:
     """The viewed tier's mail servers."""
     tier = viewed_tier()
-    servers = db.session.scalars(
-        select(MailSendServerConfig)
-        .where(MailSendServerConfig.tenant_id == tier)
-        .order_by(MailSendServerConfig.name)
-    ).all()
+    servers = config_pages.listed(PAGES, tier)
     return render_template("mail_servers/index.html", servers=servers, tier_name=tier_name(tier))
 
 
@@ -240,22 +206,14 @@ def index() -> str:
 def new() -> tuple[str, int]:
     """An empty server form."""
     defaults = {"port": "587", "security": "starttls", "verify_tls": "on", "enabled": "on"}
-    return _page(None, Form(defaults, LABELS))
+    return config_pages.page(PAGES, None, Form(defaults, LABELS))
 
 
 @bp.post("/")
 @requires(Permission.EDIT_CONFIG)
 def create() -> ResponseReturnValue:
     """Add a server to the viewed tier."""
-    form = Form(request.form, LABELS)
-    server = MailSendServerConfig()
-    if not _read(form, server, viewed_tier()):
-        return _page(None, form, 422)
-    db.session.add(server)
-    if not _save(server, form):
-        return _page(None, form, 422)
-    flash(f"Mail server {server.name!r} added. Test its connection below.", "success")
-    return redirect(url_for("mail_servers.edit", server_id=server.id), 303)
+    return config_pages.create(PAGES)
 
 
 @bp.get("/<int:server_id>/edit")
@@ -263,23 +221,14 @@ def create() -> ResponseReturnValue:
 def edit(server_id: int) -> tuple[str, int]:
     """The server's form (the password is never shown)."""
     server = owned(MailSendServerConfig, server_id, viewed_tier())
-    return _page(server, _form_of(server))
+    return config_pages.page(PAGES, server, _form_of(server))
 
 
 @bp.post("/<int:server_id>")
 @requires(Permission.EDIT_CONFIG)
 def update(server_id: int) -> ResponseReturnValue:
     """Save the server; the next send through it uses the new settings."""
-    server = owned(MailSendServerConfig, server_id, viewed_tier())
-    form = Form(request.form, LABELS)
-    if not _read(form, server, server.tenant_id):
-        db.session.rollback()
-        return _page(server, form, 422)
-    if not _save(server, form):
-        server = owned(MailSendServerConfig, server_id, viewed_tier())
-        return _page(server, form, 422)
-    flash("Mail server saved.", "success")
-    return redirect(url_for("mail_servers.edit", server_id=server.id), 303)
+    return config_pages.update(PAGES, server_id)
 
 
 @bp.post("/<int:server_id>/delete")
@@ -304,11 +253,8 @@ def delete(server_id: int) -> ResponseReturnValue:
             "it). Untick Enabled to stop new sends from using it.",
             "error",
         )
-        return redirect(url_for("mail_servers.edit", server_id=server.id), 303)
-    db.session.delete(server)
-    db.session.commit()
-    flash(f"Mail server {server.name!r} deleted.", "success")
-    return redirect(url_for("mail_servers.index"), 303)
+        return redirect(PAGES.url("edit", server), 303)
+    return config_pages.delete(PAGES, server)
 
 
 @bp.post("/<int:server_id>/test")
@@ -336,7 +282,6 @@ def test(server_id: int) -> ResponseReturnValue:
                 verify_tls=server.verify_tls,
             )
         )
-    context = {"server": server, "latency_ms": round(latency * 1000), "error": error}
-    if is_htmx():
-        return varies(Response(render_template("mail_servers/_connection.html", **context)))
-    return varies(Response(render_template("mail_servers/test.html", **context)))
+    return config_pages.connection(
+        PAGES, server=server, latency_ms=round(latency * 1000), error=error
+    )

@@ -13,23 +13,13 @@ back to the default provider.
 from __future__ import annotations
 
 import time
+from typing import Any
 from urllib.parse import quote
 
 import httpx
-from flask import (
-    Blueprint,
-    Response,
-    abort,
-    flash,
-    redirect,
-    render_template,
-    request,
-    url_for,
-)
+from flask import Blueprint, abort, flash, redirect, render_template, request, url_for
 from flask.typing import ResponseReturnValue
 from sqlalchemy import select
-from sqlalchemy import update as sql_update
-from sqlalchemy.exc import IntegrityError
 
 from portal.extensions import db
 from portal.messaging.transports.sms import twilio, vonage
@@ -41,17 +31,16 @@ from portal.models import (
     UncertainPolicy,
 )
 from portal.models.secretbox import SecretUnavailable
+from portal.web import config_pages
 from portal.web.access import Permission, requires
 from portal.web.forms import (
     MAX_INT,
     Form,
     form_data,
-    is_htmx,
     owned,
     replace_secret,
     settings,
     tier_name,
-    varies,
     viewed_tier,
 )
 from portal.web.webhooks import SIGNATURE_HEADER
@@ -101,16 +90,7 @@ def _read(form: Form, provider: SmsProviderConfig, tier: int) -> bool:
     policy = form.choice("uncertain_policy", [p.value for p in UncertainPolicy], "retry")
     if kind == SmsProviderKind.HTTP_JSON.value and not base_url and "base_url" not in form.errors:
         form.fail("base_url", "is required for a generic HTTP JSON provider")
-    if name is not None and "name" not in form.errors:
-        clash = db.session.scalar(
-            select(SmsProviderConfig.id).where(
-                SmsProviderConfig.tenant_id == tier,
-                SmsProviderConfig.name == name,
-                SmsProviderConfig.id != (provider.id or 0),
-            )
-        )
-        if clash is not None:
-            form.fail("name", f"{name!r} is already used by another SMS provider")
+    config_pages.check_name(PAGES, form, provider, tier, name)
     if not form.ok:
         return False
     assert name is not None
@@ -223,52 +203,34 @@ def webhook_of(provider: SmsProviderConfig) -> dict[str, str]:
     }
 
 
-def _page(
-    provider: SmsProviderConfig | None,
-    form: Form,
-    status: int = 200,
-    route_form: Form | None = None,
-) -> tuple[str, int]:
-    saved = provider if provider is not None and provider.id else None
-    tier = saved.tenant_id if saved is not None else viewed_tier()
-    return render_template(
-        "sms_providers/edit.html",
-        provider=saved,
-        form=form,
-        tier_name=tier_name(tier),
-        kind_options=KIND_OPTIONS,
-        uncertain_options=UNCERTAIN_OPTIONS,
-        routes=_routes(saved) if saved is not None else [],
-        route_form=route_form or Form({"priority": "100"}, ROUTE_LABELS),
-        webhook=webhook_of(saved) if saved is not None else None,
-        unreadable=[
+def _context(provider: SmsProviderConfig | None) -> dict[str, Any]:
+    """What the edit page shows besides the form: a saved provider's routes and webhook."""
+    return {
+        "kind_options": KIND_OPTIONS,
+        "uncertain_options": UNCERTAIN_OPTIONS,
+        "routes": _routes(provider) if provider is not None else [],
+        "route_form": Form({"priority": "100"}, ROUTE_LABELS),
+        "webhook": webhook_of(provider) if provider is not None else None,
+        "unreadable": [
             name
             for name in ("secret", "webhook_secret")
-            if saved is not None and stored_state(saved, name) == "unreadable"
+            if provider is not None and stored_state(provider, name) == "unreadable"
         ],
-    ), status
+    }
 
 
-def _save(provider: SmsProviderConfig, form: Form) -> bool:
-    """Commit; a default SMS provider takes the default from the tier's others."""
-    try:
-        db.session.flush()  # a new row gets its id, so the update below can leave it out
-        if provider.is_default:
-            db.session.execute(
-                sql_update(SmsProviderConfig)
-                .where(
-                    SmsProviderConfig.tenant_id == provider.tenant_id,
-                    SmsProviderConfig.id != provider.id,
-                    SmsProviderConfig.is_default.is_(True),
-                )
-                .values(is_default=False, config_version=SmsProviderConfig.config_version + 1)
-            )
-        db.session.commit()
-    except IntegrityError:  # the same name saved by someone else a moment ago
-        db.session.rollback()
-        form.fail("name", "is already used by another SMS provider")
-        return False
-    return True
+PAGES = config_pages.Pages(
+    model=SmsProviderConfig,
+    blueprint="sms_providers",
+    row_name="provider",
+    noun="SMS provider",
+    title="SMS providers",
+    add_title="Add an SMS provider",
+    labels=LABELS,
+    read=_read,
+    context=_context,
+    on_save=config_pages.take_default,
+)
 
 
 @bp.get("/")
@@ -276,11 +238,7 @@ def _save(provider: SmsProviderConfig, form: Form) -> bool:
 def index() -> str:
     """The viewed tier's SMS providers with their routes."""
     tier = viewed_tier()
-    providers = db.session.scalars(
-        select(SmsProviderConfig)
-        .where(SmsProviderConfig.tenant_id == tier)
-        .order_by(SmsProviderConfig.name)
-    ).all()
+    providers = config_pages.listed(PAGES, tier)
     countries: dict[int, list[str]] = {}
     for route in db.session.scalars(
         select(SmsProviderRegion)
@@ -301,22 +259,14 @@ def index() -> str:
 @requires(Permission.EDIT_CONFIG)
 def new() -> tuple[str, int]:
     """An empty provider form."""
-    return _page(None, Form({"provider": "twilio", "enabled": "on"}, LABELS))
+    return config_pages.page(PAGES, None, Form({"provider": "twilio", "enabled": "on"}, LABELS))
 
 
 @bp.post("/")
 @requires(Permission.EDIT_CONFIG)
 def create() -> ResponseReturnValue:
     """Add a provider to the viewed tier."""
-    form = Form(request.form, LABELS)
-    provider = SmsProviderConfig()
-    if not _read(form, provider, viewed_tier()):
-        return _page(None, form, 422)
-    db.session.add(provider)
-    if not _save(provider, form):
-        return _page(None, form, 422)
-    flash(f"SMS provider {provider.name!r} added.", "success")
-    return redirect(url_for("sms_providers.edit", provider_id=provider.id), 303)
+    return config_pages.create(PAGES)
 
 
 @bp.get("/<int:provider_id>/edit")
@@ -324,22 +274,14 @@ def create() -> ResponseReturnValue:
 def edit(provider_id: int) -> tuple[str, int]:
     """The provider's form and its routes (secrets are never shown)."""
     provider = owned(SmsProviderConfig, provider_id, viewed_tier())
-    return _page(provider, _form_of(provider))
+    return config_pages.page(PAGES, provider, _form_of(provider))
 
 
 @bp.post("/<int:provider_id>")
 @requires(Permission.EDIT_CONFIG)
 def update(provider_id: int) -> ResponseReturnValue:
     """Save the provider; the next send through it uses the new settings."""
-    provider = owned(SmsProviderConfig, provider_id, viewed_tier())
-    form = Form(request.form, LABELS)
-    if not _read(form, provider, provider.tenant_id):
-        return _page(provider, form, 422)
-    if not _save(provider, form):
-        provider = owned(SmsProviderConfig, provider_id, viewed_tier())
-        return _page(provider, form, 422)
-    flash("SMS provider saved.", "success")
-    return redirect(url_for("sms_providers.edit", provider_id=provider.id), 303)
+    return config_pages.update(PAGES, provider_id)
 
 
 @bp.post("/<int:provider_id>/delete")
@@ -356,11 +298,8 @@ def delete(provider_id: int) -> ResponseReturnValue:
             "it). Untick Enabled to stop new sends from using it.",
             "error",
         )
-        return redirect(url_for("sms_providers.edit", provider_id=provider.id), 303)
-    db.session.delete(provider)
-    db.session.commit()
-    flash(f"SMS provider {provider.name!r} deleted.", "success")
-    return redirect(url_for("sms_providers.index"), 303)
+        return redirect(PAGES.url("edit", provider), 303)
+    return config_pages.delete(PAGES, provider)
 
 
 # --- routes by country -----------------------------------------------------------------------
@@ -384,7 +323,7 @@ def create_route(provider_id: int) -> ResponseReturnValue:
         if clash is not None:
             form.fail("country", f"{country} already has a route through this provider")
     if not form.ok or country is None:
-        return _page(provider, _form_of(provider), 422, route_form=form)
+        return config_pages.page(PAGES, provider, _form_of(provider), 422, route_form=form)
     db.session.add(
         SmsProviderRegion(
             tenant_id=provider.tenant_id,
@@ -395,7 +334,7 @@ def create_route(provider_id: int) -> ResponseReturnValue:
     )
     db.session.commit()
     flash(f"Route for {country} added.", "success")
-    return redirect(url_for("sms_providers.edit", provider_id=provider.id), 303)
+    return redirect(PAGES.url("edit", provider), 303)
 
 
 @bp.post("/<int:provider_id>/routes/<int:route_id>/delete")
@@ -409,7 +348,7 @@ def delete_route(provider_id: int, route_id: int) -> ResponseReturnValue:
     db.session.delete(route)
     db.session.commit()
     flash(f"Route for {route.country_code} removed.", "success")
-    return redirect(url_for("sms_providers.edit", provider_id=provider.id), 303)
+    return redirect(PAGES.url("edit", provider), 303)
 
 
 # --- credential check --------------------------------------------------------------------------
@@ -468,6 +407,4 @@ def test(provider_id: int) -> ResponseReturnValue:
         context.update(latency_ms=round(latency * 1000), error=error)
     else:
         context["unavailable"] = True
-    if is_htmx():
-        return varies(Response(render_template("sms_providers/_connection.html", **context)))
-    return varies(Response(render_template("sms_providers/test.html", **context)))
+    return config_pages.connection(PAGES, **context)

@@ -1,0 +1,165 @@
+"""The flow the configuration pages share (mail servers, bounce mailboxes, SMS providers): the
+edit page, adding and saving a row with its name unique in the tier, deleting, and the answer
+of Test connection.
+
+Each module describes its row as a ``Pages``, as the template editor's channels describe
+themselves as a ``template_pages.Kind``, and keeps its own routes: each view is one call here
+(or its own code where the pages differ: what a row checks, what blocks its deletion, how its
+connection is tested). Every edit page extends ``templates/shared/config_edit.html``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+from flask import Response, flash, redirect, render_template, request, url_for
+from flask.typing import ResponseReturnValue
+from sqlalchemy import select
+from sqlalchemy import update as sql_update
+from sqlalchemy.exc import IntegrityError
+
+from portal.extensions import db
+from portal.models import MailReceiveConfig, MailSendServerConfig, SmsProviderConfig
+from portal.web.forms import Form, is_htmx, owned, tier_name, varies, viewed_tier
+
+C = TypeVar("C", MailSendServerConfig, MailReceiveConfig, SmsProviderConfig)
+D = TypeVar("D", MailSendServerConfig, SmsProviderConfig)  # the rows with a tier default
+
+
+@dataclass(frozen=True)
+class Pages(Generic[C]):
+    """One kind of configuration row's pages: the model, its words, and the hooks where the
+    kinds differ."""
+
+    model: type[C]
+    blueprint: str  # "mail_servers": the endpoints and the template folder
+    row_name: str  # "server": the row in the templates, and "server_id" in the URLs
+    noun: str  # "mail server": the Add button and the messages
+    title: str  # "Mail servers": the list page, linked from each edit page
+    add_title: str  # "Add a mail server": a new row's page
+    labels: Mapping[str, str]
+    read: Callable[[Form, C, int], bool]  # check the form and copy it onto the row, in a tier
+    context: Callable[[C | None], dict[str, Any]]  # what else the edit page shows
+    added_hint: str = ""  # what the message after adding adds
+    on_save: Callable[[C], None] | None = None  # after the flush, before the commit
+
+    @property
+    def heading(self) -> str:
+        """The noun as a heading starts: "Mail server"."""
+        return f"{self.noun[:1].upper()}{self.noun[1:]}"
+
+    def endpoint(self, view: str) -> str:
+        return f"{self.blueprint}.{view}"
+
+    def url(self, view: str, row: C) -> str:
+        """The URL of one of ``row``'s views ("edit", "update", "test", "delete"...)."""
+        values: dict[str, Any] = {f"{self.row_name}_id": row.id}
+        return url_for(self.endpoint(view), **values)
+
+
+def page(
+    pages: Pages[C], row: C | None, form: Form, status: int = 200, **extra: Any
+) -> tuple[str, int]:
+    """The edit page (a new row's when ``row`` is None or not saved yet); ``extra`` overrides
+    the kind's context (a sub-form coming back with errors)."""
+    saved = row if row is not None and row.id is not None else None
+    tier = saved.tenant_id if saved is not None else viewed_tier()
+    return render_template(
+        f"{pages.blueprint}/edit.html",
+        pages=pages,
+        form=form,
+        tier_name=tier_name(tier),
+        **{pages.row_name: saved},
+        **(pages.context(saved) | extra),
+    ), status
+
+
+def listed(pages: Pages[C], tier: int) -> Sequence[C]:
+    """The tier's rows, by name."""
+    model = pages.model
+    return db.session.scalars(
+        select(model).where(model.tenant_id == tier).order_by(model.name)
+    ).all()
+
+
+def check_name(pages: Pages[C], form: Form, row: C, tier: int, name: str | None) -> None:
+    """A name another row of the tier has is an error of the form."""
+    if name is None or "name" in form.errors:
+        return
+    model = pages.model
+    clash = db.session.scalar(
+        select(model.id).where(
+            model.tenant_id == tier, model.name == name, model.id != (row.id or 0)
+        )
+    )
+    if clash is not None:
+        form.fail("name", f"{name!r} is already used by another {pages.noun}")
+
+
+def take_default(row: D) -> None:
+    """A default row takes the default from its tier's others (each moves to a new version)."""
+    if not row.is_default:
+        return
+    model = type(row)
+    db.session.execute(
+        sql_update(model)
+        .where(model.tenant_id == row.tenant_id, model.id != row.id, model.is_default.is_(True))
+        .values(is_default=False, config_version=model.config_version + 1)
+    )
+
+
+def save(pages: Pages[C], row: C, form: Form) -> bool:
+    """Commit; False, with the error on the form, when the name was taken meanwhile."""
+    try:
+        db.session.flush()  # a new row gets its id, so on_save can leave it out
+        if pages.on_save is not None:
+            pages.on_save(row)
+        db.session.commit()
+    except IntegrityError:  # the same name saved by someone else a moment ago
+        db.session.rollback()
+        form.fail("name", f"is already used by another {pages.noun}")
+        return False
+    return True
+
+
+def create(pages: Pages[C]) -> ResponseReturnValue:
+    """Add a row to the viewed tier from the posted form, then show its page."""
+    form = Form(request.form, pages.labels)
+    row = pages.model()
+    if not pages.read(form, row, viewed_tier()):
+        return page(pages, None, form, 422)
+    db.session.add(row)
+    if not save(pages, row, form):
+        return page(pages, None, form, 422)
+    flash(f"{pages.heading} {row.name!r} added.{pages.added_hint}", "success")
+    return redirect(pages.url("edit", row), 303)
+
+
+def update(pages: Pages[C], row_id: int) -> ResponseReturnValue:
+    """Save the posted form onto the row ``row_id`` of the viewed tier."""
+    row = owned(pages.model, row_id, viewed_tier())
+    form = Form(request.form, pages.labels)
+    if not pages.read(form, row, row.tenant_id):
+        db.session.rollback()
+        return page(pages, row, form, 422)
+    if not save(pages, row, form):
+        row = owned(pages.model, row_id, viewed_tier())
+        return page(pages, row, form, 422)
+    flash(f"{pages.heading} saved.", "success")
+    return redirect(pages.url("edit", row), 303)
+
+
+def delete(pages: Pages[C], row: C) -> ResponseReturnValue:
+    """Delete the row (the caller has checked nothing needs it), then show the list."""
+    db.session.delete(row)
+    db.session.commit()
+    flash(f"{pages.heading} {row.name!r} deleted.", "success")
+    return redirect(url_for(pages.endpoint("index")), 303)
+
+
+def connection(pages: Pages[C], **context: object) -> Response:
+    """Test connection's answer: the status box for htmx, a page of its own otherwise."""
+    view = "_connection" if is_htmx() else "test"
+    return varies(Response(render_template(f"{pages.blueprint}/{view}.html", **context)))
