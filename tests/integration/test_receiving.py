@@ -641,24 +641,26 @@ def test_addresses_that_cannot_be_listed_are_refused(channel: str, address: str)
 
 FETCH_ID = f"{PREFIX}fetch-mail"
 SWEEP_ID = f"{PREFIX}sweep-stuck-sends"
+MATCH_ID = f"{PREFIX}match-events"
 
 
 def test_the_fetch_chore_has_a_fixed_id_and_registration_stays_idempotent(
     redis_client: redis.Redis,
 ) -> None:
     settings = settings_for_tests(TEST_DATABASE_URL, sweep_interval_s=1.0)
-    assert ensure_schedules(redis_client, settings) == {SWEEP_ID: "added", FETCH_ID: "added"}
+    every = [SWEEP_ID, FETCH_ID, MATCH_ID]
+    assert ensure_schedules(redis_client, settings) == dict.fromkeys(every, "added")
     assert ensure_schedules(redis_client, settings) == {}
     assert ensure_schedules(redis_client, settings) == {}
     jobs = {j.id: j for j in Scheduler(queue_name=QUEUE, connection=redis_client).get_jobs()}
-    assert sorted(jobs) == sorted([SWEEP_ID, FETCH_ID])
+    assert sorted(jobs) == sorted(every)
     job = jobs[FETCH_ID]
     assert (job.func_name, job.origin, job.meta["interval"]) == (
         "portal.delivery.chores.fetch_mail_job",
         QUEUE,
         60,
     )
-    assert redis_client.zcard(Scheduler.scheduled_jobs_key) == 2
+    assert redis_client.zcard(Scheduler.scheduled_jobs_key) == len(every)
 
 
 def test_the_fetch_chore_reads_the_mailboxes_in_its_own_process(
