@@ -128,9 +128,18 @@ def _str(data: Mapping[str, Any], name: str, *, max_len: int, required: bool = F
         raise _reject(name, f"{name} must be a string")
     if len(value) > max_len:
         raise _reject(name, f"{name} is longer than {max_len} characters", "too_large")
-    if "\x00" in value:  # PostgreSQL text cannot hold NUL: refuse it here, not with a 500
-        raise _reject(name, f"{name} must not contain NUL characters")
+    _check_text(name, value)
     return value
+
+
+def _check_text(path: str, value: str) -> None:
+    """What PostgreSQL text and JSON cannot hold: NUL, and lone surrogates (not UTF-8)."""
+    if "\x00" in value:  # refused here, not with a 500 from the database
+        raise _reject(path, f"{path} must not contain NUL characters")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise _reject(path, f"{path} must be valid Unicode (it has a lone surrogate)") from None
 
 
 def _int(data: Mapping[str, Any], name: str, *, lo: int = 1, hi: int = MAX_ID) -> int | None:
@@ -229,13 +238,16 @@ def _check_json_like(value: Any, path: str, depth: int) -> None:
         for key, item in value.items():
             if not isinstance(key, str):
                 raise _reject(path, "variable names must be strings")
+            _check_text(path, key)
             _check_json_like(item, path, depth + 1)
     elif isinstance(value, list):
         for item in value:
             _check_json_like(item, path, depth + 1)
     elif isinstance(value, float) and not math.isfinite(value):  # NaN, Infinity: not JSON
         raise _reject(path, "variables must not contain NaN or Infinity")
-    elif not isinstance(value, str | int | float | bool | type(None)):
+    elif isinstance(value, str):
+        _check_text(path, value)
+    elif not isinstance(value, int | float | bool | type(None)):
         raise _reject(path, "variables must be JSON values")
 
 
@@ -761,7 +773,10 @@ def _pg_insert_sql(channel: str) -> str:
     sql = (
         f"WITH d AS MATERIALIZED (SELECT nextval('{table}_id_seq') AS id, u.* "
         f"FROM json_to_recordset(%s::json) AS u(ord integer, rcpt json, {shape})), "
-        f"ins AS (INSERT INTO {table} (id, {names}) SELECT id, {names} FROM d ORDER BY ord "
+        # Rows go in by (tenant, business key), not input order: two batches holding the same
+        # keys in different orders then take the key locks in one order and cannot deadlock.
+        f"ins AS (INSERT INTO {table} (id, {names}) SELECT id, {names} FROM d "
+        "ORDER BY tenant_id, business_key NULLS LAST, ord "
         f"ON CONFLICT ON CONSTRAINT {_PG_KEY[channel]} DO NOTHING RETURNING id)"
     )
     if channel == "mail":
@@ -837,6 +852,8 @@ def _insert_pg(
     sql = _PG_SQL[channel]
     # Straight to the driver, on the session's connection and in its transaction: this is the
     # hot path of the API, and SQLAlchemy's execution context would cost more than the insert.
+    if session.new or session.dirty or session.deleted:
+        session.flush()  # what the caller added first must be seen (and conflict) first
     connection = session.connection()
     raw = connection.connection.dbapi_connection
     assert isinstance(raw, psycopg.Connection)

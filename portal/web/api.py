@@ -16,6 +16,8 @@ from typing import Any, ParamSpec, TypeVar
 from flask import Blueprint, Response, current_app, g, jsonify, request
 from markupsafe import escape
 from sqlalchemy import event, select, update
+from sqlalchemy.orm import Session as OrmSession
+from sqlalchemy.orm import object_session
 
 from portal.config import Settings
 from portal.extensions import csrf, db
@@ -62,43 +64,69 @@ def _settings() -> Settings:
 # Unknown, revoked and inactive keys are never remembered: each such request asks the database.
 
 API_KEY_CACHE_MAX = 10_000
-_key_cache: dict[str, tuple[float, int, int]] = {}  # digest -> (valid until, key id, tenant id)
+# (app, digest) -> (valid until, key id, tenant id); the app in the key keeps two apps in one
+# process (the tests' PostgreSQL and SQLite apps) from vouching for each other's keys.
+_key_cache: dict[tuple[int, str], tuple[float, int, int]] = {}
+# Bumped at every change that may revoke a key: a look-up that began before a bump must not
+# put its (possibly stale) answer in the cache.
+_generation = [0]
 
 
-def _forget_keys(*_args: Any) -> None:
+def _forget_keys() -> None:
+    _generation[0] += 1
     _key_cache.clear()
 
 
+def _changed(target: Any, *_args: Any) -> None:
+    """A key or tenant attribute was set: forget now, and again when its session commits
+    (a request between the set and the commit may have read and cached the old row)."""
+    _forget_keys()
+    session = object_session(target)
+    if session is not None:
+        session.info["postroom_forget_api_keys"] = True
+
+
+def _deleted(_mapper: Any, _connection: Any, target: Any) -> None:
+    _changed(target)
+
+
+def _committed(session: OrmSession) -> None:
+    if session.info.pop("postroom_forget_api_keys", False):
+        _forget_keys()
+
+
 for _attribute in (ApiKey.revoked_at, ApiKey.token_hash, ApiKey.tenant_id, Tenant.is_active):
-    event.listen(_attribute, "set", _forget_keys)
-event.listen(ApiKey, "after_delete", _forget_keys)
-event.listen(Tenant, "after_delete", _forget_keys)
+    event.listen(_attribute, "set", _changed)
+event.listen(ApiKey, "after_delete", _deleted)
+event.listen(Tenant, "after_delete", _deleted)
+event.listen(OrmSession, "after_commit", _committed)
 
 
 def _authenticate(token: str) -> tuple[int, int] | None:
     """(key id, tenant id) of a valid, unrevoked key of an active tenant."""
-    digest = hash_api_token(token)
+    cache_key = (id(current_app._get_current_object()), hash_api_token(token))  # type: ignore[attr-defined]
     ttl = _settings().api_key_cache_s
     now = time.monotonic()
-    cached = _key_cache.get(digest)
+    cached = _key_cache.get(cache_key)
     if cached is not None and cached[0] > now and ttl > 0:
         return cached[1], cached[2]
+    generation = _generation[0]
     key = db.session.execute(
         select(ApiKey.id, ApiKey.tenant_id)
         .join(Tenant, Tenant.id == ApiKey.tenant_id)
         .where(
-            ApiKey.token_hash == digest,
+            ApiKey.token_hash == cache_key[1],
             ApiKey.revoked_at.is_(None),
             Tenant.is_active.is_(True),
         )
     ).first()
     if key is None:
-        _key_cache.pop(digest, None)
+        _key_cache.pop(cache_key, None)
         return None
-    if ttl > 0:
+    if ttl > 0 and generation == _generation[0]:
         if len(_key_cache) >= API_KEY_CACHE_MAX:
             _key_cache.clear()
-        _key_cache[digest] = (now + ttl, key.id, key.tenant_id)
+        _key_cache[cache_key] = (now + ttl, key.id, key.tenant_id)
     return key.id, key.tenant_id
 
 

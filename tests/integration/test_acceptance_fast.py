@@ -5,6 +5,7 @@ API key cache."""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Iterator
@@ -505,3 +506,79 @@ def test_non_finite_numbers_in_variables_are_refused_by_name(any_app: Flask, num
     with tenant_context(tenant.id), pytest.raises(AcceptanceError) as caught:
         acceptance.send_mail(db.session, body, settings=cfg(any_app))
     assert caught.value.field == "variables"
+
+
+def test_a_request_between_a_revocation_and_its_commit_does_not_keep_the_key(
+    app: Flask, acme: int
+) -> None:
+    """The portal sets revoked_at, an API request on another thread reads the still-valid row
+    (and would cache it), then the revocation commits: the next request must be refused."""
+    token = make_api_key(acme)
+    db.session.commit()
+    client = app.test_client()
+    headers = {"Authorization": f"Bearer {token}"}
+    assert client.post("/api/v1/mail", json=MAIL, headers=headers).status_code == 202
+    with Session(db.engine) as revoker:
+        key = revoker.scalar(select(ApiKey).where(ApiKey.tenant_id == acme))
+        assert key is not None
+        key.revoked_at = func.now()
+        revoker.flush()  # sent, not committed: other requests still see the key valid
+        assert client.post("/api/v1/mail", json=MAIL, headers=headers).status_code == 202
+        revoker.commit()
+    assert client.post("/api/v1/mail", json=MAIL, headers=headers).status_code == 401
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"variables": {"a": "\x00"}},
+        {"variables": {"\x00": 1}},
+        {"variables": {"a": ["ok", {"b": "\ud800"}]}},
+        {"text": "\ud800"},
+        {"subject": "x\x00"},
+    ],
+    ids=["nul-value", "nul-name", "surrogate-nested", "surrogate-text", "nul-subject"],
+)
+def test_text_postgresql_cannot_hold_is_refused_by_field(
+    app: Flask, acme: int, body: dict[str, Any]
+) -> None:
+    token = make_api_key(acme)
+    db.session.commit()
+    client = app.test_client()
+    response = client.post(
+        "/api/v1/mail",
+        data=json.dumps(MAIL | body),  # json.dumps escapes them; Flask's test JSON would too
+        content_type="application/json",
+        headers={"Authorization": f"Bearer {token}"},
+    )
+    assert response.status_code == 422, response.get_data(as_text=True)
+    assert response.get_json()["error"]["field"] == next(iter(body))
+    assert db.session.scalar(select(func.count(MailSendRecord.id))) == 0
+
+
+def test_batches_holding_the_same_keys_in_opposite_orders_do_not_deadlock(
+    app: Flask, acme: int
+) -> None:
+    """Rows go in by business key, so two batches take the key locks in one order."""
+    token = make_api_key(acme)
+    db.session.commit()
+    headers = {"Authorization": f"Bearer {token}"}
+    statuses: list[int] = []
+    for round_ in range(3):
+        items = [MAIL | {"businessKey": f"r{round_}-k{i:03d}"} for i in range(200)]
+        orders = [items, list(reversed(items))]
+        barrier = threading.Barrier(2)
+
+        def post(batch: list[dict[str, Any]], barrier: threading.Barrier = barrier) -> None:
+            client = app.test_client()
+            barrier.wait()
+            response = client.post("/api/v1/mail/batch", json={"items": batch}, headers=headers)
+            statuses.append(response.status_code)
+
+        threads = [threading.Thread(target=post, args=(batch,)) for batch in orders]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+    assert statuses == [202] * 6
+    assert db.session.scalar(select(func.count(MailSendRecord.id))) == 600
