@@ -99,7 +99,9 @@ def claim(
 def claim_next(
     session: Session, model: RecordModel, *, scan_size: int, k: int, rng: random.Random
 ) -> list[MailSendRecord | SmsSendRecord]:
-    """Scan ``scan_size`` due records, shuffle them, and claim ``k`` of them."""
+    """Scan ``scan_size`` due records, shuffle them, and claim ``k`` of them, in the caller's
+    transaction: the two-step form of ``claim_due`` (which the workers run), for callers
+    that want a claim order other than oldest first (the sweep's tests)."""
     found = scan_due(session, model, scan_size)
     if not found:
         return []

@@ -4,7 +4,6 @@ threads run), so tests need no sleeping beyond the short settings' due times."""
 
 from __future__ import annotations
 
-import random
 import time
 from collections.abc import Callable
 from typing import Any
@@ -18,7 +17,7 @@ from portal.extensions import db
 from portal.messaging import acceptance
 from portal.messaging.backoff import BackoffPolicy
 from portal.messaging.pipeline import MailContext, process_mail
-from portal.messaging.scan import claim_next
+from portal.messaging.scan import claim_due
 from portal.models import MailSendRecord, MailSendServerConfig, SendStatus, Tenant
 from portal.tenancy import tenant_context
 from tests.support.smtp_server import ScriptedSmtpServer
@@ -74,7 +73,6 @@ def drain(
         settings=settings,
         policy=policy or BackoffPolicy.from_settings(settings),
     )
-    rng = random.Random(1)
     processed = 0
     deadline = time.monotonic() + timeout_s
     try:
@@ -83,8 +81,7 @@ def drain(
             # and one claim too many would overshoot the state the test waits for.
             if stop_when is not None and stop_when():
                 return processed
-            with Session(db.engine, expire_on_commit=False) as session, session.begin():
-                claimed = claim_next(session, MailSendRecord, scan_size=4, k=1, rng=rng)
+            claimed = claim_due(db.engine, MailSendRecord, 1)  # what a pool worker runs
             if claimed:
                 process_mail(ctx, claimed[0])
                 processed += 1

@@ -4,7 +4,6 @@ in the test thread (the code the worker threads run), with the context the test 
 
 from __future__ import annotations
 
-import random
 import time
 from collections.abc import Callable
 from typing import Any
@@ -19,7 +18,7 @@ from portal.messaging import acceptance
 from portal.messaging.backoff import BackoffPolicy
 from portal.messaging.pipeline import MailContext, SmsContext, process_mail, process_sms
 from portal.messaging.ratelimit import RateLimiter
-from portal.messaging.scan import claim_next
+from portal.messaging.scan import claim_due
 from portal.models import (
     MailSendRecord,
     SendStatus,
@@ -169,12 +168,10 @@ def drain_with(
     model: type[MailSendRecord] | type[SmsSendRecord] = (
         SmsSendRecord if isinstance(ctx, SmsContext) else MailSendRecord
     )
-    rng = random.Random(1)
     processed = 0
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        with Session(db.engine, expire_on_commit=False) as session, session.begin():
-            claimed = claim_next(session, model, scan_size=4, k=1, rng=rng)
+        claimed = claim_due(db.engine, model, 1)  # what a pool worker runs
         if claimed:
             if isinstance(ctx, SmsContext):
                 process_sms(ctx, claimed[0])  # type: ignore[arg-type]
