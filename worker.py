@@ -54,6 +54,19 @@ def keep_schedules(settings: Settings, stopping: threading.Event) -> None:
 
 def main() -> int:
     configure_logging(os.environ.get("LOG_LEVEL", "INFO"))
+    # The handlers come first: a signal during start-up (building the app can take a second)
+    # must still end in the orderly stop below, not in the default action's abrupt death.
+    stopping = threading.Event()
+
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
+        if stopping.is_set():
+            log.warning("second signal: exiting at once")
+            os._exit(1)
+        log.info("signal %s: claiming nothing more, finishing sends in flight", signum)
+        stopping.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
     app = create_app()
     settings: Settings = app.config["SETTINGS"]
     with app.app_context():
@@ -66,17 +79,6 @@ def main() -> int:
         chore_children(redis_url, settings.sweep_interval_s), env, Path(__file__).parent
     )
     service = DeliveryService(engine, settings)
-    stopping = threading.Event()
-
-    def on_signal(signum: int, _frame: FrameType | None) -> None:
-        if stopping.is_set():
-            log.warning("second signal: exiting at once")
-            os._exit(1)
-        log.info("signal %s: claiming nothing more, finishing sends in flight", signum)
-        stopping.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
     if settings.worker_metrics_port:
         from portal.metrics import start_worker_metrics
 

@@ -322,7 +322,9 @@ def test_scheduled_sweep_runs_in_the_supervised_children(
         "rq-scheduler restarted",
     )
     again = accept_abandoned(app, acme, to=["again@example.com"])
-    wait_swept(again, 20.0)
+    # The new scheduler first waits out the killed one's lock (rq-scheduler sets it for the
+    # interval + 10 s and cannot tell whose it is), then the sweep's next run: up to ~13 s.
+    wait_swept(again, 40.0)
 
     processes = {c.name: c.process for c in supervisor.children if c.process is not None}
     supervisor.stop()
