@@ -192,11 +192,23 @@ def _check_address(name: str, value: str) -> str:
     return value
 
 
-def _address(name: str, value: str, display_name: str = "") -> Address:
-    return Address(display_name=display_name, addr_spec=_check_address(name, value))
+@dataclass(frozen=True, slots=True)
+class _Mailbox:
+    """A checked address and its display name (email.headerregistry.Address parses both
+    again at every construction: build_message makes one only when it needs it)."""
+
+    display_name: str
+    addr_spec: str
+
+    def header(self) -> Address:
+        return Address(display_name=self.display_name, addr_spec=self.addr_spec)
 
 
-HeaderValue = str | Address | tuple[Address, ...]
+def _address(name: str, value: str, display_name: str = "") -> _Mailbox:
+    return _Mailbox(display_name, _check_address(name, value))
+
+
+HeaderValue = str | _Mailbox | tuple[_Mailbox, ...]
 
 
 def _header_fields(mail: OutgoingMail) -> list[tuple[str, HeaderValue]]:
@@ -227,7 +239,7 @@ def _header_fields(mail: OutgoingMail) -> list[tuple[str, HeaderValue]]:
     if mail.read_receipt_to:
         # Not an address header in the stdlib registry (unstructured): write it as text.
         receipt = _address("Disposition-Notification-To", mail.read_receipt_to)
-        fields.append(("Disposition-Notification-To", str(receipt)))
+        fields.append(("Disposition-Notification-To", str(receipt.header())))
     for name, value in mail.extra_headers.items():
         if not _HEADER_NAME.match(name):
             raise ValueError(f"invalid header name: {name!r}")
@@ -241,7 +253,12 @@ def build_message(mail: OutgoingMail) -> EmailMessage:
     """Build the MIME message (SMTP policy: CRLF); raise ValueError on unsafe or malformed input."""
     msg = EmailMessage(policy=policy.SMTP)
     for name, value in _header_fields(mail):
-        msg[name] = value
+        if isinstance(value, _Mailbox):
+            msg[name] = value.header()
+        elif isinstance(value, tuple):
+            msg[name] = tuple(mailbox.header() for mailbox in value)
+        else:
+            msg[name] = value
 
     if mail.text is not None and mail.html is not None:
         msg.set_content(mail.text)
@@ -308,7 +325,7 @@ def _ascii_header_lines(fields: list[tuple[str, HeaderValue]]) -> list[str] | No
             words = value.split(" ")
             glue = " "
         else:
-            addresses = value if isinstance(value, tuple) else (value,)
+            addresses = (value,) if isinstance(value, _Mailbox) else value
             words = [formataddr((a.display_name, a.addr_spec)) for a in addresses]
             glue = ", "
         if not all(word.isascii() for word in words):
