@@ -15,12 +15,13 @@ Every function works in the caller's session and transaction and commits nothing
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
-from sqlalchemy import Engine, case, exists, select, update
+from sqlalchemy import Engine, case, exists, func, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
@@ -111,6 +112,7 @@ def store(
         "detail": _detail(event),
         "occurred_at": event.occurred_at,
     }
+    lock_for_events(session, channel, config_id, [event.provider_message_id])
     insert = pg_insert if session.get_bind().dialect.name == "postgresql" else sqlite_insert
     event_id = session.scalar(
         insert(DeliveryEvent)
@@ -131,6 +133,22 @@ def store(
         return Stored(stored=True, event_id=event_id)
     applied = apply(session, channel, record, row)
     return Stored(stored=True, record_id=record.id, applied=applied, event_id=event_id)
+
+
+def lock_for_events(
+    session: Session,
+    channel: Channel,
+    config_id: int,
+    provider_message_ids: Iterable[str | None],
+) -> None:
+    """PostgreSQL: take, until the transaction ends, the locks a Sent write takes before it
+    looks for waiting events of these provider ids (migration 0006), so that it cannot look
+    while an event for one of them is being stored. Sorted, so that two webhooks storing the
+    same ids in different orders cannot deadlock; taking one again is a no-op."""
+    if session.get_bind().dialect.name != "postgresql":
+        return
+    for pmid in sorted({p[:200] for p in provider_message_ids if p}):
+        session.execute(select(func.postroom_event_lock(channel.value, config_id, pmid)))
 
 
 def match_again(session: Session, channel: Channel, event_id: int) -> int | None:
@@ -429,6 +447,7 @@ __all__ = [
     "apply",
     "apply_retained",
     "events_for",
+    "lock_for_events",
     "match_again",
     "store",
 ]

@@ -11,7 +11,7 @@ import logging
 from dataclasses import dataclass, replace
 from typing import Any, assert_never
 
-from sqlalchemy import Engine, bindparam, exists, select, update
+from sqlalchemy import Boolean, Engine, bindparam, exists, func, select, update
 from sqlalchemy.orm import Session
 
 from portal.messaging.backoff import BackoffPolicy, DeadLetter, Fail, Retry, RetryDecision
@@ -60,8 +60,9 @@ def _extra(claimed: Claimed, **more: Any) -> dict[str, Any]:
     return {"record_id": claimed.id, "channel": claimed.channel.value} | more
 
 
-def _sent_statement(channel: Channel, with_refused: bool) -> Direct:
-    """Sent, by version, in one statement."""
+def _sent_statement(channel: Channel, with_refused: bool, meet_events: bool) -> Direct:
+    """Sent, by version, in one statement; with ``meet_events`` (PostgreSQL), it also says
+    whether delivery events for the record's route and provider id wait unmatched."""
     model = MODELS[channel]
     values: dict[str, Any] = {
         "status": SendStatus.SENT.value,
@@ -76,11 +77,20 @@ def _sent_statement(channel: Channel, with_refused: bool) -> Direct:
     if with_refused:
         refused = MailSendRecord.refused_recipients
         values["refused_recipients"] = bindparam("refused", type_=refused.type)
-    return Direct(
+    statement = (
         update(model)
         .where(model.id == bindparam("rid"), model.version == bindparam("ver"))
         .values(**values)
     )
+    if not meet_events:
+        return Direct(statement)
+    # PostgreSQL: the look for waiting events rides on the write (migration 0006 explains the
+    # lock that makes a look inside the statement exact).
+    route = model.server_config_id if channel is Channel.MAIL else model.provider_config_id  # type: ignore[union-attr]
+    waiting = func.postroom_waiting_events(
+        channel.value, route, model.provider_message_id, type_=Boolean
+    ).label("waiting")
+    return Direct(statement.returning(waiting), [waiting])
 
 
 def _retained_statement(channel: Channel) -> Direct:
@@ -99,9 +109,10 @@ def _retained_statement(channel: Channel) -> Direct:
 
 
 _SENT = {
-    (channel, with_refused): _sent_statement(channel, with_refused)
+    (channel, with_refused, meet_events): _sent_statement(channel, with_refused, meet_events)
     for channel in Channel
     for with_refused in ((False, True) if channel is Channel.MAIL else (False,))
+    for meet_events in (False, True)
 }
 _RETAINED = {channel: _retained_statement(channel) for channel in Channel}
 
@@ -128,8 +139,9 @@ def record_sent(
     }
     if with_refused:
         params["refused"] = refused
+    meet_events = engine.dialect.name == "postgresql"
     try:
-        count, _rows = _SENT[(claimed.channel, with_refused)].run(engine, **params)
+        count, rows = _SENT[(claimed.channel, with_refused, meet_events)].run(engine, **params)
     except Exception:
         log.exception(
             "sent, but recording it failed; the stuck-send sweep will retry it",
@@ -139,8 +151,8 @@ def record_sent(
     if count != 1:
         return False
     MESSAGE_SENT.labels(claimed.channel.value, claimed.provider).inc()
-    if provider_message_id:
-        _apply_retained(engine, claimed, provider_message_id)
+    if provider_message_id and (not meet_events or rows[0][0]):
+        _apply_retained(engine, claimed, provider_message_id, looked=meet_events)
     more: dict[str, Any] = {"provider_message_id": provider_message_id}
     if duplicate:
         more["duplicate_key"] = True  # accepted by an earlier attempt
@@ -148,24 +160,27 @@ def record_sent(
     return True
 
 
-def _apply_retained(engine: Engine, claimed: Claimed, provider_message_id: str) -> None:
+def _apply_retained(
+    engine: Engine, claimed: Claimed, provider_message_id: str, *, looked: bool
+) -> None:
     """Events that arrived before the provider id was written apply now (seed 002).
 
-    Looked for after the Sent write committed, never inside it: a webhook stores its event,
-    commits, then looks for the record once more (``events.match_again``). One of the two
-    looks always comes after the other's commit, so the event is found by one of them; a look
-    inside the Sent statement would see that statement's snapshot and could miss an event
-    committed while it ran. The check is one indexed SELECT; the transaction that applies
-    events opens only when there are some.
+    ``looked``: the Sent statement already found some (PostgreSQL: a look inside the write,
+    made exact by the lock of migration 0006). Otherwise (SQLite) the look is one indexed
+    SELECT after the Sent write committed: a webhook stores its event, commits, then looks
+    for the record once more (``events.match_again``); one of the two looks always comes
+    after the other's commit. The transaction that applies events opens only when there are
+    some.
     """
     from portal.messaging import events  # events imports suppression -> acceptance
 
     try:
-        _count, rows = _RETAINED[claimed.channel].run(
-            engine, rid=claimed.id, pmid=provider_message_id
-        )
-        if not rows or not rows[0][0]:
-            return
+        if not looked:
+            _count, rows = _RETAINED[claimed.channel].run(
+                engine, rid=claimed.id, pmid=provider_message_id
+            )
+            if not rows or not rows[0][0]:
+                return
         with Session(engine) as session, session.begin():
             events.apply_retained(session, claimed.channel, claimed.id)
     except Exception:

@@ -346,6 +346,8 @@ def _store(channel: Channel, tenant_id: int, config_id: int, provider: str, pars
     stored = duplicates = matched = 0
     unmatched: list[int] = []
     with tenant_context(tenant_id):
+        ids = [event.provider_message_id for event in parsed]
+        events.lock_for_events(db.session(), channel, config_id, ids)
         for event in parsed:
             result = events.store(
                 db.session(),

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 from flask import Flask
-from sqlalchemy import inspect, select, text, update
+from sqlalchemy import func, inspect, select, text, update
 from sqlalchemy.orm import Session
 
 from portal.extensions import db
@@ -251,6 +251,87 @@ def test_an_event_stored_while_the_sent_write_waits_is_applied(app: Flask) -> No
     event = db.session.scalar(select(DeliveryEvent))
     assert event is not None
     assert event.record_id == record_id
+
+
+def test_a_sent_write_waits_for_an_event_being_stored_and_then_sees_it(app: Flask) -> None:
+    """PostgreSQL: a webhook holds the event lock of (route, provider id) from before its
+    insert until its commit; the Sent write's look (inside its statement) takes the same lock
+    first, so it waits and then sees the committed event. Nothing else looks here: without
+    the lock the Sent write would look before the commit and the bounce would stay unapplied."""
+    record_id, server_id, claimed = _sent_record(app)
+    engine = db.engine
+    result: dict[str, bool] = {}
+    with Session(engine) as webhook:
+        stored = events.store(
+            webhook,
+            Channel.MAIL,
+            tenant_id=claimed.tenant_id,
+            config_id=server_id,
+            provider="generic",
+            event=events.ProviderEvent(
+                "d2",
+                events.EventType.BOUNCED,
+                "<pmid-2@example.com>",
+                recipient="ann@example.com",
+                code="550 5.1.1",
+            ),
+        )
+        assert stored.record_id is None  # the provider id is not written yet
+        writer = threading.Thread(
+            target=lambda: result.setdefault(
+                "sent", record_sent(engine, claimed, "<pmid-2@example.com>")
+            )
+        )
+        writer.start()
+        writer.join(0.5)
+        assert writer.is_alive(), "the Sent write did not wait for the event being stored"
+        webhook.commit()
+    writer.join(30)
+    assert result == {"sent": True}
+    row = _loaded(record_id)
+    assert row.delivery_outcome == "bounced"
+    assert row.status == SendStatus.FAILED.value  # a permanent bounce after the send
+
+
+def test_webhooks_storing_the_same_ids_in_opposite_orders_do_not_deadlock(app: Flask) -> None:
+    """The webhook takes every lock of its batch first, in sorted order."""
+    _record_id, server_id, claimed = _sent_record(app)
+    ids = [f"<pmid-{i}@example.com>" for i in range(5)]
+    engine = db.engine
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(2)
+
+    def webhook(order: list[str], tag: str) -> None:
+        try:
+            with Session(engine) as session:
+                barrier.wait()
+                events.lock_for_events(session, Channel.MAIL, server_id, order)
+                for pmid in order:
+                    events.store(
+                        session,
+                        Channel.MAIL,
+                        tenant_id=claimed.tenant_id,
+                        config_id=server_id,
+                        provider="generic",
+                        event=events.ProviderEvent(
+                            f"{tag}-{pmid}", events.EventType.DELIVERED, pmid
+                        ),
+                    )
+                    time.sleep(0.02)
+                session.commit()
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [
+        threading.Thread(target=webhook, args=(ids, "a")),
+        threading.Thread(target=webhook, args=(list(reversed(ids)), "b")),
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert errors == []
+    assert db.session.scalar(select(func.count()).select_from(DeliveryEvent)) == 10
 
 
 def test_writes_survive_the_database_dropping_every_pooled_connection(app: Flask) -> None:

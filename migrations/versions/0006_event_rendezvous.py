@@ -1,0 +1,64 @@
+"""Delivery events and Sent writes meet under one lock (PostgreSQL)
+
+The Sent write used to look for events that arrived before the provider id was written in a
+second statement after its commit (one more round trip per send). Now the Sent statement asks
+``postroom_waiting_events`` in its RETURNING: it takes the transaction-level advisory lock of
+(channel, route, provider id), which a webhook takes too before it stores an event for that id,
+and only then looks, with a fresh snapshot (a VOLATILE function's statements each take one).
+Either the webhook stored and committed first (the look sees its event) or the Sent write
+holds the lock until it commits (the webhook waits, then finds the record by its provider id).
+SQLite needs neither: its writes never overlap.
+
+Revision ID: 0006
+Revises: 0005
+Create Date: 2026-12-02 09:00:00
+
+"""
+from alembic import op
+
+# revision identifiers, used by Alembic.
+revision = '0006'
+down_revision = '0005'
+branch_labels = None
+depends_on = None
+
+
+def upgrade():
+    if op.get_bind().dialect.name != "postgresql":
+        return
+    op.execute(
+        """
+        CREATE OR REPLACE FUNCTION postroom_event_lock(p_channel text, p_route bigint, p_pmid text)
+        RETURNS void LANGUAGE sql VOLATILE AS $$
+            SELECT pg_advisory_xact_lock(
+                hashtextextended('postroom-event:' || p_channel || ':' || coalesce(p_route, 0)
+                                 || ':' || p_pmid, 0))
+        $$
+        """
+    )
+    op.execute(
+        """
+        CREATE OR REPLACE FUNCTION postroom_waiting_events(
+            p_channel text, p_route bigint, p_pmid text
+        ) RETURNS boolean LANGUAGE plpgsql VOLATILE AS $$
+        BEGIN
+            IF p_pmid IS NULL OR p_route IS NULL THEN
+                RETURN false;
+            END IF;
+            PERFORM postroom_event_lock(p_channel, p_route, p_pmid);
+            RETURN EXISTS (
+                SELECT 1 FROM delivery_event
+                WHERE channel = p_channel AND config_id = p_route
+                  AND provider_message_id = p_pmid AND record_id IS NULL
+            );
+        END
+        $$
+        """
+    )
+
+
+def downgrade():
+    if op.get_bind().dialect.name != "postgresql":
+        return
+    op.execute("DROP FUNCTION IF EXISTS postroom_waiting_events(text, bigint, text)")
+    op.execute("DROP FUNCTION IF EXISTS postroom_event_lock(text, bigint, text)")
