@@ -3,7 +3,8 @@ PostgreSQL with 1,000,000 history rows (mostly Sent) and a backlog of Pending re
 
 ours  portal.messaging.scan.claim_due (k=1: the one-statement claim a pool worker runs for its
       next record, detached MailSendRecord objects), then portal.messaging.outcomes.record_sent
-      with a Claimed(...): what a delivery worker runs for a record, minus the send. The
+      with a Claimed(...), inside direct.holding (one connection while there is work): what
+      a delivery worker runs for a record, minus the send. The
       engine is the product's (create_app, engine_options),
       logging as worker.py sets it (JSON lines at INFO, into /dev/null here).
 raw   a bare psycopg loop (autocommit) running the same single-statement SKIP LOCKED claim and
@@ -36,6 +37,7 @@ from portal.extensions import db
 from portal.messaging.outcomes import Claimed, record_sent
 from portal.messaging.scan import claim_due
 from portal.models import Channel, MailSendRecord
+from portal.models.direct import holding
 
 DB_NAME = "postroom_bench_claim"
 GOAL = 0.7
@@ -95,6 +97,10 @@ def drive(threads: int, seconds: float, body: Body) -> tuple[float, Run]:
 
 def ours_body(engine: Engine) -> Body:
     def body(run: Run, stop: threading.Event) -> None:
+        with holding(engine):  # as a pool worker does while it has work
+            work(run, stop)
+
+    def work(run: Run, stop: threading.Event) -> None:
         while not stop.is_set():
             records = claim_due(engine, MailSendRecord, 1)
             if not records:

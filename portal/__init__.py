@@ -85,8 +85,10 @@ def engine_options(settings: Settings) -> dict[str, Any]:
         return {"connect_args": {"timeout": 30, "check_same_thread": False}}
     workers = settings.mail_send_concurrency + settings.sms_send_concurrency
     return {
+        # A busy worker holds a connection (direct.holding) and may open a Session beside
+        # it: 2 x workers at the peak, plus LISTEN, the poller and the metrics reads.
         "pool_size": max(5, workers // 2 + 2),
-        "max_overflow": workers + 4,
+        "max_overflow": workers + workers // 2 + 4,
         # Not pool_pre_ping: that is a round trip at every checkout, as many as the
         # statements on the delivery path. _ping_when_idle pings only a connection that sat
         # idle, which is when a restarted server has broken it.

@@ -19,6 +19,7 @@ from sqlalchemy import Engine
 
 from portal.messaging.scan import claim_due
 from portal.models import Channel, MailSendRecord, SmsSendRecord
+from portal.models.direct import holding
 
 log = logging.getLogger("portal.delivery")
 
@@ -126,29 +127,37 @@ class ChannelPool:
         context = self.spec.make_context()
         try:
             # A backlog waiting at start is taken at once, not after the first poll interval.
-            record: Any = self._claim_own()
+            with holding(self.engine):
+                record: Any = self._claim_own()
             while True:
                 if record is None:
                     record = self._wait_for_work()
                     if record is None:
                         break  # stopping, nothing handed over
-                with self._lock:
-                    self._in_flight += 1
-                try:
-                    self.spec.process(context, record)
-                except Exception:
-                    # Even the failure write failed (the database is away): the record stays
-                    # in Sending for the stuck-send sweep; this thread must live on.
-                    log.exception(
-                        "delivery attempt could not be recorded; leaving it to the sweep",
-                        extra={"channel": self.spec.channel.value, "record_id": record.id},
-                    )
-                finally:
-                    with self._lock:
-                        self._in_flight -= 1
-                record = self._claim_own()
+                # While there is work, its statements share one connection; none is held
+                # while the worker waits.
+                with holding(self.engine):
+                    while record is not None:
+                        self._attempt(context, record)
+                        record = self._claim_own()
         finally:
             context.close()
+
+    def _attempt(self, context: Any, record: Any) -> None:
+        with self._lock:
+            self._in_flight += 1
+        try:
+            self.spec.process(context, record)
+        except Exception:
+            # Even the failure write failed (the database is away): the record stays in
+            # Sending for the stuck-send sweep; this thread must live on.
+            log.exception(
+                "delivery attempt could not be recorded; leaving it to the sweep",
+                extra={"channel": self.spec.channel.value, "record_id": record.id},
+            )
+        finally:
+            with self._lock:
+                self._in_flight -= 1
 
     def _claim_own(self) -> Any:
         """This worker's next record, claimed by itself (None: nothing due, or stopping)."""

@@ -131,11 +131,86 @@ class Disconnected(Exception):
     """The pooled connection was found dropped by the database (raised from its error)."""
 
 
+class _Held:
+    """The connection a thread keeps between its statements inside ``holding``."""
+
+    def __init__(self, engine: Engine):
+        self.engine = engine
+        self.proxied: Any = None  # checked out at the first statement
+
+    def connection(self) -> tuple[Any, Any]:
+        if self.proxied is None:
+            self.proxied = self.engine.raw_connection()
+            self.proxied.driver_connection.autocommit = True
+        return self.proxied, self.proxied.driver_connection
+
+    def drop(self) -> None:
+        """Give the connection back (out of autocommit, as the pool hands connections out)."""
+        proxied, self.proxied = self.proxied, None
+        if proxied is None:
+            return
+        raw = proxied.driver_connection
+        if raw is not None and not raw.closed and proxied.is_valid:
+            try:
+                raw.autocommit = False
+            except Exception:
+                proxied.invalidate()
+        proxied.close()
+
+
+_held = threading.local()
+_IDLE = 0  # psycopg.pq.TransactionStatus.IDLE
+
+
+@contextmanager
+def holding(engine: Engine) -> Iterator[None]:
+    """Within the block, this thread's Direct statements on PostgreSQL share one pooled
+    connection, checked out at the first of them and given back at the end.
+
+    A delivery worker holds one while it has records to work through: a checkout, its return
+    and the two autocommit switches cost about as much client CPU as a short statement, and a
+    mail runs five statements. It gives the connection back before it waits for work, so an
+    idle worker holds none and a connection the database dropped meanwhile is never reused
+    (one dropped while held fails its statement, which runs again on a fresh one). Sessions
+    opened inside the block use connections of their own.
+    """
+    if engine.dialect.name != "postgresql" or getattr(_held, "slot", None) is not None:
+        yield
+        return
+    slot = _Held(engine)
+    _held.slot = slot
+    try:
+        yield
+    finally:
+        _held.slot = None
+        slot.drop()
+
+
 @contextmanager
 def driver_cursor(engine: Engine) -> Iterator[Any]:
     """A cursor on a pooled connection with the driver in autocommit; the connection goes
-    back to the pool as it came. A dropped connection raises Disconnected (from the driver's
-    error) after marking every pooled connection as old as it for replacement."""
+    back to the pool as it came (or stays with the thread inside ``holding``). A dropped
+    connection raises Disconnected (from the driver's error) after marking every pooled
+    connection as old as it for replacement."""
+    slot: _Held | None = getattr(_held, "slot", None)
+    if slot is not None and slot.engine.pool is engine.pool:
+        proxied, raw = slot.connection()
+        try:
+            cursor = raw.cursor()
+            try:
+                yield cursor
+            finally:
+                cursor.close()
+        except Exception as exc:
+            if raw.closed or raw.broken:
+                slot.proxied = None
+                engine.pool._invalidate(proxied, exc)
+                proxied.close()
+                raise Disconnected(str(exc)) from exc
+            if raw.info.transaction_status != _IDLE:  # interrupted mid-statement: not reused
+                slot.drop()
+            raise
+        return
     proxied = engine.raw_connection()
     raw = proxied.driver_connection
     postgres = engine.dialect.name == "postgresql"

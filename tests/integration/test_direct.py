@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 from flask import Flask
-from sqlalchemy import func, inspect, select, text, update
+from sqlalchemy import event, func, inspect, select, text, update
 from sqlalchemy.orm import Session
 
 from portal.extensions import db
@@ -27,7 +27,7 @@ from portal.models import (
     TenantMessageQuota,
     TenantMessageUsage,
 )
-from portal.models.direct import driver_cursor
+from portal.models.direct import driver_cursor, holding
 from tests.support.delivery import accept_mail, tenant
 
 
@@ -362,3 +362,64 @@ def test_writes_survive_the_database_dropping_every_pooled_connection(app: Flask
     statuses = {_loaded(r.id).status for r in records}
     assert statuses == {"Sent"}
     assert quota.charge(engine, acme.id, Channel.MAIL, app.config["SETTINGS"])
+
+
+def test_a_held_connection_serves_every_statement_and_goes_back_out_of_autocommit(
+    app: Flask,
+) -> None:
+    """Inside holding(), a worker's statements share one checkout; it returns to the pool
+    at the end ready for a Session (a transaction that can roll back)."""
+    acme_id = tenant("acme").id
+    for i in range(3):
+        accept_mail(app, acme_id, to=[f"h{i}@example.com"])
+    engine = db.engine
+    checkouts: list[int] = []
+    me = threading.get_ident()
+
+    def count(_dbapi: Any, _record: Any, _proxy: Any) -> None:
+        if threading.get_ident() == me:  # not acceptance's NOTIFY thread
+            checkouts.append(1)
+
+    event.listen(engine.pool, "checkout", count)
+    try:
+        with holding(engine), holding(engine):  # nested: the outer one holds
+            pids = set()
+            for record in claim_due(engine, MailSendRecord, 3):
+                claimed = Claimed(Channel.MAIL, record.id, record.version, acme_id, 0)
+                assert record_sent(engine, claimed, f"<h{record.id}@x>")
+                with driver_cursor(engine) as cursor:
+                    cursor.execute("SELECT pg_backend_pid()")
+                    pids.add(cursor.fetchone()[0])
+    finally:
+        event.remove(engine.pool, "checkout", count)
+    assert len(checkouts) == 1
+    assert len(pids) == 1
+    with Session(engine) as session:  # the pool's LIFO hands the same connection back
+        session.execute(update(TenantMessageUsage).values(mail_count=999))
+        session.rollback()
+    assert db.session.scalar(select(func.max(TenantMessageUsage.mail_count))) != 999
+
+
+def test_a_held_connection_the_database_dropped_is_replaced_and_the_write_runs_again(
+    app: Flask,
+) -> None:
+    acme = tenant("acme")
+    for i in range(2):
+        accept_mail(app, acme.id, to=[f"d{i}@example.com"])
+    engine = db.engine
+    with holding(engine):
+        first, second = claim_due(engine, MailSendRecord, 2)
+        with driver_cursor(engine) as cursor:
+            cursor.execute("SELECT pg_backend_pid()")
+            pid = cursor.fetchone()[0]
+        with Session(engine) as session:
+            session.execute(text("SELECT pg_terminate_backend(:p)"), {"p": pid})
+            session.commit()
+        time.sleep(0.2)
+        for record in (first, second):
+            claimed = Claimed(Channel.MAIL, record.id, record.version, acme.id, 0)
+            assert record_sent(engine, claimed, f"<d{record.id}@x>")
+        with driver_cursor(engine) as cursor:
+            cursor.execute("SELECT pg_backend_pid()")
+            assert cursor.fetchone()[0] != pid
+    assert {_loaded(first.id).status, _loaded(second.id).status} == {"Sent"}
