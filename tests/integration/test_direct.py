@@ -205,6 +205,35 @@ def _sent_record(app: Flask) -> tuple[int, int, Claimed]:
     return record_id, server_id, Claimed(Channel.MAIL, record.id, record.version, acme.id, 0)
 
 
+def _send_in_background(claimed: Claimed, pmid: str) -> tuple[threading.Thread, dict[str, bool]]:
+    """record_sent on a thread of its own; its answer lands in the dict under "sent"."""
+    result: dict[str, bool] = {}
+    engine = db.engine
+    writer = threading.Thread(
+        target=lambda: result.setdefault("sent", record_sent(engine, claimed, pmid))
+    )
+    writer.start()
+    return writer, result
+
+
+def _store_bounce(session: Session, claimed: Claimed, server_id: int, pmid: str) -> Any:
+    """What the webhook does for a permanent bounce of ``pmid`` (not committed)."""
+    return events.store(
+        session,
+        Channel.MAIL,
+        tenant_id=claimed.tenant_id,
+        config_id=server_id,
+        provider="generic",
+        event=events.ProviderEvent(
+            f"dedup-{pmid}",
+            events.EventType.BOUNCED,
+            pmid,
+            recipient="ann@example.com",
+            code="550 5.1.1",
+        ),
+    )
+
+
 def test_an_event_stored_while_the_sent_write_waits_is_applied(app: Flask) -> None:
     """The webhook stores a bounce and looks for the record (not there yet: the provider id is
     not committed) while the Sent write waits on a row lock; after it commits, record_sent's
@@ -215,30 +244,10 @@ def test_an_event_stored_while_the_sent_write_waits_is_applied(app: Flask) -> No
     locker.execute(
         text("SELECT id FROM mail_send_record WHERE id = :i FOR UPDATE"), {"i": record_id}
     )
-    result: dict[str, bool] = {}
-    engine = db.engine
-    writer = threading.Thread(
-        target=lambda: result.setdefault(
-            "sent", record_sent(engine, claimed, "<pmid-1@example.com>")
-        )
-    )
-    writer.start()
+    writer, result = _send_in_background(claimed, "<pmid-1@example.com>")
     time.sleep(0.3)  # the Sent UPDATE has started and waits for the lock
     with Session(db.engine) as session:
-        stored = events.store(
-            session,
-            Channel.MAIL,
-            tenant_id=claimed.tenant_id,
-            config_id=server_id,
-            provider="generic",
-            event=events.ProviderEvent(
-                "d1",
-                events.EventType.BOUNCED,
-                "<pmid-1@example.com>",
-                recipient="ann@example.com",
-                code="550 5.1.1",
-            ),
-        )
+        stored = _store_bounce(session, claimed, server_id, "<pmid-1@example.com>")
         session.commit()
         assert events.match_again(session, Channel.MAIL, stored.event_id) is None
         session.commit()
@@ -259,30 +268,10 @@ def test_a_sent_write_waits_for_an_event_being_stored_and_then_sees_it(app: Flas
     first, so it waits and then sees the committed event. Nothing else looks here: without
     the lock the Sent write would look before the commit and the bounce would stay unapplied."""
     record_id, server_id, claimed = _sent_record(app)
-    engine = db.engine
-    result: dict[str, bool] = {}
-    with Session(engine) as webhook:
-        stored = events.store(
-            webhook,
-            Channel.MAIL,
-            tenant_id=claimed.tenant_id,
-            config_id=server_id,
-            provider="generic",
-            event=events.ProviderEvent(
-                "d2",
-                events.EventType.BOUNCED,
-                "<pmid-2@example.com>",
-                recipient="ann@example.com",
-                code="550 5.1.1",
-            ),
-        )
+    with Session(db.engine) as webhook:
+        stored = _store_bounce(webhook, claimed, server_id, "<pmid-2@example.com>")
         assert stored.record_id is None  # the provider id is not written yet
-        writer = threading.Thread(
-            target=lambda: result.setdefault(
-                "sent", record_sent(engine, claimed, "<pmid-2@example.com>")
-            )
-        )
-        writer.start()
+        writer, result = _send_in_background(claimed, "<pmid-2@example.com>")
         writer.join(0.5)
         assert writer.is_alive(), "the Sent write did not wait for the event being stored"
         webhook.commit()
