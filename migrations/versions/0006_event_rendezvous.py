@@ -7,7 +7,9 @@ second statement after its commit (one more round trip per send). Now the Sent s
 and only then looks, with a fresh snapshot (a VOLATILE function's statements each take one).
 Either the webhook stored and committed first (the look sees its event) or the Sent write
 holds the lock until it commits (the webhook waits, then finds the record by its provider id).
-SQLite needs neither: its writes never overlap.
+The Sent write takes the lock in its WHERE, before its row lock: a webhook holding the lock
+may update the same record (a resend under the same Message-ID), and the other order could
+deadlock. SQLite needs neither: its writes never overlap.
 
 Revision ID: 0006
 Revises: 0005
@@ -29,10 +31,15 @@ def upgrade():
     op.execute(
         """
         CREATE OR REPLACE FUNCTION postroom_event_lock(p_channel text, p_route bigint, p_pmid text)
-        RETURNS void LANGUAGE sql VOLATILE AS $$
-            SELECT pg_advisory_xact_lock(
-                hashtextextended('postroom-event:' || p_channel || ':' || coalesce(p_route, 0)
-                                 || ':' || p_pmid, 0))
+        RETURNS boolean LANGUAGE plpgsql VOLATILE AS $$
+        BEGIN
+            IF p_pmid IS NOT NULL THEN
+                PERFORM pg_advisory_xact_lock(hashtextextended(
+                    'postroom-event:' || p_channel || ':' || coalesce(p_route, 0) || ':' || p_pmid,
+                    0));
+            END IF;
+            RETURN true;
+        END
         $$
         """
     )

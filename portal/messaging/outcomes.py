@@ -84,13 +84,15 @@ def _sent_statement(channel: Channel, with_refused: bool, meet_events: bool) -> 
     )
     if not meet_events:
         return Direct(statement)
-    # PostgreSQL: the look for waiting events rides on the write (migration 0006 explains the
-    # lock that makes a look inside the statement exact).
+    # PostgreSQL: the look for waiting events rides on the write, made exact by the event
+    # lock (migration 0006), which the WHERE takes before the row lock.
     route = model.server_config_id if channel is Channel.MAIL else model.provider_config_id  # type: ignore[union-attr]
+    pmid = bindparam("pmid", type_=model.provider_message_id.type)
+    locked = func.postroom_event_lock(channel.value, route, pmid, type_=Boolean)
     waiting = func.postroom_waiting_events(
         channel.value, route, model.provider_message_id, type_=Boolean
     ).label("waiting")
-    return Direct(statement.returning(waiting), [waiting])
+    return Direct(statement.where(locked.is_(True)).returning(waiting), [waiting])
 
 
 def _retained_statement(channel: Channel) -> Direct:

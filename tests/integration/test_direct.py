@@ -235,9 +235,9 @@ def _store_bounce(session: Session, claimed: Claimed, server_id: int, pmid: str)
 
 
 def test_an_event_stored_while_the_sent_write_waits_is_applied(app: Flask) -> None:
-    """The webhook stores a bounce and looks for the record (not there yet: the provider id is
-    not committed) while the Sent write waits on a row lock; after it commits, record_sent's
-    own look must find the event: one of the two looks always follows the other's commit."""
+    """The Sent write waits on a row lock (a sweep, a cancel) while a bounce for its provider
+    id arrives: the webhook waits for the Sent write's event lock, then finds the record by
+    its provider id; the bounce is applied either way, never left waiting."""
     record_id, server_id, claimed = _sent_record(app)
     locker = db.engine.connect()
     held = locker.begin()
@@ -245,16 +245,25 @@ def test_an_event_stored_while_the_sent_write_waits_is_applied(app: Flask) -> No
         text("SELECT id FROM mail_send_record WHERE id = :i FOR UPDATE"), {"i": record_id}
     )
     writer, result = _send_in_background(claimed, "<pmid-1@example.com>")
-    time.sleep(0.3)  # the Sent UPDATE has started and waits for the lock
-    with Session(db.engine) as session:
-        stored = _store_bounce(session, claimed, server_id, "<pmid-1@example.com>")
-        session.commit()
-        assert events.match_again(session, Channel.MAIL, stored.event_id) is None
-        session.commit()
+    time.sleep(0.3)  # the Sent UPDATE has taken the event lock and waits for the row lock
+    stored: list[Any] = []
+    engine = db.engine
+
+    def webhook() -> None:
+        with Session(engine) as session:
+            stored.append(_store_bounce(session, claimed, server_id, "<pmid-1@example.com>"))
+            session.commit()
+
+    hook = threading.Thread(target=webhook)
+    hook.start()
+    hook.join(0.5)
+    assert hook.is_alive(), "the webhook did not wait for the Sent write's event lock"
     held.commit()
     locker.close()
     writer.join(30)
+    hook.join(30)
     assert result == {"sent": True}
+    assert stored[0].record_id == record_id  # found once the Sent write committed
     row = _loaded(record_id)
     assert row.delivery_outcome == "bounced"
     event = db.session.scalar(select(DeliveryEvent))
@@ -280,6 +289,38 @@ def test_a_sent_write_waits_for_an_event_being_stored_and_then_sees_it(app: Flas
     row = _loaded(record_id)
     assert row.delivery_outcome == "bounced"
     assert row.status == SendStatus.FAILED.value  # a permanent bounce after the send
+
+
+def test_a_resend_under_the_same_id_and_its_webhook_do_not_deadlock(
+    app: Flask, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A record sent again under the same Message-ID (a retry after a bounce) already carries
+    its provider id, so a webhook holding the event lock can find and update it. The Sent
+    write takes the event lock before its row lock, so the two queue instead of deadlocking
+    (PostgreSQL would abort one of them after a second: the webhook's answer or the Sent
+    write, leaving a sent mail for the sweep to send again)."""
+    record_id, server_id, claimed = _sent_record(app)
+    pmid = "<again@example.com>"
+    assert record_sent(db.engine, claimed, pmid)
+    db.session.execute(
+        update(MailSendRecord)
+        .where(MailSendRecord.id == record_id)
+        .values(status="Retry", next_retry_at=datetime.now(UTC) - timedelta(seconds=1))
+    )
+    db.session.commit()
+    (record,) = claim_due(db.engine, MailSendRecord, 1)
+    again = Claimed(Channel.MAIL, record.id, record.version, claimed.tenant_id, 1)
+    with Session(db.engine) as webhook:
+        events.lock_for_events(webhook, Channel.MAIL, server_id, [pmid])
+        writer, result = _send_in_background(again, pmid)
+        time.sleep(0.3)  # the Sent write waits for the event lock, holding no row lock
+        stored = _store_bounce(webhook, again, server_id, pmid)
+        assert stored.record_id == record_id  # found by its provider id, and updated
+        webhook.commit()
+    writer.join(30)
+    assert not writer.is_alive()
+    assert "recording it failed" not in caplog.text
+    assert "sent" in result
 
 
 def test_webhooks_storing_the_same_ids_in_opposite_orders_do_not_deadlock(app: Flask) -> None:
