@@ -216,8 +216,16 @@ def _send_in_background(claimed: Claimed, pmid: str) -> tuple[threading.Thread, 
     return writer, result
 
 
-def _store_bounce(session: Session, claimed: Claimed, server_id: int, pmid: str) -> Any:
-    """What the webhook does for a permanent bounce of ``pmid`` (not committed)."""
+def _store_event(
+    session: Session,
+    claimed: Claimed,
+    server_id: int,
+    pmid: str,
+    kind: events.EventType = events.EventType.BOUNCED,
+    dedup: str | None = None,
+) -> Any:
+    """What the webhook does for an event of ``pmid`` (a permanent bounce unless ``kind``
+    says otherwise), not committed."""
     return events.store(
         session,
         Channel.MAIL,
@@ -225,11 +233,11 @@ def _store_bounce(session: Session, claimed: Claimed, server_id: int, pmid: str)
         config_id=server_id,
         provider="generic",
         event=events.ProviderEvent(
-            f"dedup-{pmid}",
-            events.EventType.BOUNCED,
+            dedup or f"dedup-{pmid}",
+            kind,
             pmid,
             recipient="ann@example.com",
-            code="550 5.1.1",
+            code="550 5.1.1" if kind is events.EventType.BOUNCED else None,
         ),
     )
 
@@ -251,7 +259,7 @@ def test_an_event_stored_while_the_sent_write_waits_is_applied(app: Flask) -> No
 
     def webhook() -> None:
         with Session(engine) as session:
-            stored.append(_store_bounce(session, claimed, server_id, "<pmid-1@example.com>"))
+            stored.append(_store_event(session, claimed, server_id, "<pmid-1@example.com>"))
             session.commit()
 
     hook = threading.Thread(target=webhook)
@@ -278,7 +286,7 @@ def test_a_sent_write_waits_for_an_event_being_stored_and_then_sees_it(app: Flas
     the lock the Sent write would look before the commit and the bounce would stay unapplied."""
     record_id, server_id, claimed = _sent_record(app)
     with Session(db.engine) as webhook:
-        stored = _store_bounce(webhook, claimed, server_id, "<pmid-2@example.com>")
+        stored = _store_event(webhook, claimed, server_id, "<pmid-2@example.com>")
         assert stored.record_id is None  # the provider id is not written yet
         writer, result = _send_in_background(claimed, "<pmid-2@example.com>")
         writer.join(0.5)
@@ -314,7 +322,7 @@ def test_a_resend_under_the_same_id_and_its_webhook_do_not_deadlock(
         events.lock_for_events(webhook, Channel.MAIL, server_id, [pmid])
         writer, result = _send_in_background(again, pmid)
         time.sleep(0.3)  # the Sent write waits for the event lock, holding no row lock
-        stored = _store_bounce(webhook, again, server_id, pmid)
+        stored = _store_event(webhook, again, server_id, pmid)
         assert stored.record_id == record_id  # found by its provider id, and updated
         webhook.commit()
     writer.join(30)
@@ -337,15 +345,13 @@ def test_webhooks_storing_the_same_ids_in_opposite_orders_do_not_deadlock(app: F
                 barrier.wait()
                 events.lock_for_events(session, Channel.MAIL, server_id, order)
                 for pmid in order:
-                    events.store(
+                    _store_event(
                         session,
-                        Channel.MAIL,
-                        tenant_id=claimed.tenant_id,
-                        config_id=server_id,
-                        provider="generic",
-                        event=events.ProviderEvent(
-                            f"{tag}-{pmid}", events.EventType.DELIVERED, pmid
-                        ),
+                        claimed,
+                        server_id,
+                        pmid,
+                        events.EventType.DELIVERED,
+                        dedup=f"{tag}-{pmid}",
                     )
                     time.sleep(0.02)
                 session.commit()
