@@ -49,10 +49,11 @@ def upgrade():
             p_channel text, p_route bigint, p_pmid text
         ) RETURNS boolean LANGUAGE plpgsql VOLATILE AS $$
         BEGIN
+            -- The caller holds the event lock already (the Sent write's WHERE takes it), so
+            -- this look, with its own fresh snapshot, cannot overlap a webhook's store.
             IF p_pmid IS NULL OR p_route IS NULL THEN
                 RETURN false;
             END IF;
-            PERFORM postroom_event_lock(p_channel, p_route, p_pmid);
             RETURN EXISTS (
                 SELECT 1 FROM delivery_event
                 WHERE channel = p_channel AND config_id = p_route

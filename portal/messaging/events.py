@@ -97,8 +97,12 @@ def store(
     config_id: int,
     provider: str,
     event: ProviderEvent,
+    locked: bool = False,
 ) -> Stored:
-    """Store one event (a replay is a no-op) and apply it to its record when there is one."""
+    """Store one event (a replay is a no-op) and apply it to its record when there is one.
+
+    ``locked``: the caller took the event locks of its whole batch first (lock_for_events),
+    as a webhook does; otherwise this event's lock is taken here."""
     values = {
         "tenant_id": tenant_id,
         "channel": channel.value,
@@ -112,7 +116,8 @@ def store(
         "detail": _detail(event),
         "occurred_at": event.occurred_at,
     }
-    lock_for_events(session, channel, config_id, [event.provider_message_id])
+    if not locked:
+        lock_for_events(session, channel, config_id, [event.provider_message_id])
     insert = pg_insert if session.get_bind().dialect.name == "postgresql" else sqlite_insert
     event_id = session.scalar(
         insert(DeliveryEvent)

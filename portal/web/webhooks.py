@@ -356,6 +356,7 @@ def _store(channel: Channel, tenant_id: int, config_id: int, provider: str, pars
                 config_id=config_id,
                 provider=provider,
                 event=event,
+                locked=True,
             )
             stored += result.stored
             duplicates += not result.stored
