@@ -21,8 +21,9 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
-from sqlalchemy import Engine, and_, bindparam, case, func, or_, select, union_all, update
+from sqlalchemy import Engine, and_, case, func, or_, select, union_all, update
 from sqlalchemy.orm import Session
 
 from portal.models import MailSendRecord, SendStatus, SmsSendRecord, db_now
@@ -111,15 +112,29 @@ def claim_next(
 
 
 class _DueClaim:
-    """The one-statement claim of up to ``k`` due records of one table, built once."""
+    """The one-statement claim of up to ``k`` due records of one table, built once per ``k``
+    with every value inline (``Direct(inline=True)``): PostgreSQL plans it once."""
 
     def __init__(self, model: RecordModel):
+        self.model = model
         self.loader = Loader(model)
+        self._by_k: dict[int, Direct] = {}
+
+    def direct(self, k: int) -> Direct:
+        found = self._by_k.get(k)
+        if found is None:
+            found = self._by_k.setdefault(
+                k, Direct(self._statement(k), self.loader.columns, inline=True)
+            )
+        return found
+
+    def _statement(self, k: int) -> Any:
+        model = self.model
         pending = (
             select(model.id.label("id"), model.updated_time.label("due"))
             .where(model.status == SendStatus.PENDING.value)
             .order_by(model.updated_time)
-            .limit(bindparam("k"))
+            .limit(k)
             .with_for_update(skip_locked=True)
             .cte("pending")
         )
@@ -127,14 +142,14 @@ class _DueClaim:
             select(model.id.label("id"), model.next_retry_at.label("due"))
             .where(model.status == SendStatus.RETRY.value, model.next_retry_at <= db_now())
             .order_by(model.next_retry_at)
-            .limit(bindparam("k"))
+            .limit(k)
             .with_for_update(skip_locked=True)
             .cte("retry")
         )
         due = union_all(select(pending.c.id, pending.c.due), select(retry.c.id, retry.c.due))
         merged = due.subquery("due")
-        pick = select(merged.c.id).order_by(merged.c.due).limit(bindparam("k")).cte("pick")
-        statement = (
+        pick = select(merged.c.id).order_by(merged.c.due).limit(k).cte("pick")
+        return (
             update(model)
             .where(model.id == pick.c.id)
             .values(
@@ -145,10 +160,9 @@ class _DueClaim:
             )
             .returning(*self.loader.columns)
         )
-        self.direct = Direct(statement, self.loader.columns)
 
     def __call__(self, engine: Engine, k: int) -> list[MailSendRecord | SmsSendRecord]:
-        _count, rows = self.direct.run(engine, k=k)
+        _count, rows = self.direct(k).run(engine)
         return [self.loader.load(row) for row in rows]
 
 

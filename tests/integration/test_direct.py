@@ -459,3 +459,37 @@ def test_a_held_connection_the_database_dropped_is_replaced_and_the_write_runs_a
             cursor.execute("SELECT pg_backend_pid()")
             assert cursor.fetchone()[0] != pid
     assert {_loaded(first.id).status, _loaded(second.id).status} == {"Sent"}
+
+
+def test_the_delivery_loop_statements_are_planned_once_not_at_every_execution(
+    app: Flask,
+) -> None:
+    """PostgreSQL plans a prepared statement for its values at each of the first five runs;
+    after that it keeps a generic plan, unless that plan looks dearer than those, in which
+    case it plans anew at every run. The claim with ``status = $1`` was such a statement, and
+    its planning cost a quarter of a claim. Every statement a busy worker runs for a mail
+    must settle on one plan; the claim, its values inline, is never planned again at all."""
+    from tests.support.delivery import drain, mail_server
+    from tests.support.smtp_server import ScriptedSmtpServer
+
+    acme_id = tenant("acme").id
+    with ScriptedSmtpServer() as smtp:
+        mail_server(acme_id, smtp)
+        db.session.commit()
+        runs = 12
+        for i in range(runs):
+            accept_mail(app, acme_id, to=[f"p{i}@example.com"])
+        with holding(db.engine):
+            assert drain(app) == runs
+            with driver_cursor(db.engine) as cursor:
+                cursor.execute(
+                    "SELECT statement, generic_plans, custom_plans FROM pg_prepared_statements"
+                )
+                plans = cursor.fetchall()
+        assert len(smtp.messages) == runs
+    claims = [p for p in plans if "FOR UPDATE SKIP LOCKED" in p[0]]
+    assert claims, plans
+    for statement, generic, custom in claims:
+        assert (custom, generic >= runs) == (0, True), (statement[:200], generic, custom)
+    for statement, generic, custom in plans:
+        assert custom <= 5, (statement[:300], generic, custom)

@@ -192,9 +192,8 @@ def explain_generic(engine: Engine, statement: Captured, name: str) -> Plan:
         with pg.cursor() as cur:
             cur.execute("SET plan_cache_mode = force_generic_plan")
             cur.execute(f"PREPARE {name} AS {sql}")
-            cur.execute(
-                f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE {name}({args.as_string(pg)})"
-            )
+            given = f"({args.as_string(pg)})" if order else ""
+            cur.execute(f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE {name}{given}")
             row = cur.fetchone()
             cur.execute(f"DEALLOCATE {name}")
         conn.rollback()
@@ -291,12 +290,12 @@ def test_the_one_statement_claim_walks_the_same_status_indexes(
 ) -> None:
     """What the workers run (``claim_due``): the scan folded into the claim. Its two CTEs are
     the same two index walks, locked with SKIP LOCKED; the UPDATE reaches each picked row by
-    its key. Under a generic plan, nothing walks or filters the history (EXPLAIN ANALYZE of
-    the UPDATE runs in a transaction that is rolled back)."""
+    its key. As prepared (its values inline, so its one plan is the generic one), nothing
+    walks or filters the history (EXPLAIN ANALYZE of the UPDATE runs in a transaction that is
+    rolled back)."""
     model, pending_index, retry_index = CHANNELS[channel]
-    plan_of = _CLAIMS[model].direct._plan(plans_engine.dialect)
-    params = plan_of.compiled.construct_params({"k": SCAN_N}) or {}
-    plan = explain_generic(plans_engine, Captured(plan_of.sql, dict(params)), f"claim_{channel}")
+    plan_of = _CLAIMS[model].direct(SCAN_N)._plan(plans_engine.dialect)
+    plan = explain_generic(plans_engine, Captured(plan_of.sql, {}), f"claim_{channel}")
     print(f"\n[{channel} claim_due] {plan.summary()}")
     nodes = list(plan.nodes())
     walked = {n.get("Index Name") for n in nodes if n["Node Type"] == "Index Scan"}
