@@ -2,7 +2,8 @@
 
 A worker that finishes a record claims its own next one at once. An idle worker waits for the
 poller, which every ``POLL_INTERVAL_S`` (or at once, when woken by a NOTIFY) claims one due
-record per idle worker. Either way the claim is one statement (``scan.claim_due``).
+record per idle worker. Either way the claim is one statement (``scan.claim_due``); after a
+send that ends Sent, the worker's next claim is part of the Sent write's statement.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any, Protocol
 
 from sqlalchemy import Engine
 
-from portal.messaging.scan import claim_due
+from portal.messaging.scan import claim_due, claiming_next
 from portal.models import Channel, MailSendRecord, SmsSendRecord
 from portal.models.direct import holding
 
@@ -54,6 +55,7 @@ class ChannelPool:
         self._in_flight = 0
         self._threads: list[threading.Thread] = []
         self.claimed_total = 0
+        self.claimed_with_sent = 0  # of which claimed inside a Sent write
         self._failures = 0
         self._last_report = 0.0
 
@@ -138,8 +140,7 @@ class ChannelPool:
                 # while the worker waits.
                 with holding(self.engine):
                     while record is not None:
-                        self._attempt(context, record)
-                        record = self._claim_own()
+                        record = self._attempt_and_next(context, record)
         finally:
             context.close()
 
@@ -158,6 +159,22 @@ class ChannelPool:
         finally:
             with self._lock:
                 self._in_flight -= 1
+
+    def _attempt_and_next(self, context: Any, record: Any) -> Any:
+        """One attempt, then this worker's next record. A send that ends Sent claims the next
+        one in its Sent write (``scan.claiming_next``: one statement and one commit fewer per
+        record); any other outcome claims it on its own."""
+        with claiming_next(self.spec.model, self._may_claim) as following:
+            self._attempt(context, record)
+        if not following.ran:
+            return self._claim_own()
+        with self._lock:
+            self.claimed_total += len(following.records)
+            self.claimed_with_sent += len(following.records)
+        return following.records[0] if following.records else None
+
+    def _may_claim(self) -> bool:
+        return not self.stop_claiming.is_set()
 
     def _claim_own(self) -> Any:
         """This worker's next record, claimed by itself (None: nothing due, or stopping)."""

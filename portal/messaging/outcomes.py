@@ -8,12 +8,14 @@ happen, and it records no metric and no log line.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any, assert_never
 
-from sqlalchemy import Boolean, Engine, bindparam, exists, func, select, update
+from sqlalchemy import Boolean, Engine, bindparam, exists, func, select, true, update
 from sqlalchemy.orm import Session
 
+from portal.messaging import scan
 from portal.messaging.backoff import BackoffPolicy, DeadLetter, Fail, Retry, RetryDecision
 from portal.messaging.classify import ErrorCategory, MarkerCode, classify, is_retryable
 from portal.metrics import MESSAGE_FAILED, MESSAGE_SENT
@@ -60,8 +62,8 @@ def _extra(claimed: Claimed, **more: Any) -> dict[str, Any]:
     return {"record_id": claimed.id, "channel": claimed.channel.value} | more
 
 
-def _sent_statement(channel: Channel, with_refused: bool, meet_events: bool) -> Direct:
-    """Sent, by version, in one statement; with ``meet_events`` (PostgreSQL), it also says
+def _sent_update(channel: Channel, with_refused: bool, meet_events: bool) -> Any:
+    """Sent, by version, as an UPDATE; with ``meet_events`` (PostgreSQL), it also returns
     whether delivery events for the record's route and provider id wait unmatched."""
     model = MODELS[channel]
     values: dict[str, Any] = {
@@ -83,7 +85,7 @@ def _sent_statement(channel: Channel, with_refused: bool, meet_events: bool) -> 
         .values(**values)
     )
     if not meet_events:
-        return Direct(statement)
+        return statement
     # PostgreSQL: the look for waiting events rides on the write, made exact by the event
     # lock (migration 0006), which the WHERE takes before the row lock.
     route = model.server_config_id if channel is Channel.MAIL else model.provider_config_id  # type: ignore[union-attr]
@@ -92,7 +94,29 @@ def _sent_statement(channel: Channel, with_refused: bool, meet_events: bool) -> 
     waiting = func.postroom_waiting_events(
         channel.value, route, model.provider_message_id, type_=Boolean
     ).label("waiting")
-    return Direct(statement.where(locked.is_(True)).returning(waiting), [waiting])
+    return statement.where(locked.is_(True)).returning(waiting)
+
+
+def _sent_statement(channel: Channel, with_refused: bool, meet_events: bool) -> Direct:
+    statement = _sent_update(channel, with_refused, meet_events)
+    return Direct(statement, list(statement.exported_columns) if meet_events else [])
+
+
+def _sent_and_claim_statement(channel: Channel, with_refused: bool) -> Direct:
+    """PostgreSQL: Sent as above and the claim of the worker's next record, in one statement
+    (data-modifying CTEs; the two touch different rows: this one is Sending, the claim takes
+    Pending or Retry). One row: (written, waiting, the claimed record's columns or NULLs)."""
+    sent = _sent_update(channel, with_refused, meet_events=True).cte("sent")
+    claim, _loader = scan.claim_statement(MODELS[channel])
+    claimed = claim.cte("claimed")
+    outcome = select(
+        func.count().label("written"), func.bool_or(sent.c.waiting).label("waiting")
+    ).subquery("outcome")
+    record_columns = list(claimed.c)
+    statement = select(outcome.c.written, outcome.c.waiting, *record_columns).select_from(
+        outcome.outerjoin(claimed, true())
+    )
+    return Direct(statement, [outcome.c.written, outcome.c.waiting, *record_columns])
 
 
 def _retained_statement(channel: Channel) -> Direct:
@@ -117,6 +141,11 @@ _SENT = {
     for meet_events in (False, True)
 }
 _RETAINED = {channel: _retained_statement(channel) for channel in Channel}
+_SENT_AND_CLAIM = {
+    (channel, with_refused): _sent_and_claim_statement(channel, with_refused)
+    for channel in Channel
+    for with_refused in ((False, True) if channel is Channel.MAIL else (False,))
+}
 
 
 def record_sent(
@@ -142,8 +171,12 @@ def record_sent(
     if with_refused:
         params["refused"] = refused
     meet_events = engine.dialect.name == "postgresql"
+    request = scan.next_claim_for(MODELS[claimed.channel]) if meet_events else None
     try:
-        count, rows = _SENT[(claimed.channel, with_refused, meet_events)].run(engine, **params)
+        if request is None:
+            count, rows = _SENT[(claimed.channel, with_refused, meet_events)].run(engine, **params)
+        else:
+            count, rows = _sent_and_claimed(claimed, with_refused, params, request, engine)
     except Exception:
         log.exception(
             "sent, but recording it failed; the stuck-send sweep will retry it",
@@ -160,6 +193,24 @@ def record_sent(
         more["duplicate_key"] = True  # accepted by an earlier attempt
     log.info("sent", extra=_extra(claimed, **more))
     return True
+
+
+def _sent_and_claimed(
+    claimed: Claimed,
+    with_refused: bool,
+    params: dict[str, Any],
+    request: scan.NextClaim,
+    engine: Engine,
+) -> tuple[int, list[Sequence[Any]]]:
+    """The Sent write with the worker's next claim (``scan.claiming_next``); hands the claimed
+    record to the request and returns what the Sent statement alone would."""
+    _n, rows = _SENT_AND_CLAIM[(claimed.channel, with_refused)].run(engine, **params)
+    written, waiting, *record = rows[0]
+    request.ran = True
+    loader = scan.loader_for(request.model)
+    if record[loader.pk_index] is not None:  # NULLs: nothing was due
+        request.records = [loader.load(record)]
+    return int(written), [(waiting,)] if written else []
 
 
 def _apply_retained(

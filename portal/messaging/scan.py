@@ -14,16 +14,31 @@ writer at a time and the re-checked status and version guard the same way.
 index walks, as CTEs that lock with SKIP LOCKED, merged by due time), one statement in its own
 transaction, compiled once and run on the driver (portal.models.direct). ``scan_due`` plus
 ``claim`` are the two-step form (a caller's transaction; the scan-plan tests read them).
+A busy worker's next claim rides on its Sent write (``claiming_next``, PostgreSQL): the
+record is written Sent and the next one claimed in one statement and one commit.
 """
 
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Engine, and_, case, func, or_, select, union_all, update
+from sqlalchemy import (
+    Engine,
+    and_,
+    case,
+    func,
+    literal_column,
+    or_,
+    select,
+    union_all,
+    update,
+)
 from sqlalchemy.orm import Session
 
 from portal.models import MailSendRecord, SendStatus, SmsSendRecord, db_now
@@ -111,9 +126,18 @@ def claim_next(
     return claim(session, model, ids, k)
 
 
+def _sql(value: str | int) -> Any:
+    """A constant of this module written into the SQL, not bound (see ``Direct``)."""
+    return literal_column(f"'{value}'" if isinstance(value, str) else str(int(value)))
+
+
 class _DueClaim:
-    """The one-statement claim of up to ``k`` due records of one table, built once per ``k``
-    with every value inline (``Direct(inline=True)``): PostgreSQL plans it once."""
+    """The one-statement claim of up to ``k`` due records of one table, built once per ``k``.
+
+    It has no parameters: its statuses and ``k`` are written into the SQL, so PostgreSQL
+    plans it once. With ``status = $1`` it planned the claim anew at every run on a large
+    table (its generic plan looked dearer than the plans for the values), a quarter of the
+    claim's time (bench/claim.py)."""
 
     def __init__(self, model: RecordModel):
         self.model = model
@@ -123,38 +147,37 @@ class _DueClaim:
     def direct(self, k: int) -> Direct:
         found = self._by_k.get(k)
         if found is None:
-            found = self._by_k.setdefault(
-                k, Direct(self._statement(k), self.loader.columns, inline=True)
-            )
+            found = self._by_k.setdefault(k, Direct(self.statement(k), self.loader.columns))
         return found
 
-    def _statement(self, k: int) -> Any:
+    def statement(self, k: int) -> Any:
+        """The claim as an UPDATE returning the record's columns in mapper order."""
         model = self.model
         pending = (
             select(model.id.label("id"), model.updated_time.label("due"))
-            .where(model.status == SendStatus.PENDING.value)
+            .where(model.status == _sql(SendStatus.PENDING.value))
             .order_by(model.updated_time)
-            .limit(k)
+            .limit(_sql(k))
             .with_for_update(skip_locked=True)
             .cte("pending")
         )
         retry = (
             select(model.id.label("id"), model.next_retry_at.label("due"))
-            .where(model.status == SendStatus.RETRY.value, model.next_retry_at <= db_now())
+            .where(model.status == _sql(SendStatus.RETRY.value), model.next_retry_at <= db_now())
             .order_by(model.next_retry_at)
-            .limit(k)
+            .limit(_sql(k))
             .with_for_update(skip_locked=True)
             .cte("retry")
         )
         due = union_all(select(pending.c.id, pending.c.due), select(retry.c.id, retry.c.due))
         merged = due.subquery("due")
-        pick = select(merged.c.id).order_by(merged.c.due).limit(k).cte("pick")
+        pick = select(merged.c.id).order_by(merged.c.due).limit(_sql(k)).cte("pick")
         return (
             update(model)
             .where(model.id == pick.c.id)
             .values(
-                status=SendStatus.SENDING.value,
-                version=model.version + 1,
+                status=_sql(SendStatus.SENDING.value),
+                version=model.version + _sql(1),
                 updated_time=db_now(),
                 first_claimed_at=func.coalesce(model.first_claimed_at, db_now()),
             )
@@ -175,3 +198,53 @@ def claim_due(engine: Engine, model: RecordModel, k: int) -> list[MailSendRecord
     if k <= 0:
         return []
     return _CLAIMS[model](engine, k)
+
+
+# --- the next claim, in the Sent write's statement ---------------------------------------------
+
+
+@dataclass
+class NextClaim:
+    """A pool worker's request, while it works on a record, to claim its next one inside the
+    statement that writes this one Sent (PostgreSQL; ``outcomes.record_sent``): one round
+    trip and one commit fewer per record. ``wanted`` is asked just before (the worker may be
+    stopping); ``ran`` says the claim was made (``records`` may then be empty: nothing due)."""
+
+    model: RecordModel
+    wanted: Callable[[], bool]
+    ran: bool = False
+    records: list[MailSendRecord | SmsSendRecord] = field(default_factory=list)
+
+
+_next = threading.local()
+
+
+@contextmanager
+def claiming_next(model: RecordModel, wanted: Callable[[], bool]) -> Iterator[NextClaim]:
+    """Within the block, a Sent write of a ``model`` record in this thread also claims the
+    next due one (at most once), when ``wanted()`` still holds."""
+    request = NextClaim(model, wanted)
+    _next.request = request
+    try:
+        yield request
+    finally:
+        _next.request = None
+
+
+def next_claim_for(model: RecordModel) -> NextClaim | None:
+    """This thread's open request for ``model``, if it wants a claim now (taken: once only)."""
+    request: NextClaim | None = getattr(_next, "request", None)
+    if request is None or request.model is not model or request.ran or not request.wanted():
+        return None
+    return request
+
+
+def claim_statement(model: RecordModel) -> tuple[Any, Loader]:
+    """The single-record claim (an UPDATE returning the record) and its loader, to be used
+    as a CTE of another statement."""
+    return _CLAIMS[model].statement(1), loader_for(model)
+
+
+def loader_for(model: RecordModel) -> Loader:
+    """Builds a claimed record from the claim's columns (mapper order)."""
+    return _CLAIMS[model].loader

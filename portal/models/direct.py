@@ -33,12 +33,8 @@ T = TypeVar("T")
 class _Plan:
     """One statement compiled for one dialect, with its parameter and result converters."""
 
-    def __init__(
-        self, statement: ClauseElement, returning: Sequence[Any], dialect: Dialect, inline: bool
-    ):
-        compiled: Compiled = statement.compile(
-            dialect=dialect, compile_kwargs={"literal_binds": True} if inline else {}
-        )
+    def __init__(self, statement: ClauseElement, returning: Sequence[Any], dialect: Dialect):
+        compiled: Compiled = statement.compile(dialect=dialect)
         self.compiled = compiled
         self.sql = compiled.string
         self.positional: tuple[str, ...] | None = (
@@ -55,12 +51,8 @@ class _Plan:
         ]
         self.converting = [(i, p) for i, p in enumerate(processors) if p is not None]
         self.prepare = dialect.name == "postgresql"
-        self.inline = inline
 
     def parameters(self, given: Mapping[str, Any]) -> Any:
-        if self.inline:
-            # Nothing to bind: on psycopg, no parameters at all, so the SQL goes as it is.
-            return None if self.positional is None else ()
         values = self.compiled.construct_params(dict(given)) or {}
         for name, processor in self.bind_processors.items():
             if name in values:
@@ -87,20 +79,16 @@ class Direct:
     """A Core statement run straight on the driver; ``returning`` lists its result columns
     in order (empty for a statement that returns nothing).
 
-    ``inline``: every value in the statement is a constant of the code (no parameters at run
-    time), rendered into the SQL. PostgreSQL then plans the prepared statement once. With
-    parameters it plans each of the first five executions for the values given and keeps
-    doing so whenever the generic plan looks dearer than those: the claim's plan with
-    ``status = $1`` did, and planning it again at every execution cost more than running it
-    (bench/claim.py: a quarter of a claim).
+    PostgreSQL plans a prepared statement for the values given at each of its first five
+    runs, then keeps a generic plan unless that plan looks dearer, in which case it plans
+    anew at every run. A statement whose plan depends on a constant of the code (the claim's
+    ``status = 'Pending'``) should write it into the SQL (``literal_column``), not bind it:
+    the claim with ``status = $1`` was planned at every run, which cost a quarter of it.
     """
 
-    def __init__(
-        self, statement: ClauseElement, returning: Sequence[Any] = (), *, inline: bool = False
-    ):
+    def __init__(self, statement: ClauseElement, returning: Sequence[Any] = ()):
         self.statement = statement
         self.returning = tuple(returning)
-        self.inline = inline
         self._plans: dict[str, _Plan] = {}
         self._lock = threading.Lock()
 
@@ -109,7 +97,7 @@ class Direct:
         if plan is None:
             with self._lock:
                 plan = self._plans.get(dialect.name) or _Plan(
-                    self.statement, self.returning, dialect, self.inline
+                    self.statement, self.returning, dialect
                 )
                 self._plans[dialect.name] = plan
         return plan
@@ -269,7 +257,7 @@ class Loader:
             prop.columns[0] for prop in mapper.column_attrs
         )
         self.keys = tuple(prop.key for prop in mapper.column_attrs)
-        self._pk = self.keys.index(mapper.primary_key[0].key)
+        self.pk_index = self.keys.index(mapper.primary_key[0].key)
 
     def load(self, row: Sequence[Any]) -> Any:
         manager = self.mapper.class_manager
@@ -278,7 +266,7 @@ class Loader:
         # As the ORM's loading does: values straight into the instance dict (loaded, not
         # changed), and an identity key, so the object is detached rather than new.
         instance.__dict__.update(zip(self.keys, row, strict=True))
-        state.key = self.mapper.identity_key_from_primary_key((row[self._pk],))
+        state.key = self.mapper.identity_key_from_primary_key((row[self.pk_index],))
         return instance
 
 

@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session
 from portal.extensions import db
 from portal.messaging import events, quota
 from portal.messaging.outcomes import Claimed, record_sent
-from portal.messaging.scan import claim_due
+from portal.messaging.scan import claim_due, claiming_next
 from portal.models import (
     Channel,
     DeliveryEvent,
@@ -129,6 +129,54 @@ def test_record_sent_writes_by_version_and_says_nothing_when_the_race_is_lost(
     assert row.refused_recipients == refused
     assert row.sent_at is not None
     assert row.next_retry_at is None
+
+
+def test_a_sent_write_claims_the_next_record_in_the_same_statement(app: Flask) -> None:
+    """Inside ``claiming_next`` (a busy pool worker), the Sent write also claims the next due
+    record: the one ``claim_due`` would have taken, as the ORM would load it. The Sent write
+    itself is as without it; a lost version race still hands over what was claimed."""
+    acme = tenant("acme")
+    ids = _accept(app, acme.id, 4)
+    (first,) = claim_due(db.engine, MailSendRecord, 1)
+    claimed = Claimed(Channel.MAIL, first.id, first.version, first.tenant_id, 0)
+    refused = {"x@example.com": [550, "no such user"]}
+    with claiming_next(MailSendRecord, lambda: True) as following:
+        assert record_sent(db.engine, claimed, "<n1@example.com>", refused=refused)
+    row = _loaded(first.id)
+    assert (row.status, row.version, row.provider_message_id) == ("Sent", 2, "<n1@example.com>")
+    assert row.refused_recipients == refused
+    assert following.ran
+    (second,) = following.records
+    assert second.id == ids[1]  # the oldest still due
+    assert inspect(second).detached
+    loaded = _loaded(second.id)
+    assert loaded.status == SendStatus.SENDING.value
+    for attr in inspect(MailSendRecord).column_attrs:
+        assert getattr(second, attr.key) == getattr(loaded, attr.key), attr.key
+
+    # A stopping worker claims nothing more: the Sent write runs alone.
+    nxt = Claimed(Channel.MAIL, second.id, second.version, second.tenant_id, 0)
+    with claiming_next(MailSendRecord, lambda: False) as following:
+        assert record_sent(db.engine, nxt, "<n2@example.com>")
+    assert not following.ran
+    assert _loaded(ids[2]).status == SendStatus.PENDING.value
+
+    # A lost race writes nothing, and the record claimed with it is handed over all the same.
+    with claiming_next(MailSendRecord, lambda: True) as following:
+        assert not record_sent(db.engine, nxt, "<n3@example.com>")
+    assert following.ran
+    assert [r.id for r in following.records] == [ids[2]]
+    assert _loaded(second.id).provider_message_id == "<n2@example.com>"
+
+    # The last one: the claim runs and finds nothing due.
+    (last,) = claim_due(db.engine, MailSendRecord, 1)
+    done = Claimed(Channel.MAIL, last.id, last.version, last.tenant_id, 0)
+    with claiming_next(MailSendRecord, lambda: True) as following:
+        assert record_sent(db.engine, done, "<n4@example.com>")
+    assert following.ran
+    assert following.records == []
+    statuses = {r: _loaded(r).status for r in ids}
+    assert statuses == {ids[0]: "Sent", ids[1]: "Sent", ids[2]: "Sending", ids[3]: "Sent"}
 
 
 def test_the_driver_connection_goes_back_to_the_pool_out_of_autocommit(app: Flask) -> None:

@@ -11,6 +11,7 @@ from flask import Flask
 
 from portal.delivery.service import DeliveryService
 from portal.extensions import db
+from portal.models import Channel
 from tests.support.delivery import accept_mail, mail_server, record, tenant
 from tests.support.smtp_server import ScriptedSmtpServer
 
@@ -88,3 +89,28 @@ def test_stop_finishes_the_send_in_hand_and_claims_nothing_more(
         service.stop()
     assert record(slow).status == "Sent"
     assert record(later).status == "Pending"
+
+
+def test_a_busy_worker_claims_its_next_record_in_each_sent_write(
+    app: Flask, smtp: ScriptedSmtpServer
+) -> None:
+    """With a backlog, a worker's claims after the first ride on its Sent writes (one
+    statement and one commit fewer per mail); every mail goes out once."""
+    acme = tenant("acme").id
+    mail_server(acme, smtp)
+    db.session.commit()
+    ids = [accept_mail(app, acme, to=[f"b{i}@example.com"]) for i in range(10)]
+    settings = app.config["SETTINGS"].replace(poll_interval_s=30.0, mail_send_concurrency=1)
+    service = DeliveryService(db.engine, settings)
+    service.start()
+    try:
+        wait_until(lambda: all(record(i).status == "Sent" for i in ids), 10.0)
+    finally:
+        service.stop()
+        assert service.wait(5.0)
+    pool = service.pools[Channel.MAIL]
+    assert pool.claimed_total == 10
+    assert pool.claimed_with_sent >= 8  # all but the first (and one the poller may take)
+    assert sorted(m.rcpt_tos[0] for m in smtp.messages) == sorted(
+        f"b{i}@example.com" for i in range(10)
+    )
