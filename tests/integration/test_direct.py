@@ -541,3 +541,54 @@ def test_the_delivery_loop_statements_are_planned_once_not_at_every_execution(
         assert (custom, generic >= runs) == (0, True), (statement[:200], generic, custom)
     for statement, generic, custom in plans:
         assert custom <= 5, (statement[:300], generic, custom)
+
+
+def test_the_write_back_commits_without_waiting_for_the_disk_and_the_claim_waits(
+    app: Flask,
+) -> None:
+    """The charge with the write-back commits asynchronously (its WAL is flushed by the
+    attempt's last write, or within the WAL writer's delay); the claim, which the stuck-send
+    sweep relies on after a crash, waits for its flush. Right after each statement, on the
+    same connection: is the server's flushed WAL behind what it has written?"""
+    from portal.messaging import preparation
+
+    acme_id = tenant("acme").id
+    n = 10
+    _accept(app, acme_id, n)
+    settings = app.config["SETTINGS"]
+    behind_after_claim = behind_after_freeze = 0
+    check = "SELECT pg_current_wal_flush_lsn() < pg_current_wal_insert_lsn()"
+    with holding(db.engine):
+        for i in range(n):
+            (record,) = claim_due(db.engine, MailSendRecord, 1)
+            with driver_cursor(db.engine) as cursor:
+                cursor.execute(check)
+                behind_after_claim += cursor.fetchone()[0]
+            claimed = Claimed(Channel.MAIL, record.id, record.version, acme_id, 0)
+            frozen = {
+                "rendered_subject": f"S {i}",
+                "rendered_html": None,
+                "rendered_text": "Hi",
+                "final_reply_to": None,
+                "final_priority": None,
+                "final_attachments": None,
+                "server_config_id": None,
+                "read_receipt": False,
+                "message_id_header": f"<w{i}@x>",
+            }
+            assert preparation._charge_and_freeze(
+                db.engine, MailSendRecord, acme_id, claimed, settings, frozen
+            )
+            with driver_cursor(db.engine) as cursor:
+                cursor.execute(check)
+                behind_after_freeze += cursor.fetchone()[0]
+    assert behind_after_claim <= 2, behind_after_claim
+    assert behind_after_freeze >= n - 3, behind_after_freeze
+    written = db.session.scalars(
+        select(MailSendRecord.message_id_header).where(MailSendRecord.tenant_id == acme_id)
+    ).all()
+    assert sorted(written) == sorted(f"<w{i}@x>" for i in range(n))
+    usage = db.session.scalar(
+        select(TenantMessageUsage.mail_count).where(TenantMessageUsage.tenant_id == acme_id)
+    )
+    assert usage == n
