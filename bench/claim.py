@@ -104,9 +104,6 @@ def ours_body(engine: Engine, separate: bool = False) -> Body:
         with holding(engine):  # as a pool worker does while it has work
             work(run, stop)
 
-    def wanted() -> bool:
-        return not separate
-
     def work(run: Run, stop: threading.Event) -> None:
         record: MailSendRecord | None = None
         while not stop.is_set():
@@ -124,7 +121,7 @@ def ours_body(engine: Engine, separate: bool = False) -> Body:
                 tenant_id=record.tenant_id,
                 retry_count=record.retry_count,
             )
-            with claiming_next(MailSendRecord, lambda: wanted() and not stop.is_set()) as nxt:
+            with claiming_next(MailSendRecord, lambda: not separate and not stop.is_set()) as nxt:
                 run.count(record_sent(engine, claimed, f"<bench-{record.id}@bench.test>"))
             record = nxt.records[0] if nxt.records else None  # type: ignore[assignment]
 

@@ -107,8 +107,7 @@ def _sent_and_claim_statement(channel: Channel, with_refused: bool) -> Direct:
     (data-modifying CTEs; the two touch different rows: this one is Sending, the claim takes
     Pending or Retry). One row: (written, waiting, the claimed record's columns or NULLs)."""
     sent = _sent_update(channel, with_refused, meet_events=True).cte("sent")
-    claim, _loader = scan.claim_statement(MODELS[channel])
-    claimed = claim.cte("claimed")
+    claimed = scan.claim_statement(MODELS[channel]).cte("claimed")
     outcome = select(
         func.count().label("written"), func.bool_or(sent.c.waiting).label("waiting")
     ).subquery("outcome")

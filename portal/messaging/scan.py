@@ -239,10 +239,10 @@ def next_claim_for(model: RecordModel) -> NextClaim | None:
     return request
 
 
-def claim_statement(model: RecordModel) -> tuple[Any, Loader]:
-    """The single-record claim (an UPDATE returning the record) and its loader, to be used
-    as a CTE of another statement."""
-    return _CLAIMS[model].statement(1), loader_for(model)
+def claim_statement(model: RecordModel) -> Any:
+    """The single-record claim (an UPDATE returning the record's columns in ``loader_for``'s
+    order), to be used as a CTE of another statement."""
+    return _CLAIMS[model].statement(1)
 
 
 def loader_for(model: RecordModel) -> Loader:
