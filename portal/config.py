@@ -94,6 +94,9 @@ class Settings:
     # A valid API key is remembered per process this long (0: asked at every request); a
     # revocation reaches other processes within it.
     api_key_cache_s: float = 5.0
+    # A portal session ends after this long without a request, and this long after sign-in.
+    session_idle_s: float = 1800.0
+    session_max_s: float = 43200.0
     mail_body_max_chars: int = 1_048_576
     mail_monthly_default: int | None = None
     sms_monthly_default: int | None = None
@@ -131,6 +134,8 @@ class Settings:
             rate_limit_timeout_s=_float(env, "RATE_LIMIT_TIMEOUT_S", 0.5),
             pool_ping_idle_s=_float(env, "POOL_PING_IDLE_S", 1.0),
             api_key_cache_s=_float(env, "API_KEY_CACHE_S", 5.0),
+            session_idle_s=_float(env, "SESSION_IDLE_S", 1800.0),
+            session_max_s=_float(env, "SESSION_MAX_S", 43200.0),
             mail_body_max_chars=_int(env, "MAIL_BODY_MAX_CHARS", 1_048_576) or 0,
             mail_monthly_default=_int(env, "MAIL_MONTHLY_DEFAULT", None),
             sms_monthly_default=_int(env, "SMS_MONTHLY_DEFAULT", None),

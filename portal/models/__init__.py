@@ -1,5 +1,6 @@
 """SQLAlchemy models, one module per aggregate."""
 
+from portal.models.audit import AuditAction, AuditEvent, LoginThrottle, add_audit
 from portal.models.base import Base, UTCDateTime, db_now, db_now_plus
 from portal.models.dead_letters import DeadLetterMessage
 from portal.models.enums import (
@@ -29,16 +30,20 @@ from portal.models.sms import (
     SmsTemplate,
     SmsTemplateProviderBinding,
 )
-from portal.models.tenant import ApiKey, AppUser, Tenant
+from portal.models.tenant import ApiKey, ApiScope, AppUser, Tenant
 
 __all__ = [
     "ApiKey",
+    "ApiScope",
     "AppUser",
+    "AuditAction",
+    "AuditEvent",
     "Base",
     "Channel",
     "DeadLetterMessage",
     "DeadLetterSource",
     "DeliveryEvent",
+    "LoginThrottle",
     "MailReceiveConfig",
     "MailReceiveState",
     "MailSendRecipient",
@@ -63,6 +68,7 @@ __all__ = [
     "TriageStatus",
     "UTCDateTime",
     "UncertainPolicy",
+    "add_audit",
     "db_now",
     "db_now_plus",
 ]

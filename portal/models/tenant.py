@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import secrets
 from datetime import datetime
+from enum import StrEnum
 
 from argon2 import PasswordHasher
 from argon2.exceptions import InvalidHashError, VerificationError
@@ -24,6 +25,16 @@ from portal.models.enums import Role
 _hasher = PasswordHasher()
 
 API_KEY_PREFIX = "pk_"
+
+
+class ApiScope(StrEnum):
+    """What an API key may do: ``send`` accepts messages; ``read`` reads records."""
+
+    SEND = "send"
+    READ = "read"
+
+
+DEFAULT_API_SCOPES = "send read"
 
 
 class Tenant(Base):
@@ -65,6 +76,12 @@ class AppUser(Base):
     role: Mapped[str] = mapped_column(String(32))
     is_active: Mapped[bool] = mapped_column(Boolean, default=True, server_default=text("true"))
     last_login_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    # Bumped by sign-out and by every change of password, role, tenant or active flag; a
+    # session remembers the generation it signed in with and ends when they differ.
+    session_generation: Mapped[int] = mapped_column(default=0, server_default=text("0"))
+    # An invitation or reset: the SHA-256 of a one-time set-password token, and its expiry.
+    password_token_hash: Mapped[str | None] = mapped_column(String(64), unique=True)
+    password_token_expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     created_time: Mapped[datetime] = mapped_column(UTCDateTime, server_default=db_now())
     updated_time: Mapped[datetime] = mapped_column(
         UTCDateTime, server_default=db_now(), onupdate=db_now()
@@ -73,6 +90,10 @@ class AppUser(Base):
     def set_password(self, password: str) -> None:
         """Store an argon2 hash of ``password``."""
         self.password_hash = _hasher.hash(password)
+
+    def end_sessions(self) -> None:
+        """End every session of this user, in every process, at its next request."""
+        self.session_generation = (self.session_generation or 0) + 1
 
     def check_password(self, password: str) -> bool:
         """True when ``password`` matches; rehashes when argon2's parameters have changed."""
@@ -126,6 +147,14 @@ class ApiKey(Base):
     created_time: Mapped[datetime] = mapped_column(UTCDateTime, server_default=db_now())
     last_used_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    # Space-separated ApiScope values; keys made before scopes existed have both.
+    scopes: Mapped[str] = mapped_column(
+        String(64), default=DEFAULT_API_SCOPES, server_default=DEFAULT_API_SCOPES
+    )
+
+    @property
+    def scope_set(self) -> frozenset[str]:
+        return frozenset(self.scopes.split())
 
     def set_token(self, token: str) -> None:
         """Keep the digest and a short prefix for recognising the key in lists."""

@@ -30,6 +30,8 @@ PAGES: list[tuple[str, str, str]] = [
     ("dead_letters", "Dead letters", "dead_letters"),
     ("suppressions", "Suppression list", "suppression"),
     ("api_keys", "API keys", "api_keys"),
+    ("users", "Users", "manage_users"),
+    ("audit", "Audit log", "view_audit"),
 ]
 MACHINE = ["api", "operator_api", "health", "metrics", "auth", "tenants", "webhooks"]
 

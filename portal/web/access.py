@@ -16,7 +16,7 @@ from typing import Any, ParamSpec, TypeVar
 from flask import Flask, abort, make_response, request, session, url_for
 from flask_login import current_user, login_required
 
-from portal.models import AppUser, Role
+from portal.models import AppUser, AuditAction, Role, add_audit
 from portal.tenancy import PLATFORM_TENANT_ID
 
 P = ParamSpec("P")
@@ -36,6 +36,9 @@ class Permission(StrEnum):
     API_KEYS = "api_keys"
     SWITCH_TENANT = "switch_tenant"
     SUPPRESSION = "suppression"
+    MANAGE_USERS = "manage_users"
+    VIEW_AUDIT = "view_audit"
+    OWN_ACCOUNT = "own_account"  # one's own password
 
 
 ROLE_PERMISSIONS: dict[Role, frozenset[Permission]] = {
@@ -49,9 +52,14 @@ ROLE_PERMISSIONS: dict[Role, frozenset[Permission]] = {
             Permission.VIEW_QUOTA,
             Permission.API_KEYS,
             Permission.SUPPRESSION,
+            Permission.MANAGE_USERS,
+            Permission.VIEW_AUDIT,
+            Permission.OWN_ACCOUNT,
         }
     ),
-    Role.SUPPORT: frozenset({Permission.VIEW_RECORDS, Permission.RETRY, Permission.VIEW_QUOTA}),
+    Role.SUPPORT: frozenset(
+        {Permission.VIEW_RECORDS, Permission.RETRY, Permission.VIEW_QUOTA, Permission.OWN_ACCOUNT}
+    ),
 }
 
 # Endpoints any visitor may reach (sign-in, static files, machine endpoints with their own auth).
@@ -129,3 +137,46 @@ def init_app(app: Flask) -> None:
         view: Any = app.view_functions.get(endpoint)
         if getattr(view, "required_permission", None) is None:
             abort(403)
+
+
+def audit(
+    action: AuditAction,
+    *,
+    tenant_id: int | None,
+    target_type: str | None = None,
+    target_id: object = None,
+    remark: str = "",
+) -> None:
+    """Add an audit row for the current actor (the signed-in user, or the request's API key)
+    to ``db.session``: it is written by the commit of the action it records, or not at all.
+
+    ``tenant_id`` is the tenant whose data the action touched (a record's, a config's).
+    """
+    from flask import g
+
+    from portal.extensions import db
+
+    key_id = g.get("api_key_id")
+    if key_id is not None and not (current_user and current_user.is_authenticated):
+        add_audit(
+            db.session(),
+            action,
+            tenant_id=tenant_id,
+            actor_key_id=key_id,
+            actor_label=f"API key {g.get('api_key_name') or key_id}",
+            target_type=target_type,
+            target_id=target_id,
+            remark=remark,
+        )
+        return
+    signed_in = current_user and current_user.is_authenticated
+    add_audit(
+        db.session(),
+        action,
+        tenant_id=tenant_id,
+        actor_user_id=int(current_user.id) if signed_in else None,
+        actor_label=str(current_user.email) if signed_in else "",
+        target_type=target_type,
+        target_id=target_id,
+        remark=remark,
+    )

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from urllib.parse import unquote, urlsplit
+
 from flask import Flask, Response
 
 CSP = "; ".join(
@@ -47,3 +49,24 @@ def sandboxed(response: Response) -> Response:
     response.headers["Content-Security-Policy"] = SANDBOX_CSP
     response.headers["X-Frame-Options"] = "SAMEORIGIN"
     return response
+
+
+def safe_next(target: str | None, fallback: str) -> str:
+    """The one check of a ``next`` URL (sign-in, the tenant switcher, the record pages).
+
+    Only same-site relative paths pass. Browsers read a backslash as a slash and drop tabs and
+    newlines, so a path with any of them could still leave the site ("/", tab, "/evil.example"
+    becomes "//evil.example"): those are refused, encoded or not, as are "//host" and
+    "scheme:" forms. Anything refused gives ``fallback``.
+    """
+    if not target or not target.startswith("/") or len(target) > 2048:
+        return fallback
+    for form in (target, unquote(target)):
+        if "\\" in form or any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in form):
+            return fallback
+        if form.startswith("//"):
+            return fallback
+    parts = urlsplit(target)
+    if parts.scheme or parts.netloc:
+        return fallback
+    return target
