@@ -64,7 +64,8 @@ ROLE_PERMISSIONS: dict[Role, frozenset[Permission]] = {
 
 # Endpoints any visitor may reach (sign-in, static files, machine endpoints with their own auth).
 PUBLIC_BLUEPRINTS = {"auth", "api", "operator_api", "health", "metrics", "webhooks"}
-PUBLIC_ENDPOINTS = {"static"}
+# users.accept: the one-time set-password link of an invitation (its token is the credential).
+PUBLIC_ENDPOINTS = {"static", "users.accept"}
 
 
 def user() -> AppUser:
