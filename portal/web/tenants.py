@@ -9,6 +9,7 @@ from werkzeug.wrappers import Response
 from portal.extensions import db
 from portal.models import Tenant
 from portal.web.access import ALL_TENANTS, Permission, requires
+from portal.web.security import safe_next
 
 bp = Blueprint("tenants", __name__, url_prefix="/tenants")
 
@@ -28,7 +29,4 @@ def update() -> Response:
         if db.session.scalar(select(Tenant.id).where(Tenant.id == tenant_id)) is None:
             abort(404)
         session["view_tenant"] = tenant_id
-    target = request.form.get("next") or ""
-    if not target.startswith("/") or target.startswith("//"):
-        target = url_for("dashboard.index")
-    return redirect(target)
+    return redirect(safe_next(request.form.get("next"), url_for("dashboard.index")))
