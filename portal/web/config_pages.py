@@ -1,11 +1,17 @@
 """The flow the configuration pages share (mail servers, bounce mailboxes, SMS providers): the
-edit page, adding and saving a row with its name unique in the tier, deleting, and the answer
-of Test connection.
+edit page, adding and saving a row with its name unique in the tier, deleting after a confirm
+page, the audit row of each change, and the answer of Test connection.
 
 Each module describes its row as a ``Pages``, as the template editor's channels describe
 themselves as a ``template_pages.Kind``, and keeps its own routes: each view is one call here
 (or its own code where the pages differ: what a row checks, what blocks its deletion, how its
 connection is tested). Every edit page extends ``templates/shared/config_edit.html``.
+
+Deleting takes two steps and no JavaScript: the Delete button (a GET, or a POST without
+``confirm=yes``) answers with ``templates/shared/confirm_delete.html``, which says what the
+deletion would do; only its own POST, with ``confirm=yes``, acts. Every create, update and
+delete adds an audit row (CONFIG_CREATE / CONFIG_UPDATE / CONFIG_DELETE) to the transaction
+that makes the change; an update's remark names the fields that changed, never a value.
 """
 
 from __future__ import annotations
@@ -16,12 +22,21 @@ from typing import Any, Generic, TypeVar
 
 from flask import Response, flash, redirect, render_template, request, url_for
 from flask.typing import ResponseReturnValue
-from sqlalchemy import select
+from sqlalchemy import ColumnElement, inspect, select, true
 from sqlalchemy import update as sql_update
 from sqlalchemy.exc import IntegrityError
 
 from portal.extensions import db
-from portal.models import MailReceiveConfig, MailSendServerConfig, SmsProviderConfig
+from portal.models import (
+    AuditAction,
+    MailReceiveConfig,
+    MailSendRecord,
+    MailSendServerConfig,
+    SmsProviderConfig,
+    SmsSendRecord,
+)
+from portal.tenancy import PLATFORM_TENANT_ID
+from portal.web.access import audit
 from portal.web.forms import Form, is_htmx, owned, tier_name, varies, viewed_tier
 
 C = TypeVar("C", MailSendServerConfig, MailReceiveConfig, SmsProviderConfig)
@@ -42,6 +57,7 @@ class Pages(Generic[C]):
     labels: Mapping[str, str]
     read: Callable[[Form, C, int], bool]  # check the form and copy it onto the row, in a tier
     context: Callable[[C | None], dict[str, Any]]  # what else the edit page shows
+    audit_type: str  # "mail_server": the audit rows' target_type
     added_hint: str = ""  # what the message after adding adds
     on_save: Callable[[C], None] | None = None  # after the flush, before the commit
 
@@ -57,6 +73,10 @@ class Pages(Generic[C]):
         """The URL of one of ``row``'s views ("edit", "update", "test", "delete"...)."""
         values: dict[str, Any] = {f"{self.row_name}_id": row.id}
         return url_for(self.endpoint(view), **values)
+
+    def called(self, row: C) -> str:
+        """How an audit remark or a message names the row: "mail server 'relay'"."""
+        return f"{self.noun} {row.name!r}"
 
 
 def page(
@@ -110,12 +130,43 @@ def take_default(row: D) -> None:
     )
 
 
-def save(pages: Pages[C], row: C, form: Form) -> bool:
-    """Commit; False, with the error on the form, when the name was taken meanwhile."""
+# Columns every save moves by itself: not a change anyone made.
+_UNAUDITED = frozenset({"id", "tenant_id", "config_version", "created_time", "updated_time"})
+
+
+def changed_fields(pages: Pages[C], row: C) -> list[str]:
+    """The labels of the fields the pending update changes (before the flush). A secret is
+    named ("Password"), never shown: its column only says that a new ciphertext was set."""
+    state = inspect(row)
+    changed = []
+    for column in state.mapper.column_attrs:
+        if column.key in _UNAUDITED or not state.attrs[column.key].history.has_changes():
+            continue
+        name = column.key.removesuffix("_encrypted")
+        changed.append(pages.labels.get(name, name.replace("_", " ").capitalize()))
+    return changed
+
+
+def save(pages: Pages[C], row: C, form: Form, changed: list[str] | None = None) -> bool:
+    """Commit with its audit row (``changed``: an update's changed fields; None: a new row);
+    False, with the error on the form, when the name was taken meanwhile."""
     try:
         db.session.flush()  # a new row gets its id, so on_save can leave it out
         if pages.on_save is not None:
             pages.on_save(row)
+        if changed is None:
+            action, remark = AuditAction.CONFIG_CREATE, f"{pages.called(row)} added"
+        else:
+            action = AuditAction.CONFIG_UPDATE
+            what = f"changed {', '.join(changed)}" if changed else "saved, nothing changed"
+            remark = f"{pages.called(row)}: {what}"
+        audit(
+            action,
+            tenant_id=row.tenant_id,
+            target_type=pages.audit_type,
+            target_id=row.id,
+            remark=remark,
+        )
         db.session.commit()
     except IntegrityError:  # the same name saved by someone else a moment ago
         db.session.rollback()
@@ -144,7 +195,7 @@ def update(pages: Pages[C], row_id: int) -> ResponseReturnValue:
     if not pages.read(form, row, row.tenant_id):
         db.session.rollback()
         return page(pages, row, form, 422)
-    if not save(pages, row, form):
+    if not save(pages, row, form, changed_fields(pages, row)):
         row = owned(pages.model, row_id, viewed_tier())
         return page(pages, row, form, 422)
     flash(f"{pages.heading} saved.", "success")
@@ -153,10 +204,52 @@ def update(pages: Pages[C], row_id: int) -> ResponseReturnValue:
 
 def delete(pages: Pages[C], row: C) -> ResponseReturnValue:
     """Delete the row (the caller has checked nothing needs it), then show the list."""
+    audit(
+        AuditAction.CONFIG_DELETE,
+        tenant_id=row.tenant_id,
+        target_type=pages.audit_type,
+        target_id=row.id,
+        remark=f"{pages.called(row)} deleted",
+    )
     db.session.delete(row)
     db.session.commit()
     flash(f"{pages.heading} {row.name!r} deleted.", "success")
     return redirect(url_for(pages.endpoint("index")), 303)
+
+
+# --- the confirm step of a deletion -------------------------------------------------------
+
+
+def confirmed() -> bool:
+    """Whether this request is a deletion's second step: the confirm page's own POST. A GET,
+    or a POST without ``confirm=yes`` (the Delete button of an older page), only asks."""
+    return request.method == "POST" and request.form.get("confirm") == "yes"
+
+
+@dataclass(frozen=True)
+class Deletion:
+    """What deleting a row would do, as its confirm page says it."""
+
+    title: str  # "Delete mail server 'relay'?"
+    facts: Sequence[str]  # what happens, one paragraph each
+    action: str  # where the confirm page posts (with confirm=yes)
+    back: str  # Cancel (the row's page)
+    button: str | None  # the confirm button; None: nothing to confirm
+    refused: str | None = None  # why it cannot be deleted (None: it can)
+
+
+def confirm_page(deletion: Deletion) -> tuple[str, int]:
+    """The confirm page of a deletion; nothing has changed yet."""
+    return render_template("shared/confirm_delete.html", deletion=deletion), 200
+
+
+def records_of_tier(
+    model: type[MailSendRecord] | type[SmsSendRecord], tier: int
+) -> ColumnElement[bool]:
+    """The send records that can use a config of ``tier``: its own tenant's. A platform-tier
+    config is every tenant's fallback, so any tenant's records can use it (and only operators
+    see that tier)."""
+    return true() if tier == PLATFORM_TENANT_ID else model.tenant_id == tier
 
 
 def connection(pages: Pages[C], **context: object) -> Response:

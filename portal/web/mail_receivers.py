@@ -3,7 +3,8 @@ edit, enable or disable, delete, test, and how far the fetch job has read each o
 
 The password is write-only, as a mail server's: no page or response carries it, not even
 masked; a blank field keeps the stored one, and it is encrypted at rest (secretbox). A mailbox
-whose messages are stored (received mail keeps its config id) is never deleted, only disabled.
+whose messages are stored (received mail keeps its config id) is never deleted, only disabled;
+Delete first shows a confirm page saying which of the two it would do.
 "Test connection" logs in and opens the folder read-only (EXAMINE), exactly as the fetch job
 does, and reports what it found: nothing in the mailbox changes.
 """
@@ -23,10 +24,16 @@ from sqlalchemy import func, select
 from portal.extensions import db
 from portal.messaging.receiving.fetch import UNREADABLE_PASSWORD, plain_error
 from portal.messaging.receiving.imap import ImapError, MailboxAddress, ReadOnlyMailbox
-from portal.models import MailReceiveConfig, MailReceiveState, ReceivedMail, SmtpSecurity
+from portal.models import (
+    AuditAction,
+    MailReceiveConfig,
+    MailReceiveState,
+    ReceivedMail,
+    SmtpSecurity,
+)
 from portal.models.secretbox import SecretUnavailable
 from portal.web import config_pages
-from portal.web.access import Permission, requires
+from portal.web.access import Permission, audit, requires
 from portal.web.forms import Form, form_data, owned, settings, tier_name, viewed_tier
 
 bp = Blueprint("mail_receivers", __name__, url_prefix="/mail-receivers")
@@ -39,6 +46,7 @@ LABELS = {
     "verify_tls": "Check the server's TLS certificate",
     "username": "Username",
     "password": "Password",
+    "secret": "Password",  # the column's name, for the audit remark of a change
     "folder": "Folder",
     "enabled": "Enabled",
 }
@@ -231,6 +239,7 @@ PAGES = config_pages.Pages(
     labels=LABELS,
     read=_read,
     context=_context,
+    audit_type="mail_receiver",
     added_hint=" Test its connection below.",
 )
 
@@ -291,6 +300,7 @@ def enable(box_id: int) -> ResponseReturnValue:
     """Turn reading on (``enabled=on``) or off (anything else) without the whole form."""
     box = owned(MailReceiveConfig, box_id, viewed_tier())
     box.enabled = Form(request.form, LABELS).flag("enabled")
+    _audit_enabled(box, "")
     db.session.commit()
     if box.enabled:
         flash(f"Bounce mailbox {box.name!r} enabled: the next fetch run reads it.", "success")
@@ -302,19 +312,76 @@ def enable(box_id: int) -> ResponseReturnValue:
     return redirect(edit_url if target == edit_url else fallback, 303)
 
 
-@bp.post("/<int:box_id>/delete")
+def _audit_enabled(box: MailReceiveConfig, why: str) -> None:
+    """The audit row of turning reading on or off (when it changed)."""
+    changed = config_pages.changed_fields(PAGES, box)
+    if changed:
+        audit(
+            AuditAction.CONFIG_UPDATE,
+            tenant_id=box.tenant_id,
+            target_type=PAGES.audit_type,
+            target_id=box.id,
+            remark=f"{PAGES.called(box)}: {'enabled' if box.enabled else 'disabled'}{why}",
+        )
+
+
+def _stored(box: MailReceiveConfig) -> int:
+    """How many messages read from the mailbox are stored (they keep its config id)."""
+    return (
+        db.session.scalar(
+            select(func.count()).where(
+                ReceivedMail.tenant_id == box.tenant_id, ReceivedMail.config_id == box.id
+            )
+        )
+        or 0
+    )
+
+
+def _deletion(box: MailReceiveConfig, stored: int) -> config_pages.Deletion:
+    """What deleting the mailbox would do: delete it, or (messages stored) disable it."""
+    if stored:
+        return config_pages.Deletion(
+            title=f"Delete bounce mailbox {box.name!r}?",
+            refused=(
+                f"{stored:,} message{'s' if stored != 1 else ''} read from this mailbox "
+                f"{'are' if stored != 1 else 'is'} stored (bounces and receipts point at it), "
+                "so it cannot be deleted."
+            ),
+            facts=[
+                "It can be disabled instead: it is no longer read, and nothing in the mailbox "
+                "changes."
+                if box.enabled
+                else "It is already disabled: it is no longer read."
+            ],
+            action=PAGES.url("delete", box),
+            back=PAGES.url("edit", box),
+            button="Disable this mailbox" if box.enabled else None,
+        )
+    return config_pages.Deletion(
+        title=f"Delete bounce mailbox {box.name!r}?",
+        facts=[
+            "No message read from it is stored. It is no longer read, and how far it was read "
+            "is forgotten; nothing in the mailbox itself changes."
+        ],
+        action=PAGES.url("delete", box),
+        back=PAGES.url("edit", box),
+        button="Delete this mailbox",
+    )
+
+
+@bp.route("/<int:box_id>/delete", methods=["GET", "POST"])
 @requires(Permission.EDIT_CONFIG)
 def delete(box_id: int) -> ResponseReturnValue:
-    """Delete a mailbox with no stored messages; one with stored messages is only disabled."""
+    """Say what deleting the mailbox would do; with ``confirm=yes``, delete a mailbox with no
+    stored messages, or disable one with stored messages."""
     box = owned(MailReceiveConfig, box_id, viewed_tier())
-    used = db.session.scalar(
-        select(ReceivedMail.id)
-        .where(ReceivedMail.tenant_id == box.tenant_id, ReceivedMail.config_id == box.id)
-        .limit(1)
-    )
-    if used is not None:
+    stored = _stored(box)
+    if not config_pages.confirmed():
+        return config_pages.confirm_page(_deletion(box, stored))
+    if stored:
         if box.enabled:
             box.enabled = False
+            _audit_enabled(box, " (it has stored messages, so it was not deleted)")
             db.session.commit()
         flash(
             "Messages read from this mailbox are stored (bounces and receipts point at it), so "

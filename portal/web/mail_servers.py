@@ -4,7 +4,8 @@ their delivery events are posted.
 The password is write-only: no page or response carries it, not even masked or encrypted. The
 form has a blank password field ("leave blank to keep") and a "remove" checkbox. A server that
 send records point at is never deleted (records keep its id to be retried through it): it is
-disabled instead.
+disabled instead. Delete first shows a confirm page saying how many Pending/Retry mails are
+prepared for the server and what would become of them.
 
 The edit page shows the server's webhook URL and signing secret (derived from SECRET_KEY and
 the config id, so never stored), read-only with a copy button, to whoever may edit servers; and
@@ -17,12 +18,19 @@ from typing import Any
 
 from flask import Blueprint, flash, redirect, render_template, url_for
 from flask.typing import ResponseReturnValue
-from sqlalchemy import or_, select
+from sqlalchemy import func, or_, select
 
 from portal.extensions import db
 from portal.messaging.transports.smtp import Security, SmtpServer, test_connection
-from portal.models import MailSendRecord, MailSendServerConfig, SmtpSecurity, UncertainPolicy
+from portal.models import (
+    MailSendRecord,
+    MailSendServerConfig,
+    SendStatus,
+    SmtpSecurity,
+    UncertainPolicy,
+)
 from portal.models.secretbox import SecretUnavailable
+from portal.tenancy import PLATFORM_TENANT_ID
 from portal.web import config_pages
 from portal.web.access import Permission, requires
 from portal.web.forms import (
@@ -187,6 +195,7 @@ PAGES = config_pages.Pages(
     labels=LABELS,
     read=_read,
     context=_context,
+    audit_type="mail_server",
     added_hint=" Test its connection below.",
     on_save=config_pages.take_default,
 )
@@ -231,23 +240,96 @@ def update(server_id: int) -> ResponseReturnValue:
     return config_pages.update(PAGES, server_id)
 
 
-@bp.post("/<int:server_id>/delete")
-@requires(Permission.EDIT_CONFIG)
-def delete(server_id: int) -> ResponseReturnValue:
-    """Delete a server no record points at; one that records use can only be disabled."""
-    server = owned(MailSendServerConfig, server_id, viewed_tier())
+def _deletion(server: MailSendServerConfig) -> tuple[config_pages.Deletion, bool]:
+    """What deleting ``server`` would do (its confirm page), and whether it may be deleted.
+
+    Counted over the records that can use it (config_pages.records_of_tier). What happens to a
+    prepared mail is the pipeline's rule: a retry replays the server frozen at preparation
+    (read again by id, enabled or not) and never chooses another; with the row gone the attempt
+    fails CONFIG_NOT_RESOLVABLE, a category that is not retried.
+    """
+    scope = config_pages.records_of_tier(MailSendRecord, server.tenant_id)
     used = db.session.scalar(
-        # Any tenant's records: a platform-tier server is every tenant's fallback.
         select(MailSendRecord.id)
         .where(
+            scope,
             or_(
                 MailSendRecord.server_config_id == server.id,
                 MailSendRecord.server_id == server.id,
-            )
+            ),
         )
         .limit(1)
     )
+    waiting = (
+        db.session.scalar(
+            select(func.count()).where(
+                scope,
+                MailSendRecord.status.in_([SendStatus.PENDING.value, SendStatus.RETRY.value]),
+                MailSendRecord.prepared_at.is_not(None),
+                MailSendRecord.server_config_id == server.id,
+            )
+        )
+        or 0
+    )
+    whose = "any tenant" if server.tenant_id == PLATFORM_TENANT_ID else tier_name(server.tenant_id)
+    prepared = (
+        f"{waiting:,} Pending or Retry mail{'s' if waiting != 1 else ''} of {whose} "
+        f"{'are' if waiting != 1 else 'is'} prepared for this server."
+    )
+    replay = (
+        "A retry, automatic or by hand, replays the server chosen when the mail was prepared "
+        "and never chooses another: with this server gone such mail fails with "
+        "CONFIG_NOT_RESOLVABLE at its next attempt and is not retried."
+    )
+    facts: list[str] = [prepared]
+    refused = None
     if used is not None:
+        refused = (
+            "Send records use this server, so it cannot be deleted: their retries and delivery "
+            "events go through it."
+        )
+        facts += [
+            "They keep going out through it when retried, also after you untick Enabled: a "
+            "disabled server is only not chosen for new mail.",
+            replay,
+        ]
+    else:
+        facts += [
+            replay,
+            "Templates that prefer this server send through the default server instead; a send "
+            "that names it by id fails with CONFIG_NOT_RESOLVABLE.",
+        ]
+        if server.is_default:
+            fallback = (
+                "the platform's default server"
+                if server.tenant_id != PLATFORM_TENANT_ID
+                else "no server and fails with CONFIG_NOT_RESOLVABLE"
+            )
+            facts.append(
+                "It is the default server of this tier: unless you make another one the "
+                f"default, mail that names no server goes to {fallback}."
+            )
+    deletion = config_pages.Deletion(
+        title=f"Delete mail server {server.name!r}?",
+        facts=facts,
+        action=PAGES.url("delete", server),
+        back=PAGES.url("edit", server),
+        button=None if refused else "Delete this server",
+        refused=refused,
+    )
+    return deletion, refused is None
+
+
+@bp.route("/<int:server_id>/delete", methods=["GET", "POST"])
+@requires(Permission.EDIT_CONFIG)
+def delete(server_id: int) -> ResponseReturnValue:
+    """Say what deleting the server would do; with ``confirm=yes``, delete it. A server that
+    records use is never deleted (disable it instead)."""
+    server = owned(MailSendServerConfig, server_id, viewed_tier())
+    deletion, allowed = _deletion(server)
+    if not config_pages.confirmed():
+        return config_pages.confirm_page(deletion)
+    if not allowed:
         flash(
             "Send records use this server, so it cannot be deleted (their retries go through "
             "it). Untick Enabled to stop new sends from using it.",

@@ -5,7 +5,9 @@ Secrets (the auth token and the webhook secret) are write-only, as mail server p
 one that can no longer be decrypted (SECRET_KEY changed) is said so, and a new one replaces it.
 The edit page shows where the provider posts its delivery events and how they are signed, naming
 the stored secret that checks them (never showing it).
-A provider that send records point at is never deleted, only disabled. Routes say which
+A provider that send records point at is never deleted, only disabled; Delete (and removing a
+route) first shows a confirm page saying what would change, with the count of Pending/Retry SMS
+prepared for the provider. Routes say which
 providers may carry SMS to a country, lower priority first; a country with routes never falls
 back to the default provider.
 """
@@ -19,11 +21,13 @@ from urllib.parse import quote
 import httpx
 from flask import Blueprint, abort, flash, redirect, render_template, request, url_for
 from flask.typing import ResponseReturnValue
-from sqlalchemy import select
+from sqlalchemy import func, select
 
 from portal.extensions import db
 from portal.messaging.transports.sms import twilio, vonage
 from portal.models import (
+    AuditAction,
+    SendStatus,
     SmsProviderConfig,
     SmsProviderKind,
     SmsProviderRegion,
@@ -31,8 +35,9 @@ from portal.models import (
     UncertainPolicy,
 )
 from portal.models.secretbox import SecretUnavailable
+from portal.tenancy import PLATFORM_TENANT_ID
 from portal.web import config_pages
-from portal.web.access import Permission, requires
+from portal.web.access import Permission, audit, requires
 from portal.web.forms import (
     MAX_INT,
     Form,
@@ -229,6 +234,7 @@ PAGES = config_pages.Pages(
     labels=LABELS,
     read=_read,
     context=_context,
+    audit_type="sms_provider",
     on_save=config_pages.take_default,
 )
 
@@ -284,15 +290,85 @@ def update(provider_id: int) -> ResponseReturnValue:
     return config_pages.update(PAGES, provider_id)
 
 
-@bp.post("/<int:provider_id>/delete")
+def _deletion(provider: SmsProviderConfig) -> tuple[config_pages.Deletion, bool]:
+    """What deleting ``provider`` would do (its confirm page), and whether it may be deleted.
+
+    Counted over the records that can use it (config_pages.records_of_tier). What happens to a
+    prepared SMS is the pipeline's rule: a retry replays the provider frozen at preparation and
+    never picks another; when that provider is disabled or gone the attempt fails
+    CONFIG_NOT_RESOLVABLE, a category that is not retried.
+    """
+    scope = config_pages.records_of_tier(SmsSendRecord, provider.tenant_id)
+    used = db.session.scalar(
+        select(SmsSendRecord.id)
+        .where(scope, SmsSendRecord.provider_config_id == provider.id)
+        .limit(1)
+    )
+    waiting = (
+        db.session.scalar(
+            select(func.count()).where(
+                scope,
+                SmsSendRecord.status.in_([SendStatus.PENDING.value, SendStatus.RETRY.value]),
+                SmsSendRecord.prepared_at.is_not(None),
+                SmsSendRecord.provider_config_id == provider.id,
+            )
+        )
+        or 0
+    )
+    whose = (
+        "any tenant" if provider.tenant_id == PLATFORM_TENANT_ID else tier_name(provider.tenant_id)
+    )
+    facts: list[str] = [
+        f"{waiting:,} Pending or Retry SMS of {whose} {'are' if waiting != 1 else 'is'} "
+        "prepared for this provider.",
+    ]
+    refused = None
+    if used is not None:
+        refused = (
+            "Send records use this provider, so it cannot be deleted: their retries and "
+            "delivery events go through it."
+        )
+        facts.append(
+            "They go out through it when retried while it is enabled. Untick Enabled and they "
+            "fail with CONFIG_NOT_RESOLVABLE at their next attempt, also when retried by hand: "
+            "a retry replays the provider chosen when the SMS was prepared and never picks "
+            "another."
+        )
+    else:
+        countries = [route.country_code for route in _routes(provider)]
+        if countries:
+            facts.append(
+                f"Its routes ({', '.join(countries)}) and the template bindings to it are "
+                "deleted with it: SMS to those countries go through their other routed "
+                "providers, or the default provider when no route is left."
+            )
+        if provider.is_default:
+            facts.append(
+                "It is the default provider of this tier: unless you make another one the "
+                "default, SMS to countries without a route fail with CONFIG_NOT_RESOLVABLE (a "
+                "tenant left with no enabled provider at all uses the platform's)."
+            )
+    deletion = config_pages.Deletion(
+        title=f"Delete SMS provider {provider.name!r}?",
+        facts=facts,
+        action=PAGES.url("delete", provider),
+        back=PAGES.url("edit", provider),
+        button=None if refused else "Delete this provider",
+        refused=refused,
+    )
+    return deletion, refused is None
+
+
+@bp.route("/<int:provider_id>/delete", methods=["GET", "POST"])
 @requires(Permission.EDIT_CONFIG)
 def delete(provider_id: int) -> ResponseReturnValue:
-    """Delete a provider no record points at; one that records use can only be disabled."""
+    """Say what deleting the provider would do; with ``confirm=yes``, delete it. A provider
+    that records use is never deleted (disable it instead)."""
     provider = owned(SmsProviderConfig, provider_id, viewed_tier())
-    used = db.session.scalar(
-        select(SmsSendRecord.id).where(SmsSendRecord.provider_config_id == provider.id).limit(1)
-    )
-    if used is not None:
+    deletion, allowed = _deletion(provider)
+    if not config_pages.confirmed():
+        return config_pages.confirm_page(deletion)
+    if not allowed:
         flash(
             "Send records use this provider, so it cannot be deleted (their retries go through "
             "it). Untick Enabled to stop new sends from using it.",
@@ -324,27 +400,80 @@ def create_route(provider_id: int) -> ResponseReturnValue:
             form.fail("country", f"{country} already has a route through this provider")
     if not form.ok or country is None:
         return config_pages.page(PAGES, provider, _form_of(provider), 422, route_form=form)
-    db.session.add(
-        SmsProviderRegion(
-            tenant_id=provider.tenant_id,
-            provider_id=provider.id,
-            country_code=country,
-            priority=100 if priority is None else priority,
-        )
+    route = SmsProviderRegion(
+        tenant_id=provider.tenant_id,
+        provider_id=provider.id,
+        country_code=country,
+        priority=100 if priority is None else priority,
+    )
+    db.session.add(route)
+    db.session.flush()
+    audit(
+        AuditAction.CONFIG_CREATE,
+        tenant_id=provider.tenant_id,
+        target_type="sms_route",
+        target_id=route.id,
+        remark=f"route for {country} through {PAGES.called(provider)} added "
+        f"(priority {route.priority})",
     )
     db.session.commit()
     flash(f"Route for {country} added.", "success")
     return redirect(PAGES.url("edit", provider), 303)
 
 
-@bp.post("/<int:provider_id>/routes/<int:route_id>/delete")
+def _route_deletion(provider: SmsProviderConfig, route: SmsProviderRegion) -> config_pages.Deletion:
+    """What removing a route would do: where SMS to its country go afterwards."""
+    others = db.session.scalars(
+        select(SmsProviderConfig.name)
+        .join(SmsProviderRegion, SmsProviderRegion.provider_id == SmsProviderConfig.id)
+        .where(
+            SmsProviderRegion.tenant_id == provider.tenant_id,
+            SmsProviderConfig.tenant_id == provider.tenant_id,
+            SmsProviderRegion.country_code == route.country_code,
+            SmsProviderRegion.id != route.id,
+        )
+        .order_by(SmsProviderRegion.priority, SmsProviderConfig.name)
+    ).all()
+    if others:
+        after = (
+            f"New SMS to {route.country_code} go through its other routed providers: "
+            f"{', '.join(repr(name) for name in others)}."
+        )
+    else:
+        after = (
+            f"No other provider routes {route.country_code}: new SMS to it go to the default "
+            "provider, or fail with CONFIG_NOT_RESOLVABLE when there is none."
+        )
+    return config_pages.Deletion(
+        title=f"Remove the route for {route.country_code} through {provider.name!r}?",
+        facts=[
+            after,
+            "SMS already prepared for this provider keep it: a retry replays the provider "
+            "chosen when the SMS was prepared.",
+        ],
+        action=url_for("sms_providers.delete_route", provider_id=provider.id, route_id=route.id),
+        back=PAGES.url("edit", provider),
+        button="Remove this route",
+    )
+
+
+@bp.route("/<int:provider_id>/routes/<int:route_id>/delete", methods=["GET", "POST"])
 @requires(Permission.EDIT_CONFIG)
 def delete_route(provider_id: int, route_id: int) -> ResponseReturnValue:
-    """Remove one country route."""
+    """Say what removing a country route would do; with ``confirm=yes``, remove it."""
     provider = owned(SmsProviderConfig, provider_id, viewed_tier())
     route = owned(SmsProviderRegion, route_id, provider.tenant_id)
     if route.provider_id != provider.id:
         abort(404)
+    if not config_pages.confirmed():
+        return config_pages.confirm_page(_route_deletion(provider, route))
+    audit(
+        AuditAction.CONFIG_DELETE,
+        tenant_id=provider.tenant_id,
+        target_type="sms_route",
+        target_id=route.id,
+        remark=f"route for {route.country_code} through {PAGES.called(provider)} removed",
+    )
     db.session.delete(route)
     db.session.commit()
     flash(f"Route for {route.country_code} removed.", "success")

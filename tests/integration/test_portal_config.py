@@ -120,7 +120,8 @@ ROUTES = [
     ("GET", "/mail-servers/{server}/edit", 200),
     ("POST", "/mail-servers/{server}", 422),
     ("POST", "/mail-servers/{server}/test", 200),
-    ("POST", "/mail-servers/{server}/delete", 303),
+    ("GET", "/mail-servers/{server}/delete", 200),
+    ("POST", "/mail-servers/{server}/delete", 200),  # without confirm=yes: the confirm page
     ("GET", "/sms-providers/", 200),
     ("GET", "/sms-providers/new", 200),
     ("POST", "/sms-providers/", 422),
@@ -128,8 +129,10 @@ ROUTES = [
     ("POST", "/sms-providers/{provider}", 422),
     ("POST", "/sms-providers/{provider}/test", 200),
     ("POST", "/sms-providers/{provider}/routes", 422),
-    ("POST", "/sms-providers/{provider}/routes/{route}/delete", 303),
-    ("POST", "/sms-providers/{provider}/delete", 303),
+    ("GET", "/sms-providers/{provider}/routes/{route}/delete", 200),
+    ("POST", "/sms-providers/{provider}/routes/{route}/delete", 200),
+    ("GET", "/sms-providers/{provider}/delete", 200),
+    ("POST", "/sms-providers/{provider}/delete", 200),
 ]
 
 
@@ -464,7 +467,7 @@ def test_routes_by_country_are_validated_added_and_removed(
     )
     assert route is not None
     assert (route.tenant_id, route.provider_id, route.priority) == (world["acme_id"], pid, 5)
-    assert admin.post(f"{url}/{route.id}/delete").status_code == 303
+    assert admin.post(f"{url}/{route.id}/delete", {"confirm": "yes"}).status_code == 303
     assert count(SmsProviderRegion) == 3
     index = admin.get("/sms-providers/").text
     assert "GB" in index
@@ -483,10 +486,10 @@ def test_a_config_that_records_use_is_disabled_not_deleted(
         )
     )
     db.session.commit()
-    refused = admin.post(f"/mail-servers/{sid}/delete")
+    refused = admin.post(f"/mail-servers/{sid}/delete", {"confirm": "yes"})
     assert refused.status_code == 303
     assert "cannot be deleted" in admin.get(refused.headers["Location"]).text
-    assert admin.post(f"/sms-providers/{pid}/delete").status_code == 303
+    assert admin.post(f"/sms-providers/{pid}/delete", {"confirm": "yes"}).status_code == 303
     assert count(MailSendServerConfig) == 3
     assert count(SmsProviderConfig) == 3
     disabled = admin.post(f"/mail-servers/{sid}", server_form(name="acme-smtp", enabled=None))
@@ -500,7 +503,7 @@ def test_a_config_that_records_use_is_disabled_not_deleted(
         select(MailSendServerConfig).where(MailSendServerConfig.name == "spare")
     )
     assert spare is not None
-    assert admin.post(f"/mail-servers/{spare.id}/delete").status_code == 303
+    assert admin.post(f"/mail-servers/{spare.id}/delete", {"confirm": "yes"}).status_code == 303
     assert count(MailSendServerConfig) == 3
 
 

@@ -112,7 +112,8 @@ ROUTES = [
     ("POST", "/mail-receivers/{box}", 422),
     ("POST", "/mail-receivers/{box}/test", 200),
     ("POST", "/mail-receivers/{box}/enabled", 303),
-    ("POST", "/mail-receivers/{box}/delete", 303),
+    ("GET", "/mail-receivers/{box}/delete", 200),
+    ("POST", "/mail-receivers/{box}/delete", 200),  # without confirm=yes: the confirm page
 ]
 
 
@@ -307,7 +308,7 @@ def test_enable_disable_and_delete_versus_disable(
         )
     )
     db.session.commit()
-    kept = admin.post(f"/mail-receivers/{box_id}/delete")
+    kept = admin.post(f"/mail-receivers/{box_id}/delete", {"confirm": "yes"})
     assert kept.status_code == 303
     assert kept.headers["Location"] == back
     assert "cannot be deleted" in admin.get(back).text
@@ -315,7 +316,7 @@ def test_enable_disable_and_delete_versus_disable(
 
     created = admin.post("/mail-receivers/", box_form(name="spare", password="pw"))
     spare = int(created.headers["Location"].split("/")[2])
-    gone = admin.post(f"/mail-receivers/{spare}/delete")
+    gone = admin.post(f"/mail-receivers/{spare}/delete", {"confirm": "yes"})
     assert gone.headers["Location"] == "/mail-receivers/"
     assert db.session.get(MailReceiveConfig, spare) is None
     assert count(MailReceiveConfig) == 3
