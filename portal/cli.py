@@ -1,4 +1,8 @@
-"""Flask commands: import-config, create-user, create-api-key, seed-demo."""
+"""Flask commands: import-config, create-user, end-sessions, create-api-key, seed-demo.
+
+Changing a user here (import-config's password, role, tenant or active flag) ends that user's
+portal sessions through the attribute event in portal.web.auth, which create_app loads.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +13,7 @@ from pathlib import Path
 import click
 from email_validator import EmailNotValidError, validate_email
 from flask import Flask
-from sqlalchemy import func, select
+from sqlalchemy import func, select, update
 
 from portal.extensions import db
 from portal.importer import PLATFORM_SLUG, ConfigImportError, import_config
@@ -24,6 +28,7 @@ def register(app: Flask) -> None:
     """Attach the commands to the app's CLI."""
     app.cli.add_command(import_config_command)
     app.cli.add_command(create_user)
+    app.cli.add_command(end_sessions)
     app.cli.add_command(create_api_key)
     app.cli.add_command(seed_demo)
 
@@ -110,6 +115,33 @@ def create_user(email: str, tenant_slug: str, role: str, name: str, password: st
     db.session.add(user)
     db.session.commit()
     click.echo(f"created user {user.email} ({role})")
+
+
+@click.command("end-sessions")
+@click.option("--email", default=None, help="The user whose sessions end.")
+@click.option("--all", "everyone", is_flag=True, help="Every user's sessions end.")
+def end_sessions(email: str | None, everyone: bool) -> None:
+    """Sign a user (or everyone) out of the portal in every browser, at their next request.
+
+    Rotating SECRET_KEY is not the way: it also derives the key of the stored secrets.
+    """
+    if everyone == (email is not None):
+        raise click.ClickException("give either --email or --all")
+    if everyone:
+        # A bulk update bypasses the ORM event, so it bumps the generation itself.
+        result = db.session.execute(
+            update(AppUser).values(session_generation=AppUser.session_generation + 1)
+        )
+        db.session.commit()
+        click.echo(f"ended the sessions of {result.rowcount} user(s)")  # type: ignore[attr-defined]
+        return
+    assert email is not None
+    user = db.session.scalar(select(AppUser).where(AppUser.email == email.strip().lower()))
+    if user is None:
+        raise click.ClickException(f"no user with email {email}")
+    user.end_sessions()
+    db.session.commit()
+    click.echo(f"ended the sessions of {user.email}")
 
 
 @click.command("create-api-key")

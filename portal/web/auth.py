@@ -1,78 +1,250 @@
-"""Sign in and sign out (flask-login, argon2 hashes, throttled against guessing)."""
+"""Sign in and sign out: flask-login sessions that end, argon2 hashes, an atomic throttle.
+
+A session ends (at its next request, in every process) when:
+- the user signs out, or their password, role, tenant or active flag changes: each bumps
+  ``AppUser.session_generation`` (the attribute event below does it for any ORM change), and
+  the session carries the generation it signed in with;
+- nobody used it for ``session_idle_s``, or ``session_max_s`` has passed since sign-in.
+``SECRET_KEY`` is never rotated for this: it also derives the key of the stored secrets.
+"""
 
 from __future__ import annotations
 
 import logging
-from datetime import UTC, datetime
-from urllib.parse import urlsplit
+import time
+from dataclasses import dataclass
+from typing import Any
 
-from flask import Blueprint, Response, current_app, redirect, render_template, request, url_for
-from flask_login import login_user, logout_user
-from sqlalchemy import select
+import redis
+from flask import (
+    Blueprint,
+    Response,
+    current_app,
+    redirect,
+    render_template,
+    request,
+    session,
+    url_for,
+)
+from flask_login import current_user, login_user, logout_user
+from sqlalchemy import case, delete, event, inspect, select, update
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.exc import DBAPIError
 from werkzeug.wrappers import Response as WerkzeugResponse
 
 from portal.extensions import db, login_manager
-from portal.models import AppUser
+from portal.models import AppUser, AuditAction, LoginThrottle, add_audit, db_now, db_now_plus
 from portal.redis_store import connect
+from portal.web.security import safe_next
 
 bp = Blueprint("auth", __name__, url_prefix="/auth")
 log = logging.getLogger(__name__)
 
-MAX_FAILURES_PER_EMAIL = 5
-MAX_FAILURES_PER_ADDRESS = 30
-FAILURE_WINDOW_S = 900
+# Password checks allowed per window: per (address typed, client), and per address typed from
+# anywhere. Counted before the check, so parallel guesses cannot overrun them.
+MAX_CHECKS_PER_CLIENT = 5
+MAX_CHECKS_PER_EMAIL = 30
+WINDOW_S = 900
+LOCKED_OUT = "Too many failed attempts. Wait 15 minutes, then try again."
+NO_MATCH = "That email address and password do not match."
+
+# What the session carries besides flask-login's keys.
+GENERATION = "auth_generation"
+SIGNED_IN_AT = "auth_signed_in_at"
+SEEN_AT = "auth_seen_at"
+
 # Verify against a real hash even for unknown emails, so timing does not reveal who exists.
 _DUMMY = AppUser(password_hash="")
 _DUMMY.set_password("not-a-real-password")
 
 
+# --- sessions ------------------------------------------------------------------------------
+
+
+def _ends_sessions(target: AppUser, value: Any, oldvalue: Any, _initiator: Any) -> None:
+    """A stored user's password, role, tenant or active flag changed: end their sessions.
+
+    New users have no sessions (no identity yet); assigning the same value changes nothing.
+    A bulk ``update()`` bypasses this: it must bump ``session_generation`` itself.
+    """
+    if inspect(target).has_identity and value != oldvalue:
+        target.end_sessions()
+
+
+for _attribute in (AppUser.password_hash, AppUser.role, AppUser.tenant_id, AppUser.is_active):
+    event.listen(_attribute, "set", _ends_sessions, active_history=True)
+
+
+def keep_session(user: AppUser) -> None:
+    """Keep the current request's session signed in after a change that ended ``user``'s
+    sessions (one's own password change): it takes the user's new generation. Call it after
+    the change, in the request that made it; every other session of the user still ends."""
+    session[GENERATION] = user.session_generation
+
+
+def _start_session(user: AppUser) -> None:
+    session.pop("view_tenant", None)  # an operator's choice is not the next person's
+    login_user(user)  # no remember-me: the session cookie is the only way back in
+    now = time.time()
+    session[GENERATION] = user.session_generation
+    session[SIGNED_IN_AT] = now
+    session[SEEN_AT] = now
+
+
+def _forget_session() -> None:
+    for key in ("_user_id", "_fresh", "_id", GENERATION, SIGNED_IN_AT, SEEN_AT, "view_tenant"):
+        session.pop(key, None)
+    # Also tells flask-login to delete a remember cookie, should one ever arrive.
+    session["_remember"] = "clear"
+
+
+def _session_alive(user: AppUser) -> bool:
+    """Whether this session still belongs to ``user``; refreshes its last-seen time."""
+    settings = current_app.config["SETTINGS"]
+    signed_in_at, seen_at = session.get(SIGNED_IN_AT), session.get(SEEN_AT)
+    if session.get(GENERATION) != user.session_generation:
+        return False
+    # A session without our times (a remember cookie, a session from before) is not one of ours.
+    if not isinstance(signed_in_at, int | float) or not isinstance(seen_at, int | float):
+        return False
+    now = time.time()
+    if now - signed_in_at >= settings.session_max_s or now - seen_at >= settings.session_idle_s:
+        return False
+    session[SEEN_AT] = now
+    return True
+
+
 @login_manager.user_loader  # type: ignore[untyped-decorator]
 def _load_user(user_id: str) -> AppUser | None:
-    if not user_id.isdigit():
+    found = db.session.get(AppUser, int(user_id)) if user_id.isdigit() else None
+    if found is None or not found.is_active or not _session_alive(found):
+        _forget_session()
         return None
-    found = db.session.get(AppUser, int(user_id))
-    return found if found is not None and found.is_active else None
+    return found
 
 
-def _throttle_keys(email: str) -> list[tuple[str, int]]:
-    address = request.remote_addr or "unknown"
-    return [
-        (f"login-fail:email:{email}", MAX_FAILURES_PER_EMAIL),
-        (f"login-fail:addr:{address}", MAX_FAILURES_PER_ADDRESS),
-    ]
+# --- the throttle --------------------------------------------------------------------------
+
+# INCR every key, start its window at the first attempt; one script, so atomic.
+_COUNT = """
+local counts = {}
+for i, key in ipairs(KEYS) do
+  counts[i] = redis.call('INCR', key)
+  if counts[i] == 1 or redis.call('TTL', key) < 0 then
+    redis.call('EXPIRE', key, ARGV[1])
+  end
+end
+return counts
+"""
+# A successful sign-in: forget this client's attempts, and give back the address's one.
+_REFUND = """
+redis.call('DEL', KEYS[1])
+if redis.call('GET', KEYS[2]) and tonumber(redis.call('GET', KEYS[2])) > 0 then
+  redis.call('DECR', KEYS[2])
+end
+return 0
+"""
 
 
-def _throttled(email: str) -> bool:
+@dataclass(frozen=True)
+class Attempt:
+    """One sign-in attempt as the throttle counted it."""
+
+    client_key: str
+    email_key: str
+    allowed: bool
+    just_locked: bool  # the first attempt refused in this window (audited once)
+    in_database: bool  # counted in login_throttle because Redis could not be reached
+
+
+def _keys(email: str, client: str) -> tuple[str, str]:
+    # A client address has no spaces, so "client email" names one pair only.
+    return f"login:client:{client} {email}", f"login:email:{email}"
+
+
+def _count_in_redis(keys: tuple[str, str]) -> list[int]:
+    store = connect(current_app.config["SETTINGS"].redis_url)
+    counts = store.register_script(_COUNT)(keys=list(keys), args=[WINDOW_S])
+    return [int(c) for c in counts]
+
+
+def _count_in_database(keys: tuple[str, str]) -> list[int]:
+    """The same count in login_throttle: an atomic upsert per key (PostgreSQL and SQLite)."""
+    expired = LoginThrottle.window_start < db_now_plus(-WINDOW_S)
+    insert = pg_insert if db.engine.dialect.name == "postgresql" else sqlite_insert
+    counts = []
+    with db.engine.begin() as conn:
+        for key in keys:  # always in this order, so two attempts never deadlock
+            upsert = insert(LoginThrottle).values(key=key, attempts=1, window_start=db_now())
+            stmt = upsert.on_conflict_do_update(
+                index_elements=[LoginThrottle.key],
+                set_={
+                    "attempts": case((expired, 1), else_=LoginThrottle.attempts + 1),
+                    "window_start": case((expired, db_now()), else_=LoginThrottle.window_start),
+                },
+            ).returning(LoginThrottle.attempts)
+            counts.append(int(conn.execute(stmt).scalar_one()))
+    try:  # windows that ended are of no use: the table keeps one window's keys at most
+        with db.engine.begin() as conn:
+            conn.execute(delete(LoginThrottle).where(expired))
+    except DBAPIError as exc:  # two purges may collide; the next attempt purges again
+        log.info("login throttle: purge skipped: %s", exc)
+    return counts
+
+
+def _count_attempt(email: str, client: str) -> Attempt:
+    """Count this attempt against both limits before any password is checked."""
+    keys = _keys(email, client)
+    in_database = False
     try:
-        redis = connect(current_app.config["SETTINGS"].redis_url)
-        counts = redis.mget([key for key, _ in _throttle_keys(email)])
-    except Exception as exc:  # Redis away: keep signing people in, and say so
-        log.warning("login throttle unavailable: %s", exc)
-        return False
-    return any(
-        int(c or 0) >= limit for c, (_, limit) in zip(counts, _throttle_keys(email), strict=True)
+        counts = _count_in_redis(keys)
+    except redis.RedisError as exc:  # Redis away: the database counts instead
+        log.warning("login throttle counts in the database; Redis: %s", exc)
+        counts, in_database = _count_in_database(keys), True
+    limits = (MAX_CHECKS_PER_CLIENT, MAX_CHECKS_PER_EMAIL)
+    return Attempt(
+        client_key=keys[0],
+        email_key=keys[1],
+        allowed=all(n <= limit for n, limit in zip(counts, limits, strict=True)),
+        just_locked=any(n == limit + 1 for n, limit in zip(counts, limits, strict=True)),
+        in_database=in_database,
     )
 
 
-def _record_failure(email: str) -> None:
-    try:
-        redis = connect(current_app.config["SETTINGS"].redis_url)
-        pipe = redis.pipeline()
-        for key, _ in _throttle_keys(email):
-            pipe.incr(key)
-            pipe.expire(key, FAILURE_WINDOW_S)
-        pipe.execute()
-    except Exception as exc:
-        log.warning("login throttle unavailable: %s", exc)
+def _refund(attempt: Attempt) -> None:
+    """The password was right: this client starts afresh, and the attempt does not count
+    against the address (the per-address limit is for guesses, not for sign-ins)."""
+    if not attempt.in_database:
+        try:
+            store = connect(current_app.config["SETTINGS"].redis_url)
+            store.register_script(_REFUND)(keys=[attempt.client_key, attempt.email_key])
+            return
+        except redis.RedisError as exc:
+            log.warning("login throttle: could not clear the count: %s", exc)
+            return
+    with db.engine.begin() as conn:
+        conn.execute(delete(LoginThrottle).where(LoginThrottle.key == attempt.client_key))
+        conn.execute(
+            update(LoginThrottle)
+            .where(LoginThrottle.key == attempt.email_key, LoginThrottle.attempts > 0)
+            .values(attempts=LoginThrottle.attempts - 1)
+        )
 
 
-def _safe_next(target: str | None) -> str:
-    """Only same-site relative paths: no open redirect through ?next=."""
-    if target and target.startswith("/") and not target.startswith("//"):
-        parts = urlsplit(target)
-        if not parts.scheme and not parts.netloc:
-            return target
-    return url_for("dashboard.index")
+# --- views ---------------------------------------------------------------------------------
+
+
+def _audit_failure(email: str, found: AppUser | None, remark: str) -> None:
+    add_audit(
+        db.session(),
+        AuditAction.SIGN_IN_FAILED,
+        tenant_id=found.tenant_id if found is not None else None,
+        actor_label=email,
+        target_type="user" if found is not None else None,
+        target_id=found.id if found is not None else None,
+        remark=remark,
+    )
 
 
 @bp.route("/login", methods=["GET", "POST"])
@@ -86,27 +258,67 @@ def login() -> str | Response | WerkzeugResponse | tuple[str, int]:
         return render_template(
             "auth/login.html", email=email, error="Enter your email address and password."
         ), 422
-    if _throttled(email):
-        return render_template(
-            "auth/login.html",
-            email=email,
-            error="Too many failed attempts. Wait 15 minutes, then try again.",
-        ), 429
+    client = request.remote_addr or "unknown"
+    attempt = _count_attempt(email, client)
+    if not attempt.allowed:
+        # The same answer whether the address exists or not, and no password check either way.
+        if attempt.just_locked:  # one row per lock-out, not one per refused guess
+            found = db.session.scalar(select(AppUser).where(AppUser.email == email))
+            _audit_failure(email, found, f"from {client}; locked out for up to 15 minutes")
+            db.session.commit()
+        return render_template("auth/login.html", email=email, error=LOCKED_OUT), 429
     found = db.session.scalar(select(AppUser).where(AppUser.email == email))
+    generation = found.session_generation if found is not None else None
     ok = (found or _DUMMY).check_password(password[:1024]) and found is not None
     if not ok or found is None or not found.is_active:
-        _record_failure(email)
-        return render_template(
-            "auth/login.html", email=email, error="That email address and password do not match."
-        ), 422
-    found.last_login_at = datetime.now(UTC)
+        reason = (
+            "unknown address"
+            if found is None
+            else ("wrong password" if not ok else "account deactivated")
+        )
+        db.session.rollback()  # a rehash of a deactivated account's hash is not kept
+        _audit_failure(email, found, f"from {client}; {reason}")
+        db.session.commit()
+        return render_template("auth/login.html", email=email, error=NO_MATCH), 422
+    if generation is not None:
+        # check_password may rehash (new argon2 parameters): same password, so the user's
+        # other sessions live on.
+        found.session_generation = generation
+    _refund(attempt)
+    found.last_login_at = db_now()
+    add_audit(
+        db.session(),
+        AuditAction.SIGN_IN,
+        tenant_id=found.tenant_id,
+        actor_user_id=found.id,
+        actor_label=email,
+        target_type="user",
+        target_id=found.id,
+        remark=f"from {client}",
+    )
     db.session.commit()
-    login_user(found)
-    return redirect(_safe_next(request.args.get("next")))
+    _start_session(found)
+    return redirect(safe_next(request.args.get("next"), url_for("dashboard.index")))
 
 
 @bp.post("/logout")
 def logout() -> WerkzeugResponse:
-    """Sign out (POST with the CSRF token: a link cannot sign anyone out)."""
+    """Sign out (POST with the CSRF token: a link cannot sign anyone out), ending every
+    session of this user, in every browser."""
+    if current_user.is_authenticated:
+        me: AppUser = current_user._get_current_object()
+        me.end_sessions()
+        add_audit(
+            db.session(),
+            AuditAction.SIGN_OUT,
+            tenant_id=me.tenant_id,
+            actor_user_id=me.id,
+            actor_label=me.email,
+            target_type="user",
+            target_id=me.id,
+            remark=f"from {request.remote_addr or 'unknown'}",
+        )
+        db.session.commit()
     logout_user()
+    _forget_session()
     return redirect(url_for("auth.login"))
