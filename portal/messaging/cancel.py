@@ -44,11 +44,14 @@ NOT_CONFIRMED = "it was not cancellable when you confirmed; look at it again"
 class CancelReport:
     """What happened to each id: cancelled, or skipped with its reason. ``claimed`` are the
     skipped ids a worker got to first (being sent, or changed by a send after you confirmed);
-    the other skipped ids were never cancellable."""
+    the other skipped ids were never cancellable. ``tenant_of`` holds the tenant of every id
+    that exists within the scope asked for, so a caller acting across tenants can say whose
+    records it touched (the audit log does)."""
 
     cancelled: list[int] = field(default_factory=list)
     skipped: dict[int, str] = field(default_factory=dict)
     claimed: list[int] = field(default_factory=list)
+    tenant_of: dict[int, int] = field(default_factory=dict)
 
 
 def cancel_records(
@@ -78,8 +81,8 @@ def cancel_records(
             target.append(model.id.in_([]))
         else:
             target.append(tuple_(model.id, model.version).in_(pairs))
-    done = set(
-        session.scalars(
+    done: dict[int, int] = dict(
+        session.execute(
             update(model)
             .where(
                 *target,
@@ -93,21 +96,24 @@ def cancel_records(
                 version=model.version + 1,
                 updated_time=db_now(),
             )
-            .returning(model.id)
+            .returning(model.id, model.tenant_id)
             .execution_options(synchronize_session=False)
-        ).all()
+        )
+        .tuples()
+        .all()
     )
+    report.tenant_of = dict(done)
     report.cancelled = [i for i in wanted if i in done]
     rest = [i for i in wanted if i not in done]
     if rest:
-        found = {
-            rid: (status, ambiguous, version)
-            for rid, status, ambiguous, version in session.execute(
-                select(model.id, model.status, model.ambiguous_attempt, model.version).where(
-                    *owned[1:], model.id.in_(rest)
-                )
-            )
-        }
+        found: dict[int, tuple[str, bool, int]] = {}
+        for rid, status, ambiguous, version, tid in session.execute(
+            select(
+                model.id, model.status, model.ambiguous_attempt, model.version, model.tenant_id
+            ).where(*owned[1:], model.id.in_(rest))
+        ):
+            found[rid] = (status, ambiguous, version)
+            report.tenant_of[rid] = tid
         for record_id in rest:
             row = found.get(record_id)
             if row is None:

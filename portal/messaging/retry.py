@@ -32,8 +32,13 @@ REFUSAL_REASONS = {
 
 @dataclass
 class RetryReport:
+    """What happened to each id. ``tenant_of`` holds the tenant of every id that exists within
+    the scope asked for (requeued or skipped for its status), so a caller acting across
+    tenants can say whose records it touched (the audit log does)."""
+
     requeued: list[int] = field(default_factory=list)
     skipped: dict[int, str] = field(default_factory=dict)
+    tenant_of: dict[int, int] = field(default_factory=dict)
 
 
 def retry_records(
@@ -47,7 +52,7 @@ def retry_records(
     owned: list[ColumnElement[bool]] = [model.id.in_(wanted)]
     if tenant_id is not None:
         owned.append(model.tenant_id == tenant_id)
-    requeued = session.scalars(
+    requeued = session.execute(
         update(model)
         .where(*owned, model.status.in_([s.value for s in RETRYABLE_BY_HAND]))
         .values(
@@ -57,23 +62,24 @@ def retry_records(
             version=model.version + 1,
             updated_time=db_now(),
         )
-        .returning(model.id)
+        .returning(model.id, model.tenant_id)
         .execution_options(synchronize_session=False)
     ).all()
-    report.requeued = [i for i in wanted if i in set(requeued)]
-    rest = [i for i in wanted if i not in set(requeued)]
+    report.tenant_of = {rid: tid for rid, tid in requeued}
+    report.requeued = [i for i in wanted if i in report.tenant_of]
+    rest = [i for i in wanted if i not in report.tenant_of]
     if rest:
-        statuses = {
-            rid: status
-            for rid, status in session.execute(
-                select(model.id, model.status).where(*owned[1:], model.id.in_(rest))
-            )
-        }
+        statuses: dict[int, str] = {}
+        for rid, status, tid in session.execute(
+            select(model.id, model.status, model.tenant_id).where(*owned[1:], model.id.in_(rest))
+        ):
+            statuses[rid] = status
+            report.tenant_of[rid] = tid
         for record_id in rest:
-            status = statuses.get(record_id)
+            found = statuses.get(record_id)
             report.skipped[record_id] = (
                 "no such record"
-                if status is None
-                else REFUSAL_REASONS.get(status, f"its status {status} cannot be retried")
+                if found is None
+                else REFUSAL_REASONS.get(found, f"its status {found} cannot be retried")
             )
     return report
