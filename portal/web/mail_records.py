@@ -16,7 +16,6 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, date, datetime, time, timedelta
 from typing import Any
-from urllib.parse import urlsplit
 
 from flask import (
     Blueprint,
@@ -38,17 +37,20 @@ from portal.messaging import cancel
 from portal.messaging.events import events_for
 from portal.messaging.retry import MAX_BULK, REFUSAL_REASONS, Model, retry_records
 from portal.models import (
+    AuditAction,
     Channel,
     MailSendRecipient,
     MailSendRecord,
     MailSendServerConfig,
     SendStatus,
+    SmsProviderConfig,
     Tenant,
 )
 from portal.models.enums import RETRYABLE_BY_HAND
+from portal.tenancy import PLATFORM_TENANT_ID
 from portal.web import explain
-from portal.web.access import Permission, can, requires, viewed_tenant
-from portal.web.security import sandboxed
+from portal.web.access import Permission, audit, can, is_operator, requires, viewed_tenant
+from portal.web.security import safe_next, sandboxed
 
 bp = Blueprint("mail_records", __name__, url_prefix="/mail-records")
 
@@ -57,6 +59,7 @@ MAX_SEARCH_CHARS = 320  # the longest email address; anything longer is not a se
 MAX_TEMPLATE_CHARS = 100
 MAX_ID = 2**63 - 1  # bigint: a larger id would make PostgreSQL raise instead of find nothing
 BULK_CAP = MAX_BULK
+AUDIT_IDS_LISTED = 50  # of the records a bulk action changed, its audit remark names this many
 # A subject search has no index to walk (ILIKE '%x%'), so each page reads at most this many of
 # the newest records (by the tenant's id index) and offers "Older" to go on from there.
 SUBJECT_WINDOW = 20_000
@@ -166,11 +169,14 @@ class Search:
 
 @dataclass(frozen=True)
 class Kind:
-    """One channel's record pages: its blueprint, model, search and list columns."""
+    """One channel's record pages: its blueprint, model, search and list columns, and the
+    configs (servers, providers) its records are sent through."""
 
     blueprint: str
     model: Model
     channel: Channel
+    config: type[MailSendServerConfig] | type[SmsProviderConfig]
+    platform_service: str  # what a tenant sees instead of a platform-tier config's name
     title: str
     noun: str
     search_label: str
@@ -239,6 +245,8 @@ MAIL = Kind(
     blueprint="mail_records",
     model=MailSendRecord,
     channel=Channel.MAIL,
+    config=MailSendServerConfig,
+    platform_service="platform mail service",
     title="Mail records",
     noun="mail",
     search_label="Email address or subject",
@@ -269,6 +277,22 @@ COMMON_LIST_COLUMNS = (
 
 
 # --- queries ----------------------------------------------------------------------------------
+
+
+def visible(kind: Kind, ids: Iterable[int], tenant: int | None, *columns: Any) -> Select[Any]:
+    """The one way ids from a request become records: ``select(*columns)`` (the records
+    themselves by default) of those among ``ids`` that belong to ``tenant``, the viewed tenant
+    (None: an operator looking at every tenant, as the lists do).
+
+    Every id->row query of the record pages goes through here, so another tenant's id finds
+    nothing, exactly like an id that does not exist.
+    """
+    model = kind.model
+    stmt: Select[Any] = select(*columns) if columns else select(model)
+    stmt = stmt.where(model.id.in_(list(ids)))
+    if tenant is not None:
+        stmt = stmt.where(model.tenant_id == tenant)
+    return stmt
 
 
 def conditions(
@@ -332,10 +356,7 @@ def find_record(kind: Kind, record_id: int, tenant: int | None) -> Any:
     """The record, if the viewer may see it; 404 otherwise (another tenant's included)."""
     if record_id > MAX_ID:
         abort(404)
-    stmt = select(kind.model).where(kind.model.id == record_id)
-    if tenant is not None:
-        stmt = stmt.where(kind.model.tenant_id == tenant)
-    record = db.session.scalar(stmt)
+    record = db.session.scalar(visible(kind, [record_id], tenant))
     if record is None:
         abort(404)
     return record
@@ -360,20 +381,39 @@ def wants_fragment() -> bool:
     )
 
 
-def safe_next(target: str | None, fallback: str) -> str:
-    """Only same-site relative paths: no open redirect through ``next``.
+@dataclass(frozen=True)
+class ConfigName:
+    """How a record page names the server or provider a record names."""
 
-    Browsers read a backslash as a slash and drop tabs and newlines, so a path with any of
-    them could still leave the site ("/", backslash, "evil.example"): those are refused.
+    name: str
+    platform: bool  # the platform tier's, named to a tenant only as "platform ... service"
+    hidden: bool  # so its name, id and kind are not shown (a tenant looking)
+
+
+def config_names(kind: Kind, record: Any, ids: Iterable[int | None]) -> dict[int, ConfigName]:
+    """The names of the configs ``ids`` a record of ``record.tenant_id`` names: its own
+    tenant's and the platform tier's (the only ones it can be sent through).
+
+    The platform tier's rows are invisible to tenants (DESIGN, "Tenancy and roles"): a tenant
+    sees "platform mail service" (or SMS) instead of the name; operators see the real one.
     """
-    if not target or not target.startswith("/"):
-        return fallback
-    if "\\" in target or any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in target):
-        return fallback
-    parts = urlsplit(target)
-    if parts.scheme or parts.netloc:
-        return fallback
-    return target
+    wanted = {i for i in ids if i is not None}
+    if not wanted:
+        return {}
+    config = kind.config
+    rows = db.session.execute(
+        select(config.id, config.tenant_id, config.name).where(
+            config.id.in_(wanted),
+            config.tenant_id.in_([record.tenant_id, PLATFORM_TENANT_ID]),
+        )
+    ).all()
+    operator = is_operator()
+    names = {}
+    for config_id, tenant_id, name in rows:
+        platform = tenant_id == PLATFORM_TENANT_ID and record.tenant_id != PLATFORM_TENANT_ID
+        hidden = platform and not operator
+        names[config_id] = ConfigName(kind.platform_service if hidden else name, platform, hidden)
+    return names
 
 
 # --- bulk retry -------------------------------------------------------------------------------
@@ -429,9 +469,7 @@ def matching_ids(kind: Kind, filters: Filters, tenant: int | None) -> tuple[list
 def plan_retry(kind: Kind, ids: Sequence[int], tenant: int | None) -> RetryPlan:
     """Count the ids by status: which would be requeued, which skipped and why."""
     model = kind.model
-    stmt = select(model.status, func.count()).where(model.id.in_(ids)).group_by(model.status)
-    if tenant is not None:
-        stmt = stmt.where(model.tenant_id == tenant)
+    stmt = visible(kind, ids, tenant, model.status, func.count()).group_by(model.status)
     counts: dict[str, int] = {status: n for status, n in db.session.execute(stmt)}
     lines = [
         StatusLine(status, counts[status], refusal(status))
@@ -482,11 +520,9 @@ def plan_cancel(kind: Kind, ids: Sequence[int], tenant: int | None) -> CancelPla
     """Which of the ids can be cancelled now (Pending or Retry, no ambiguous attempt) and why
     the others cannot, counted by status."""
     model = kind.model
-    stmt = select(model.id, model.status, model.ambiguous_attempt, model.version).where(
-        model.id.in_(ids)
+    stmt = visible(
+        kind, ids, tenant, model.id, model.status, model.ambiguous_attempt, model.version
     )
-    if tenant is not None:
-        stmt = stmt.where(model.tenant_id == tenant)
     versions: dict[int, int] = {}
     counts: Counter[tuple[str, str | None]] = Counter()
     for record_id, status, ambiguous, version in db.session.execute(stmt):
@@ -633,14 +669,23 @@ def show_context(kind: Kind, record: Any) -> dict[str, Any]:
 def retry_one(kind: Kind, record_id: int) -> ResponseReturnValue:
     """Requeue one record; the list row swaps itself, a page form redirects back."""
     tenant = viewed_tenant(allow_all=True)
-    find_record(kind, record_id, tenant)
+    record = find_record(kind, record_id, tenant)
     report = retry_records(db.session(), kind.model, [record_id], tenant)
-    db.session.commit()
     if report.requeued:
         message, category = f"Record {record_id} requeued: it will be sent again shortly.", "info"
+        remark = "requeued"
     else:
         message = f"Record {record_id} not retried — {report.skipped[record_id]}."
         category = "error"
+        remark = f"not retried: {report.skipped[record_id]}"
+    audit(
+        AuditAction.RETRY,
+        tenant_id=record.tenant_id,
+        target_type=kind.model.__name__,
+        target_id=record_id,
+        remark=remark,
+    )
+    db.session.commit()  # the retry and its audit row together
     if wants_fragment() and request.form.get("view") == "row":
         row = find_record(kind, record_id, tenant)
         response = make_response(
@@ -691,13 +736,13 @@ class BulkRequest:
     def changed_rows(self, ids: Iterable[int]) -> dict[str, Any]:
         """The rows on the page (``shown``) among ``ids``, re-read, for the outcome to swap."""
         shown, _ = parse_ids(self.form.getlist("shown"))
-        visible = set(shown) & set(ids)
+        wanted = set(shown) & set(ids)
         rows = []
-        if visible:
+        if wanted:
             model = self.kind.model
             rows = list(
                 db.session.scalars(
-                    select(model).where(model.id.in_(visible)).order_by(model.id.desc())
+                    visible(self.kind, wanted, self.tenant).order_by(model.id.desc())
                 )
             )
         return {
@@ -764,7 +809,8 @@ def _retry_confirmed(bulk: BulkRequest) -> ResponseReturnValue:
     if error or not ids:
         return bulk.render("confirm", 422, error=error or "Nothing to retry.", plan=None)
     report = retry_records(db.session(), bulk.kind.model, ids, bulk.tenant)
-    db.session.commit()
+    audit_bulk(AuditAction.BULK_RETRY, bulk, report.requeued, report.skipped, report.tenant_of)
+    db.session.commit()  # the retry and its audit rows together
     summary = skipped_summary(report.skipped)
     if not bulk.fragment:
         flash(_outcome_text(len(report.requeued), summary), "info")
@@ -774,13 +820,45 @@ def _retry_confirmed(bulk: BulkRequest) -> ResponseReturnValue:
     )
 
 
-def _outcome_text(requeued: int, summary: list[tuple[str, int]]) -> str:
+def _outcome_text(done: int, summary: list[tuple[str, int]], verb: str = "requeued") -> str:
     """The no-JavaScript flash: "3 requeued, 2 skipped (1: already sent · 1: ...)."."""
     if not summary:
-        return f"{requeued:,} requeued."
+        return f"{done:,} {verb}."
     skipped = sum(n for _, n in summary)
     reasons = " · ".join(f"{n:,}: {reason}" for reason, n in summary)
-    return f"{requeued:,} requeued, {skipped:,} skipped ({reasons})."
+    return f"{done:,} {verb}, {skipped:,} skipped ({reasons})."
+
+
+def audit_bulk(
+    action: AuditAction,
+    bulk: BulkRequest,
+    done: Sequence[int],
+    skipped: Mapping[int, str],
+    tenant_of: Mapping[int, int],
+) -> None:
+    """The audit rows of one confirmed bulk request (in its transaction): one row in the
+    viewed tenant.
+
+    An operator looking at every tenant writes one row per tenant whose records the request
+    reached, so each tenant's admins see it in their own log, plus one without a tenant for
+    ids that matched no record. Each remark counts what happened to that tenant's records
+    ("3 requeued, 1 skipped (1: already sent).") and names the first ones changed.
+    """
+    verb = "requeued" if action is AuditAction.BULK_RETRY else "cancelled"
+    groups: dict[int | None, set[int]] = {}
+    for record_id in [*done, *skipped]:
+        groups.setdefault(tenant_of.get(record_id, bulk.tenant), set()).add(record_id)
+    for tenant_id, ids in groups.items():
+        changed = [i for i in done if i in ids]
+        remark = _outcome_text(
+            len(changed), skipped_summary({i: r for i, r in skipped.items() if i in ids}), verb
+        )
+        if changed:
+            listed = ", ".join(str(i) for i in changed[:AUDIT_IDS_LISTED])
+            rest = len(changed) - AUDIT_IDS_LISTED
+            more = f" and {rest:,} more" if rest > 0 else ""
+            remark += f" {verb.capitalize()}: {listed}{more}."
+        audit(action, tenant_id=tenant_id, target_type=bulk.kind.model.__name__, remark=remark)
 
 
 def bulk_cancel_view(kind: Kind) -> ResponseReturnValue:
@@ -794,7 +872,8 @@ def _cancel_confirmed(bulk: BulkRequest) -> ResponseReturnValue:
     if error or not ids:
         return bulk.render("confirm", 422, error=error or "Nothing to cancel.", plan=None)
     report = cancel.cancel_records(db.session(), bulk.kind.model, ids, bulk.tenant, versions)
-    db.session.commit()
+    audit_bulk(AuditAction.BULK_CANCEL, bulk, report.cancelled, report.skipped, report.tenant_of)
+    db.session.commit()  # the cancel and its audit rows together
     outcome = cancel_outcome(report)
     if not bulk.fragment:
         flash(outcome.text, "info" if not report.skipped else "error")
@@ -818,17 +897,7 @@ def show(record_id: int) -> ResponseReturnValue:
     """Everything about one mail, what happened and what to do, and the message as sent."""
     record = find_record(MAIL, record_id, viewed_tenant(allow_all=True))
     context = show_context(MAIL, record)
-    server_ids = {record.server_config_id, record.server_id} - {None}
-    servers = {}
-    if server_ids:
-        servers = dict(
-            db.session.execute(
-                select(MailSendServerConfig.id, MailSendServerConfig.name).where(
-                    MailSendServerConfig.id.in_(server_ids),
-                    MailSendServerConfig.tenant_id.in_([record.tenant_id, -1]),
-                )
-            ).all()
-        )
+    servers = config_names(MAIL, record, [record.server_config_id, record.server_id])
     recipients = [
         ("To", record.to_addrs or []),
         ("Cc", record.cc_addrs or []),

@@ -10,9 +10,7 @@ from __future__ import annotations
 
 from flask import Blueprint, render_template
 from flask.typing import ResponseReturnValue
-from sqlalchemy import select
 
-from portal.extensions import db
 from portal.messaging.acceptance import AcceptanceError, parse_phone_number
 from portal.models import Channel, SmsProviderConfig, SmsSendRecord
 from portal.web.access import Permission, can, requires, viewed_tenant
@@ -21,6 +19,7 @@ from portal.web.mail_records import (
     Search,
     bulk_cancel_view,
     bulk_retry_view,
+    config_names,
     find_record,
     index_view,
     retry_one,
@@ -51,6 +50,8 @@ SMS = Kind(
     blueprint="sms_records",
     model=SmsSendRecord,
     channel=Channel.SMS,
+    config=SmsProviderConfig,
+    platform_service="platform SMS service",
     title="SMS records",
     noun="text message",
     search_label="Phone number",
@@ -73,17 +74,11 @@ def index() -> ResponseReturnValue:
 def show(record_id: int) -> ResponseReturnValue:
     """Everything about one text message, what happened and what to do."""
     record = find_record(SMS, record_id, viewed_tenant(allow_all=True))
-    provider = None
-    if record.provider_config_id is not None:
-        provider = db.session.scalar(
-            select(SmsProviderConfig.name).where(
-                SmsProviderConfig.id == record.provider_config_id,
-                SmsProviderConfig.tenant_id.in_([record.tenant_id, -1]),
-            )
-        )
+    names = config_names(SMS, record, [record.provider_config_id])
+    provider = names.get(record.provider_config_id) if record.provider_config_id else None
     return render_template(
         "sms_records/show.html",
-        provider_name=provider,
+        provider=provider,
         can_retry=can(Permission.RETRY),
         **show_context(SMS, record),
     )
