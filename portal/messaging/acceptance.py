@@ -285,7 +285,10 @@ def _expires_at(data: Mapping[str, Any]) -> datetime | None:
         raise _reject("expiresAt", "expiresAt must be an ISO 8601 date-time") from None
     if value.tzinfo is None:
         raise _reject("expiresAt", "expiresAt must carry a time zone (e.g. Z or +01:00)")
-    return value.astimezone(UTC)
+    try:
+        return value.astimezone(UTC)
+    except OverflowError:  # 9999-12-31T23:59:59-14:00 is in the year 10000 in UTC
+        raise _reject("expiresAt", "expiresAt is outside the years 1 to 9999 in UTC") from None
 
 
 _SAFE_FILENAME = re.compile(r"^[^/\\\x00-\x1f\x7f]{1,255}$")
@@ -1045,9 +1048,15 @@ def _autocommit(engine: Engine, sql: str) -> None:
 
 
 def _check_batch(items: Any) -> list[Any]:
+    """``items`` as a list of 1 to MAX_BATCH items (a tuple is fine from Python callers); any
+    other JSON (null, a number, true, a string, an object) is refused, naming ``items``."""
+    if isinstance(items, tuple):
+        items = list(items)
     if not isinstance(items, list):
-        raise _reject("items", "items must be a list")
-    if not 1 <= len(items) <= MAX_BATCH:
+        raise _reject("items", f"items must be a list of 1 to {MAX_BATCH} objects")
+    if not items:
+        raise _reject("items", f"a batch holds 1 to {MAX_BATCH} items; this one is empty")
+    if len(items) > MAX_BATCH:
         raise _reject("items", f"a batch holds 1 to {MAX_BATCH} items", "too_large")
     return items
 
@@ -1100,7 +1109,7 @@ def send_mail_batch(
     """Accept 1..500 mails atomically: one invalid item rejects the batch, naming its index."""
     cfg = _settings_of(session, settings)
     tenant_id = current_tenant_id()
-    items = _check_batch(list(items)) if not _single else list(items)
+    items = list(items) if _single else _check_batch(items)
     requests = []
     for i, item in enumerate(items):
         try:
@@ -1130,7 +1139,7 @@ def send_sms_batch(
     """Accept 1..500 SMS atomically: one invalid item rejects the batch, naming its index."""
     cfg = _settings_of(session, settings)
     tenant_id = current_tenant_id()
-    items = _check_batch(list(items)) if not _single else list(items)
+    items = list(items) if _single else _check_batch(items)
     requests = []
     for i, item in enumerate(items):
         try:

@@ -111,18 +111,26 @@ ERROR_TEXT = {
 
 def _errors(app: Flask) -> None:
     @app.errorhandler(HTTPException)
-    def _http_error(exc: HTTPException) -> Response | tuple[str, int]:
+    def _http_error(exc: HTTPException) -> Response:
         status = exc.code or 500
         if _wants_json():
             from portal.web.api import error_response
 
             code = (exc.name or "error").lower().replace(" ", "_")
-            return error_response(status, code, exc.description or exc.name or "error")
-        if status == 400 and "CSRF" in (exc.description or ""):
-            title, message = "Your form expired", "Go back, reload the page and try again."
+            response = error_response(status, code, exc.description or exc.name or "error")
         else:
-            title, message = ERROR_TEXT.get(status, (exc.name, exc.description or ""))
-        return render_template("errors/error.html", title=title, message=message), status
+            if status == 400 and "CSRF" in (exc.description or ""):
+                title, message = "Your form expired", "Go back, reload the page and try again."
+            else:
+                title, message = ERROR_TEXT.get(status, (exc.name, exc.description or ""))
+            html = render_template("errors/error.html", title=title, message=message)
+            response = Response(html, status, mimetype="text/html")
+        # What the exception says besides its body: Allow on a 405 (RFC 9110 requires it),
+        # WWW-Authenticate, Retry-After. Our body's Content-Type stays.
+        for name, value in exc.get_headers():
+            if name.lower() != "content-type":
+                response.headers[name] = value
+        return response
 
     @app.errorhandler(Exception)
     def _unexpected(exc: Exception) -> Response | tuple[str, int]:
