@@ -35,6 +35,7 @@ class Resolved:
     id: int
     status: str
     provider_message_id: str | None
+    tenant_id: int
 
 
 def resolve_uncertain(
@@ -142,7 +143,12 @@ def resolve_uncertain(
         raise ResolveError(409, "conflict", "the record changed meanwhile; look again", "id")
     if accepted:
         events.apply_retained(session, channel, record.id)
-    return Resolved(record.id, values["status"], pid if accepted else record.provider_message_id)
+    return Resolved(
+        record.id,
+        values["status"],
+        pid if accepted else record.provider_message_id,
+        record.tenant_id,
+    )
 
 
 __all__ = ["RESOLVED_FAILED", "ResolveError", "Resolved", "resolve_uncertain"]

@@ -7,26 +7,31 @@ key reused for a different request 409; never a 500 for bad input.
 
 from __future__ import annotations
 
+import logging
+import os
+import re
+import threading
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from functools import wraps
-from typing import Any, ParamSpec, TypeVar
+from typing import Any, NamedTuple, ParamSpec, TypeVar
 
 from flask import Blueprint, Response, current_app, g, jsonify, request
 from markupsafe import escape
-from sqlalchemy import event, select, update
+from sqlalchemy import Engine, event, or_, select, update
 from sqlalchemy.orm import Session as OrmSession
 from sqlalchemy.orm import object_session
+from werkzeug.exceptions import BadRequest
 
 from portal.config import Settings
 from portal.extensions import csrf, db
 from portal.messaging import acceptance, cancel, uncertain
 from portal.messaging.acceptance import AcceptanceError
 from portal.metrics import MESSAGE_ACCEPTED
-from portal.models import ApiKey, MailSendRecord, SmsSendRecord, Tenant
-from portal.models.tenant import hash_api_token
-from portal.tenancy import new_trace_id, tenant_context
+from portal.models import ApiKey, AuditAction, MailSendRecord, SmsSendRecord, Tenant
+from portal.models.tenant import ApiScope, hash_api_token
+from portal.tenancy import PLATFORM_TENANT_ID, new_trace_id, tenant_context
 from portal.web.openapi import openapi_document
 from portal.web.serialise import mail_record_json, sms_record_json
 
@@ -64,9 +69,20 @@ def _settings() -> Settings:
 # Unknown, revoked and inactive keys are never remembered: each such request asks the database.
 
 API_KEY_CACHE_MAX = 10_000
-# (app, digest) -> (valid until, key id, tenant id); the app in the key keeps two apps in one
-# process (the tests' PostgreSQL and SQLite apps) from vouching for each other's keys.
-_key_cache: dict[tuple[int, str], tuple[float, int, int]] = {}
+
+
+class KeyAuth(NamedTuple):
+    """A valid key: who it is, whose tenant it speaks for, and what it may do."""
+
+    id: int
+    tenant_id: int
+    name: str
+    scopes: frozenset[str]
+
+
+# (app, digest) -> (valid until, key); the app in the key keeps two apps in one process (the
+# tests' PostgreSQL and SQLite apps) from vouching for each other's keys.
+_key_cache: dict[tuple[int, str], tuple[float, KeyAuth]] = {}
 # Bumped at every change that may revoke a key: a look-up that began before a bump must not
 # put its (possibly stale) answer in the cache.
 _generation = [0]
@@ -95,24 +111,31 @@ def _committed(session: OrmSession) -> None:
         _forget_keys()
 
 
-for _attribute in (ApiKey.revoked_at, ApiKey.token_hash, ApiKey.tenant_id, Tenant.is_active):
+for _attribute in (
+    ApiKey.revoked_at,
+    ApiKey.token_hash,
+    ApiKey.tenant_id,
+    ApiKey.scopes,
+    ApiKey.name,
+    Tenant.is_active,
+):
     event.listen(_attribute, "set", _changed)
 event.listen(ApiKey, "after_delete", _deleted)
 event.listen(Tenant, "after_delete", _deleted)
 event.listen(OrmSession, "after_commit", _committed)
 
 
-def _authenticate(token: str) -> tuple[int, int] | None:
-    """(key id, tenant id) of a valid, unrevoked key of an active tenant."""
+def _authenticate(token: str) -> tuple[tuple[int, str], KeyAuth] | None:
+    """(cache key, the key) of a valid, unrevoked key of an active tenant."""
     cache_key = (id(current_app._get_current_object()), hash_api_token(token))  # type: ignore[attr-defined]
     ttl = _settings().api_key_cache_s
     now = time.monotonic()
     cached = _key_cache.get(cache_key)
     if cached is not None and cached[0] > now and ttl > 0:
-        return cached[1], cached[2]
+        return cache_key, cached[1]
     generation = _generation[0]
-    key = db.session.execute(
-        select(ApiKey.id, ApiKey.tenant_id)
+    row = db.session.execute(
+        select(ApiKey.id, ApiKey.tenant_id, ApiKey.name, ApiKey.scopes)
         .join(Tenant, Tenant.id == ApiKey.tenant_id)
         .where(
             ApiKey.token_hash == cache_key[1],
@@ -120,36 +143,140 @@ def _authenticate(token: str) -> tuple[int, int] | None:
             Tenant.is_active.is_(True),
         )
     ).first()
-    if key is None:
+    if row is None:
         _key_cache.pop(cache_key, None)
         return None
+    key = KeyAuth(row.id, row.tenant_id, row.name, frozenset((row.scopes or "").split()))
     if ttl > 0 and generation == _generation[0]:
         if len(_key_cache) >= API_KEY_CACHE_MAX:
             _key_cache.clear()
-        _key_cache[cache_key] = (now + ttl, key.id, key.tenant_id)
-    return key.id, key.tenant_id
+        _key_cache[cache_key] = (now + ttl, key)
+    return cache_key, key
 
 
-def api_key_required(view: Callable[P, R]) -> Callable[P, R | Response]:
-    """Authenticate ``Authorization: Bearer <key>``; the key fixes the tenant."""
+# --- last used --------------------------------------------------------------------------
+#
+# "Last used" is for people deciding whether a key can go, so a minute's precision is plenty:
+# a request only looks at a dict (no lock, no statement); at most once per key per minute per
+# process it hands the time to a thread of its own, which writes it. The UPDATE's condition
+# (older than a minute) keeps several processes from writing the same minute again.
 
-    @wraps(view)
-    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R | Response:
-        header = request.headers.get("Authorization", "")
-        scheme, _, token = header.partition(" ")
-        if scheme.lower() != "bearer" or not token.strip():
-            return _unauthorised("send Authorization: Bearer <api key>")
-        key = _authenticate(token.strip())
-        if key is None:
-            return _unauthorised("the API key is not valid or has been revoked")
-        g.api_key_id, g.tenant_id = key
-        trace = request.headers.get("X-Trace-Id", "")
-        trace_id = trace if trace.isalnum() and 8 <= len(trace) <= 64 else new_trace_id()
-        g.trace_id = trace_id
-        with tenant_context(g.tenant_id, trace_id):
-            return view(*args, **kwargs)
+KEY_USE_INTERVAL_S = 60.0
 
-    return wrapper
+log = logging.getLogger(__name__)
+
+
+class KeyUses:
+    """Writes API keys' ``last_used_at`` from a thread of its own, folded per interval."""
+
+    def __init__(self, interval_s: float = KEY_USE_INTERVAL_S):
+        self.interval_s = interval_s
+        self._noted: dict[tuple[int, str], float] = {}  # (app, digest) -> monotonic time
+        self._lock = threading.Lock()
+        self._writing = threading.Lock()  # held while a batch is written (flush waits on it)
+        self._due: dict[tuple[Engine, int], datetime] = {}
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._pid = 0
+        self.written = 0  # UPDATE statements run by this process (for tests and benchmarks)
+
+    def used(self, cache_key: tuple[int, str], key_id: int) -> None:
+        """Note a request with the key (in a request: ``db.engine`` is the app's)."""
+        now = time.monotonic()
+        last = self._noted.get(cache_key)
+        if last is not None and now - last < self.interval_s:
+            return
+        with self._lock:
+            last = self._noted.get(cache_key)
+            if last is not None and now - last < self.interval_s:
+                return
+            if len(self._noted) >= API_KEY_CACHE_MAX:
+                self._noted.clear()
+            self._noted[cache_key] = now
+            self._due[(db.engine, key_id)] = datetime.now(UTC)
+            if self._thread is None or self._pid != os.getpid() or not self._thread.is_alive():
+                # First use in this process (gunicorn forks after import): start the thread.
+                self._pid = os.getpid()
+                self._wake = threading.Event()
+                self._thread = threading.Thread(target=self._run, name="key-uses", daemon=True)
+                self._thread.start()
+            self._wake.set()
+
+    def flush(self) -> None:
+        """Write what is due now, in this thread (tests; the thread does it otherwise)."""
+        with self._writing:
+            self._write()
+
+    def _run(self) -> None:
+        wake = self._wake
+        while True:
+            wake.wait()
+            wake.clear()
+            with self._writing:
+                self._write()
+
+    def _write(self) -> None:
+        with self._lock:
+            due, self._due = self._due, {}
+        for (engine, key_id), at in due.items():
+            try:
+                with engine.begin() as conn:
+                    conn.execute(
+                        update(ApiKey)
+                        .where(
+                            ApiKey.id == key_id,
+                            or_(
+                                ApiKey.last_used_at.is_(None),
+                                ApiKey.last_used_at < at - timedelta(seconds=self.interval_s),
+                            ),
+                        )
+                        .values(last_used_at=at)
+                    )
+                self.written += 1
+            except Exception as exc:  # a convenience for people: never worth a failed send
+                log.warning("could not note the use of API key %s (%s)", key_id, exc)
+
+
+KEY_USES = KeyUses()
+
+
+def api_key_required(scope: ApiScope) -> Callable[[Callable[P, R]], Callable[P, R | Response]]:
+    """Authenticate ``Authorization: Bearer <key>`` holding ``scope``; the key fixes the tenant."""
+
+    def decorate(view: Callable[P, R]) -> Callable[P, R | Response]:
+        @wraps(view)
+        def wrapper(*args: P.args, **kwargs: P.kwargs) -> R | Response:
+            header = request.headers.get("Authorization", "")
+            scheme, _, token = header.partition(" ")
+            if scheme.lower() != "bearer" or not token.strip():
+                return _unauthorised("send Authorization: Bearer <api key>")
+            found = _authenticate(token.strip())
+            if found is None:
+                return _unauthorised("the API key is not valid or has been revoked")
+            cache_key, key = found
+            KEY_USES.used(cache_key, key.id)
+            if scope not in key.scopes:
+                return _insufficient_scope(scope)
+            g.api_key_id, g.api_key_name, g.tenant_id = key.id, key.name, key.tenant_id
+            trace = request.headers.get("X-Trace-Id", "")
+            trace_id = trace if trace.isalnum() and 8 <= len(trace) <= 64 else new_trace_id()
+            g.trace_id = trace_id
+            with tenant_context(g.tenant_id, trace_id):
+                return view(*args, **kwargs)
+
+        return wrapper
+
+    return decorate
+
+
+def _insufficient_scope(scope: ApiScope) -> Response:
+    response = error_response(
+        403, "insufficient_scope", f"this API key does not have the {scope!s} scope"
+    )
+    response.headers["WWW-Authenticate"] = (
+        f'Bearer realm="postroom", error="insufficient_scope", scope="{scope!s}"'
+    )
+    return response
 
 
 def _unauthorised(message: str) -> Response:
@@ -162,11 +289,11 @@ def _json_body() -> Any:
     if not request.is_json:
         raise _BadRequest("unsupported_media_type", "send Content-Type: application/json", 415)
     try:
-        data = request.get_json(silent=True)
-    except RecursionError:  # "[[[[..." nested past the decoder's stack: malformed all the same
-        data = None
-    if data is None:
-        raise _BadRequest("malformed_json", "the request body is not valid JSON")
+        data = request.get_json()
+    except (BadRequest, RecursionError):  # RecursionError: "[[[[..." past the decoder's stack
+        raise _BadRequest("malformed_json", "the request body is not valid JSON") from None
+    if data is None:  # the JSON document null: valid JSON, but no request
+        raise _BadRequest("invalid", "the request body must be a JSON object", 422)
     return data
 
 
@@ -203,15 +330,8 @@ def _batch_items(data: Any) -> Any:
     return data["items"]
 
 
-def _touch_key() -> None:
-    # Cheap enough per call; a real deployment can sample this.
-    db.session.execute(
-        update(ApiKey).where(ApiKey.id == g.api_key_id).values(last_used_at=datetime.now(UTC))
-    )
-
-
 @bp.post("/mail")
-@api_key_required
+@api_key_required(ApiScope.SEND)
 def mail_create() -> tuple[Response, int]:
     """Accept one mail."""
     result = acceptance.send_mail_committed(db.session(), _json_body(), settings=_settings())
@@ -220,7 +340,7 @@ def mail_create() -> tuple[Response, int]:
 
 
 @bp.post("/mail/batch")
-@api_key_required
+@api_key_required(ApiScope.SEND)
 def mail_batch() -> tuple[Response, int]:
     """Accept up to 500 mails at once, all or none."""
     items = _batch_items(_json_body())
@@ -230,7 +350,7 @@ def mail_batch() -> tuple[Response, int]:
 
 
 @bp.post("/sms")
-@api_key_required
+@api_key_required(ApiScope.SEND)
 def sms_create() -> tuple[Response, int]:
     """Accept one SMS."""
     result = acceptance.send_sms_committed(db.session(), _json_body(), settings=_settings())
@@ -239,7 +359,7 @@ def sms_create() -> tuple[Response, int]:
 
 
 @bp.post("/sms/batch")
-@api_key_required
+@api_key_required(ApiScope.SEND)
 def sms_batch() -> tuple[Response, int]:
     """Accept up to 500 SMS at once, all or none."""
     items = _batch_items(_json_body())
@@ -248,16 +368,44 @@ def sms_batch() -> tuple[Response, int]:
     return jsonify({"items": _accepted("sms", results)}), 202
 
 
+# --- whose records a request reaches ------------------------------------------------------
+
+_TENANT_ID = re.compile(r"-?[0-9]{1,40}")  # ASCII digits only; the range is checked after
+_BIGINT = 2**63
+
+
+def acting_tenant(not_found: str, field: str = "id") -> int | None:
+    """The tenant whose rows this request reaches: the API key's tenant, or the tenant a
+    portal session views (None: an operator viewing every tenant). ``?tenantId=`` picks
+    another tenant only for a platform key or an operator viewing every tenant; for anyone
+    else it must name their own tenant, and any other answers 404 with ``not_found`` (on
+    ``field``), exactly as an id of another tenant does. Every endpoint that takes record ids
+    or a tenant id scopes its query with this."""
+    own: int | None = g.tenant_id
+    raw = request.args.get("tenantId")
+    if raw is None:
+        return own
+    if not _TENANT_ID.fullmatch(raw):
+        raise _BadRequest("invalid", "tenantId must be a whole number", 422, "tenantId")
+    chosen = int(raw)
+    platform_key = g.get("api_key_id") is not None and own == PLATFORM_TENANT_ID
+    if (own is None or platform_key or chosen == own) and -_BIGINT <= chosen < _BIGINT:
+        return chosen
+    raise _BadRequest("not_found", not_found, 404, field)
+
+
 def _own_record(model: type[MailSendRecord] | type[SmsSendRecord], record_id: int) -> Any:
+    tenant_id = acting_tenant(f"no such {'mail' if model is MailSendRecord else 'SMS'} record")
     if record_id > acceptance.MAX_ID:
         return None
-    return db.session.scalar(
-        select(model).where(model.id == record_id, model.tenant_id == g.tenant_id)
-    )
+    where = [model.id == record_id]
+    if tenant_id is not None:
+        where.append(model.tenant_id == tenant_id)
+    return db.session.scalar(select(model).where(*where))
 
 
 @bp.get("/mail/<int:record_id>")
-@api_key_required
+@api_key_required(ApiScope.READ)
 def mail_show(record_id: int) -> Response:
     """One of the caller's mail records, with its status and last error."""
     record = _own_record(MailSendRecord, record_id)
@@ -267,7 +415,7 @@ def mail_show(record_id: int) -> Response:
 
 
 @bp.get("/sms/<int:record_id>")
-@api_key_required
+@api_key_required(ApiScope.READ)
 def sms_show(record_id: int) -> Response:
     """One of the caller's SMS records, with its status and last error."""
     record = _own_record(SmsSendRecord, record_id)
@@ -279,10 +427,12 @@ def sms_show(record_id: int) -> Response:
 # --- cancel and resolve ----------------------------------------------------------------
 
 
-def _key_or_session(permission: str) -> Callable[[Callable[P, Response]], Callable[P, Response]]:
-    """An API key (its tenant's records) or a portal session with ``permission`` and the CSRF
-    token, as the seed's operator endpoints (``operator_api.key_or_session``, imported late:
-    that module imports this one)."""
+def _key_or_session(
+    permission: str, scope: ApiScope
+) -> Callable[[Callable[P, Response]], Callable[P, Response]]:
+    """An API key with ``scope`` or a portal session with ``permission`` and the CSRF token,
+    as the seed's operator endpoints (``operator_api.key_or_session``, imported late: that
+    module imports this one)."""
 
     def decorate(view: Callable[P, Response]) -> Callable[P, Response]:
         @wraps(view)
@@ -290,7 +440,7 @@ def _key_or_session(permission: str) -> Callable[[Callable[P, Response]], Callab
             from portal.web.access import Permission
             from portal.web.operator_api import key_or_session
 
-            return key_or_session(Permission(permission))(view)(*args, **kwargs)
+            return key_or_session(Permission(permission), scope)(view)(*args, **kwargs)
 
         return wrapper
 
@@ -354,13 +504,44 @@ def _ids_body() -> list[int]:
     return ids
 
 
+def audit_records(
+    action: AuditAction,
+    model: type[MailSendRecord] | type[SmsSendRecord],
+    ids: list[int],
+    tenant_id: int | None,
+    remark: str,
+) -> None:
+    """The audit row of a retry, cancel or resolve that changed ``ids`` (in the caller's
+    transaction). Its tenant is the records' (looked up only for an operator viewing every
+    tenant); one record is the target, many are counted in ``remark``."""
+    from portal.web.access import audit
+
+    if tenant_id is None:
+        owners = set(db.session.scalars(select(model.tenant_id).where(model.id.in_(ids))))
+        tenant_id = owners.pop() if len(owners) == 1 else None
+    audit(
+        action,
+        tenant_id=tenant_id,
+        target_type=model.__name__,
+        target_id=ids[0] if len(ids) == 1 else None,
+        remark=remark,
+    )
+
+
 @bp.post("/<any(mail, sms):channel>/<int:record_id>/cancel")
-@_key_or_session("retry")
+@_key_or_session("retry", ApiScope.SEND)
 def cancel_one(channel: str, record_id: int) -> Response:
     """Cancel one Pending or Retry record that has no ambiguous earlier attempt."""
+    try:
+        tenant_id = acting_tenant("no such record")
+    except _BadRequest as exc:
+        return _for_portal(error_response(exc.status, exc.code, exc.message, exc.field))
     if record_id > acceptance.MAX_ID:
         return _for_portal(error_response(404, "not_found", "no such record", "id"))
-    report = cancel.cancel_records(db.session(), CHANNEL_MODELS[channel], [record_id], g.tenant_id)
+    model = CHANNEL_MODELS[channel]
+    report = cancel.cancel_records(db.session(), model, [record_id], tenant_id)
+    if report.cancelled:
+        audit_records(AuditAction.CANCEL, model, report.cancelled, tenant_id, "")
     db.session.commit()
     if report.cancelled:
         return _for_portal(jsonify({"id": record_id, "status": "Cancelled"}))
@@ -375,14 +556,19 @@ def cancel_one(channel: str, record_id: int) -> Response:
 
 
 @bp.post("/<any(mail, sms):channel>/cancel")
-@_key_or_session("retry")
+@_key_or_session("retry", ApiScope.SEND)
 def cancel_many(channel: str) -> Response:
     """Cancel many records; those that cannot be cancelled are skipped, each with its reason."""
     try:
+        tenant_id = acting_tenant("no such record", "tenantId")
         ids = _ids_body()
     except _BadRequest as exc:
         return _for_portal(error_response(exc.status, exc.code, exc.message, exc.field))
-    report = cancel.cancel_records(db.session(), CHANNEL_MODELS[channel], ids, g.tenant_id)
+    model = CHANNEL_MODELS[channel]
+    report = cancel.cancel_records(db.session(), model, ids, tenant_id)
+    if report.cancelled:
+        remark = f"{len(report.cancelled)} cancelled, {len(report.skipped)} skipped"
+        audit_records(AuditAction.BULK_CANCEL, model, report.cancelled, tenant_id, remark)
     db.session.commit()
     return _for_portal(
         jsonify(
@@ -396,26 +582,29 @@ def cancel_many(channel: str) -> Response:
 
 
 @bp.post("/<any(mail, sms):channel>/<int:record_id>/resolve")
-@_key_or_session("retry")
+@_key_or_session("retry", ApiScope.SEND)
 def resolve(channel: str, record_id: int) -> Response:
-    """Resolve an Uncertain record (operators: a platform-tier API key or an operator session)."""
+    """Resolve an Uncertain record: its tenant's API keys and admins, platform operators."""
     try:
         return _for_portal(_resolve(channel, record_id))
     except _BadRequest as exc:
         return _for_portal(error_response(exc.status, exc.code, exc.message, exc.field))
 
 
+# Seed 002: resolving is done "from trusted server code" (an API key) or by someone who runs
+# the tenant (its admins; operators for any tenant they view); support staff only look.
+RESOLVING_ROLES = frozenset({"tenant_admin", "platform_operator"})
+
+
 def _resolve(channel: str, record_id: int) -> Response:
     from flask_login import current_user
 
-    from portal.tenancy import PLATFORM_TENANT_ID
-    from portal.web.access import is_operator
-
     by_key = getattr(g, "api_key_id", None) is not None
-    if (by_key and g.tenant_id != PLATFORM_TENANT_ID) or (not by_key and not is_operator()):
+    if not by_key and current_user.role not in RESOLVING_ROLES:
         return error_response(
-            403, "forbidden", "only platform operators resolve uncertain outcomes"
+            403, "forbidden", "only tenant admins and platform operators resolve records"
         )
+    tenant_id = acting_tenant("no such record")
     body: Any = _portal_form()
     if body is None:
         body = _json_body()
@@ -440,10 +629,17 @@ def _resolve(channel: str, record_id: int) -> Response:
             provider_message_id=pid,
             reason=reason,
             by=by,
+            tenant_id=tenant_id,
         )
     except uncertain.ResolveError as exc:
         db.session.rollback()
         return error_response(exc.status, exc.code, exc.message, exc.field)
+    remark = f"{outcome}" + (f" as {result.provider_message_id}" if outcome == "accepted" else "")
+    if reason:
+        remark += f": {reason}"
+    audit_records(
+        AuditAction.RESOLVE, CHANNEL_MODELS[channel], [result.id], result.tenant_id, remark
+    )
     db.session.commit()
     return jsonify(
         {

@@ -39,12 +39,13 @@ def _post(summary: str, body_ref: str, ok_ref: str) -> dict[str, Any]:
                 "required": True,
                 "content": {"application/json": {"schema": {"$ref": body_ref}}},
             },
+            "description": "Needs the send scope.",
             "responses": {
                 "202": {
                     "description": "Accepted: written as Pending, delivered in the background",
                     "content": {"application/json": {"schema": {"$ref": ok_ref}}},
                 },
-                **_errors("400", "401", "409", "413", "415", "422"),
+                **_errors("400", "401", "403", "409", "413", "415", "422"),
             },
         }
     }
@@ -55,23 +56,30 @@ def _get(summary: str, ok_ref: str) -> dict[str, Any]:
         "get": {
             "summary": summary,
             "security": [{"apiKey": []}],
-            "parameters": [
-                {
-                    "name": "id",
-                    "in": "path",
-                    "required": True,
-                    "schema": {"type": "integer", "minimum": 0},
-                }
-            ],
+            "description": "Needs the read scope.",
+            "parameters": [_id_param(), _TENANT_PARAM],
             "responses": {
                 "200": {
                     "description": "The record",
                     "content": {"application/json": {"schema": {"$ref": ok_ref}}},
                 },
-                **_errors("401", "404"),
+                **_errors("401", "403", "404", "422"),
             },
         }
     }
+
+
+_TENANT_PARAM: dict[str, Any] = {
+    "name": "tenantId",
+    "in": "query",
+    "required": False,
+    "description": (
+        "The tenant whose records the request reaches. A platform-tier key (and an operator "
+        "viewing every tenant) chooses any tenant with it; for any other caller it may only "
+        "name the caller's own tenant, and another answers 404, as another tenant's id does."
+    ),
+    "schema": {"type": "integer"},
+}
 
 
 def _id_param() -> dict[str, Any]:
@@ -89,7 +97,9 @@ def _action(
     """A POST on a record (``with an id``) or on a list of them (``body_ref``)."""
     operation: dict[str, Any] = {
         "summary": summary,
+        "description": "Needs the send scope (a key), or the Retry permission (a session).",
         "security": [{"apiKey": []}],
+        "parameters": [_TENANT_PARAM],
         "responses": {
             "200": {
                 "description": "Done",
@@ -110,9 +120,9 @@ def _cancel_one(channel: str) -> dict[str, Any]:
     operation = _action(
         f"Cancel one {channel} record (Pending or Retry, no ambiguous earlier attempt)",
         "#/components/schemas/Cancelled",
-        errors=("401", "403", "404", "409"),
+        errors=("401", "403", "404", "409", "422"),
     )
-    operation["post"]["parameters"] = [_id_param()]
+    operation["post"]["parameters"] = [_id_param(), _TENANT_PARAM]
     return operation
 
 
@@ -121,19 +131,67 @@ def _cancel_many(channel: str) -> dict[str, Any]:
         f"Cancel many {channel} records; the others are skipped with a reason",
         "#/components/schemas/BulkCancelled",
         body_ref="#/components/schemas/Ids",
-        errors=("400", "401", "403", "413", "415", "422"),
+        errors=("400", "401", "403", "404", "413", "415", "422"),
     )
 
 
 def _resolve(channel: str) -> dict[str, Any]:
     operation = _action(
-        f"Resolve an Uncertain {channel} record (platform operators); never resends",
+        f"Resolve an Uncertain {channel} record (its tenant's keys and admins, platform "
+        "operators); never resends",
         "#/components/schemas/Resolved",
         body_ref="#/components/schemas/Resolution",
         errors=("400", "401", "403", "404", "409", "413", "415", "422"),
     )
-    operation["post"]["parameters"] = [_id_param()]
+    operation["post"]["parameters"] = [_id_param(), _TENANT_PARAM]
     return operation
+
+
+def _retry_one(kind: str) -> dict[str, Any]:
+    operation = _action(
+        f"Requeue one {kind} (Pending, Retry, Failed, DeadLetter: Retry due now)",
+        "#/components/schemas/Retried",
+        errors=("400", "401", "403", "404", "409", "422"),
+    )
+    operation["post"]["parameters"] = [
+        {
+            "name": "id",
+            "in": "query",
+            "required": True,
+            "schema": {"type": "integer", "minimum": 1},
+        },
+        _TENANT_PARAM,
+    ]
+    return operation
+
+
+def _retry_many(kind: str) -> dict[str, Any]:
+    return _action(
+        f"Requeue many {kind}s; the others are skipped with a reason",
+        "#/components/schemas/BulkRetried",
+        body_ref="#/components/schemas/Ids",
+        errors=("400", "401", "403", "404", "413", "415", "422"),
+    )
+
+
+def _quota_usage() -> dict[str, Any]:
+    return {
+        "get": {
+            "summary": "This month's usage of a tenant's quota bucket and the ceilings in force",
+            "description": "Needs the read scope (a key) or the quota permission (a session).",
+            "security": [{"apiKey": []}],
+            "parameters": [_TENANT_PARAM],
+            "responses": {
+                "200": {
+                    "description": "The usage",
+                    "content": {
+                        "application/json": {"schema": {"$ref": "#/components/schemas/Usage"}}
+                    },
+                },
+                **_errors("401", "403", "404", "422"),
+            },
+        }
+    }
 
 
 _COMMON_RECORD = {
@@ -225,6 +283,12 @@ def _document() -> dict[str, Any]:
             "/api/v1/sms/cancel": _cancel_many("SMS"),
             "/api/v1/mail/{id}/resolve": _resolve("mail"),
             "/api/v1/sms/{id}/resolve": _resolve("SMS"),
+            # The seed's operator endpoints, at their old paths.
+            "/MailSendRecord/retry": _retry_one("MailSendRecord"),
+            "/SmsSendRecord/retry": _retry_one("SmsSendRecord"),
+            "/MailSendRecord/retryByIds": _retry_many("MailSendRecord"),
+            "/SmsSendRecord/retryByIds": _retry_many("SmsSendRecord"),
+            "/TenantMessageQuota/usage": _quota_usage(),
         },
         "components": {
             "securitySchemes": {"apiKey": {"type": "http", "scheme": "bearer"}},
@@ -356,6 +420,52 @@ def _document() -> dict[str, Any]:
                                 },
                             },
                         },
+                    },
+                },
+                "Retried": {
+                    "type": "object",
+                    "required": ["id", "status", "requeued"],
+                    "properties": {
+                        "id": {"type": "integer"},
+                        "status": {"type": "string", "enum": ["Retry"]},
+                        "requeued": {"type": "integer"},
+                    },
+                },
+                "BulkRetried": {
+                    "type": "object",
+                    "required": ["requeued", "requeuedIds", "skipped"],
+                    "properties": {
+                        "requeued": {"type": "integer"},
+                        "requeuedIds": {"type": "array", "items": {"type": "integer"}},
+                        "skipped": {
+                            "type": "array",
+                            "items": {
+                                "type": "object",
+                                "required": ["id", "reason"],
+                                "properties": {
+                                    "id": {"type": "integer"},
+                                    "reason": {"type": "string"},
+                                },
+                            },
+                        },
+                    },
+                },
+                "Usage": {
+                    "type": "object",
+                    "required": ["tenantId", "month", "mail", "sms"],
+                    "properties": {
+                        "tenantId": {"type": "integer"},
+                        "month": {"type": "string"},
+                        "mail": {"$ref": "#/components/schemas/UsageOfChannel"},
+                        "sms": {"$ref": "#/components/schemas/UsageOfChannel"},
+                    },
+                },
+                "UsageOfChannel": {
+                    "type": "object",
+                    "required": ["used", "limit"],
+                    "properties": {
+                        "used": {"type": "integer"},
+                        "limit": {"type": "integer", "nullable": True},
                     },
                 },
                 "Resolution": {

@@ -1,8 +1,11 @@
 """The seed's operator endpoints, kept at their paths: manual retry and quota usage.
 
-Authorised by a tenant API key (own records only), or by a signed-in portal session whose role
-holds the permission; a session is an ambient cookie credential, so those requests must carry
-the CSRF token (API-key requests need none: nothing ambient to forge).
+Authorised by an API key with the scope the endpoint needs (``send`` to retry, ``read`` for
+usage), or by a signed-in portal session whose role holds the permission; a session is an
+ambient cookie credential, so those requests must carry the CSRF token (API-key requests need
+none: nothing ambient to forge). Either way the rows reached are ``api.acting_tenant()``'s: the
+key's tenant or the viewed one, another only by ``?tenantId=`` for a platform key or an
+operator viewing every tenant.
 """
 
 from __future__ import annotations
@@ -18,10 +21,18 @@ from flask_login import current_user
 from portal.extensions import csrf, db
 from portal.messaging import quota
 from portal.messaging.retry import MAX_BULK, Model, retry_records
-from portal.models import MailSendRecord, SmsSendRecord
-from portal.tenancy import PLATFORM_TENANT_ID, tenant_context
+from portal.models import AuditAction, MailSendRecord, SmsSendRecord
+from portal.models.tenant import ApiScope
+from portal.tenancy import tenant_context
 from portal.web.access import Permission, can, viewed_tenant
-from portal.web.api import _BadRequest, _json_body, api_key_required, error_response
+from portal.web.api import (
+    _BadRequest,
+    _json_body,
+    acting_tenant,
+    api_key_required,
+    audit_records,
+    error_response,
+)
 
 bp = Blueprint("operator_api", __name__)
 csrf.exempt(bp)  # checked by hand below, for session-authenticated requests only
@@ -30,12 +41,13 @@ P = ParamSpec("P")
 
 
 def key_or_session(
-    permission: Permission,
+    permission: Permission, scope: ApiScope
 ) -> Callable[[Callable[P, Response]], Callable[P, Response]]:
-    """An API key (its tenant), else a portal session with ``permission`` (the viewed tenant)."""
+    """An API key with ``scope`` (its tenant), else a portal session with ``permission`` (the
+    viewed tenant)."""
 
     def decorate(view: Callable[P, Response]) -> Callable[P, Response]:
-        by_key = api_key_required(view)
+        by_key = api_key_required(scope)(view)
 
         @wraps(view)
         def wrapper(*args: P.args, **kwargs: P.kwargs) -> Response:
@@ -62,8 +74,6 @@ def _bad_request(exc: _BadRequest) -> Response:
 
 
 _ID = re.compile(r"[0-9]{1,18}")  # ASCII digits only: str.isdigit() also accepts "²" and "٣"
-_TENANT_ID = re.compile(r"-?[0-9]{1,40}")
-_BIGINT = 2**63
 
 
 def _id_arg() -> int:
@@ -74,11 +84,14 @@ def _id_arg() -> int:
 
 
 @bp.post("/<any(MailSendRecord, SmsSendRecord):kind>/retry")
-@key_or_session(Permission.RETRY)
+@key_or_session(Permission.RETRY, ApiScope.SEND)
 def retry(kind: str) -> Response:
     """Requeue one record: Pending, Retry, Failed, DeadLetter -> Retry due now."""
+    tenant_id = acting_tenant("no such record")
     record_id = _id_arg()
-    report = retry_records(db.session(), MODELS[kind], [record_id], g.tenant_id)
+    report = retry_records(db.session(), MODELS[kind], [record_id], tenant_id)
+    if report.requeued:
+        audit_records(AuditAction.RETRY, MODELS[kind], report.requeued, tenant_id, "")
     db.session.commit()
     if report.requeued:
         return jsonify({"id": record_id, "status": "Retry", "requeued": 1})
@@ -91,9 +104,10 @@ def retry(kind: str) -> Response:
 
 
 @bp.post("/<any(MailSendRecord, SmsSendRecord):kind>/retryByIds")
-@key_or_session(Permission.RETRY)
+@key_or_session(Permission.RETRY, ApiScope.SEND)
 def retry_by_ids(kind: str) -> Response:
     """Requeue many records; those that cannot be retried are skipped, each with its reason."""
+    tenant_id = acting_tenant("no such record", "tenantId")
     body: Any = _json_body()
     ids = body.get("ids") if isinstance(body, dict) else None
     if not isinstance(ids, list) or not all(
@@ -102,7 +116,10 @@ def retry_by_ids(kind: str) -> Response:
         raise _BadRequest("invalid", "ids must be a list of positive whole numbers", 422, "ids")
     if len(ids) > MAX_BULK:
         raise _BadRequest("too_large", f"at most {MAX_BULK} ids at once", 422, "ids")
-    report = retry_records(db.session(), MODELS[kind], ids, g.tenant_id)
+    report = retry_records(db.session(), MODELS[kind], ids, tenant_id)
+    if report.requeued:
+        remark = f"{len(report.requeued)} requeued, {len(report.skipped)} skipped"
+        audit_records(AuditAction.BULK_RETRY, MODELS[kind], report.requeued, tenant_id, remark)
     db.session.commit()
     return jsonify(
         {
@@ -114,23 +131,14 @@ def retry_by_ids(kind: str) -> Response:
 
 
 @bp.get("/TenantMessageQuota/usage")
-@key_or_session(Permission.VIEW_QUOTA)
+@key_or_session(Permission.VIEW_QUOTA, ApiScope.READ)
 def quota_usage() -> Response:
     """This month's usage of a bucket and the ceilings in force (a tenant reads its own)."""
-    raw = request.args.get("tenantId")
-    if raw is None:
-        if g.tenant_id is None:
-            return error_response(
-                422, "required", "tenantId is required when viewing all tenants", "tenantId"
-            )
-        raw = str(g.tenant_id)
-    if not _TENANT_ID.fullmatch(raw):
-        return error_response(422, "invalid", "tenantId must be a whole number", "tenantId")
-    tenant_id = int(raw)
-    if not -_BIGINT <= tenant_id < _BIGINT:  # no such tenant can exist
-        return error_response(404, "not_found", "no such quota bucket", "tenantId")
-    if g.tenant_id is not None and tenant_id != g.tenant_id and g.tenant_id != PLATFORM_TENANT_ID:
-        return error_response(404, "not_found", "no such quota bucket", "tenantId")
+    tenant_id = acting_tenant("no such quota bucket", "tenantId")
+    if tenant_id is None:
+        return error_response(
+            422, "required", "tenantId is required when viewing all tenants", "tenantId"
+        )
     result = quota.usage(db.session(), tenant_id, current_app.config["SETTINGS"])
     return jsonify(
         {

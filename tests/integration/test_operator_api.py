@@ -413,7 +413,7 @@ def test_bulk_retry_bad_ids_are_422_and_change_nothing(
         ('{"ids": [{id}', "application/json", 400, "malformed_json"),
         ("{ids: [{id}]}", "application/json", 400, "malformed_json"),
         ("", "application/json", 400, "malformed_json"),
-        ("null", "application/json", 400, "malformed_json"),
+        ("null", "application/json", 422, "invalid"),  # issue 12: valid JSON, not an object
         ('{"ids": [{id}]}', "text/plain", 415, "unsupported_media_type"),
         ("ids={id}", "application/x-www-form-urlencoded", 415, "unsupported_media_type"),
         ('{"ids": [{id}]}', None, 415, "unsupported_media_type"),
