@@ -105,6 +105,7 @@ class Gunicorn:
         app: str = "app:app",
         cwd: Path = c.ROOT,
     ):
+        """``cwd`` is the checkout served (its ``portal`` comes first on the path)."""
         self.port = c.free_port()
         self.workers, self.threads = workers, threads
         env = dict(os.environ)
@@ -113,6 +114,7 @@ class Gunicorn:
             SECRET_KEY=c.SECRET_KEY,
             REDIS_URL=c.REDIS_URL,
             PYTHONUNBUFFERED="1",
+            PYTHONPATH=str(cwd),
         )
         self._log = tempfile.TemporaryFile()  # noqa: SIM115 (closed in stop())
         self.process = subprocess.Popen(
@@ -501,19 +503,35 @@ def _options(parser: Any) -> None:
         help="gunicorn threads per worker to sweep, comma-separated (default 1,4,8; quick 1,4)",
     )
     parser.add_argument("--workers", type=int, default=2, help="gunicorn workers (default 2)")
+    parser.add_argument(
+        "--compare",
+        metavar="CHECKOUT",
+        help="single sends only: ours against another checkout (e.g. a `git worktree` of an "
+        "older commit), in ABBA turns per config and --rounds times, same database and key",
+    )
+    parser.add_argument("--rounds", type=int, default=2, help="ABBA rounds with --compare")
 
 
 def run_server(
-    kind: str, workers: int, threads: int, url: str, token: str, dsn: str, n: int, ceiling: bool
+    kind: str,
+    workers: int,
+    threads: int,
+    url: str,
+    token: str,
+    dsn: str,
+    n: int,
+    ceiling: bool,
+    checkout: Path = c.ROOT,
 ) -> dict[str, Any]:
-    """One wrk run against a fresh gunicorn: ours (``app:app``) or the hello-world ceiling."""
+    """One wrk run against a fresh gunicorn: ours (``app:app`` of ``checkout``) or the
+    hello-world ceiling."""
     hello_dir: Path | None = None
     if ceiling:
         hello_dir = Path(tempfile.mkdtemp(prefix="bench-hello-"))
         (hello_dir / "hello_bench.py").write_text(HELLO)
         server = Gunicorn(url, workers, threads, app="hello_bench:app", cwd=hello_dir)
     else:
-        server = Gunicorn(url, workers, threads)
+        server = Gunicorn(url, workers, threads, cwd=checkout)
     try:
         server.wait_ready() if not ceiling else _wait_port(server)
         target = None if ceiling else dsn
@@ -546,12 +564,57 @@ def _wait_port(server: Gunicorn) -> None:
     raise RuntimeError("the hello-world gunicorn did not start")
 
 
+def compare(args: Any, thread_counts: tuple[int, ...], singles: int) -> int:
+    """Single sends/s of this checkout against another one, in ABBA turns on each config:
+    a change's cost measured on the same machine, database and key in one run."""
+    other = Path(args.compare).resolve()
+    c.print_header(f"bench/accept.py --compare {other}: single sends, this checkout vs that", False)
+    rows = []
+    with c.bench_database(DB_NAME) as url:
+        _tenant_id, token = setup(url)
+        dsn = c.conninfo(url)
+        for threads in thread_counts:
+            rates: dict[str, list[float]] = {"this": [], "that": []}
+            for _ in range(args.rounds):
+                for who in ("this", "that", "that", "this"):
+                    checkout = c.ROOT if who == "this" else other
+                    r = run_server(
+                        "single", args.workers, threads, url, token, dsn, singles, False, checkout
+                    )
+                    rates[who].append(singles / r["s"])
+                    c.say(
+                        f"  {who} {r['config']}: {singles / r['s']:,.0f} sends/s; p50 {r['p50']}"
+                        f", p99 {r['p99']}; non-2xx {r['non2xx']}"
+                    )
+            this = sum(rates["this"]) / len(rates["this"])
+            that = sum(rates["that"]) / len(rates["that"])
+            rows.append(
+                [
+                    f"{args.workers} x {threads}",
+                    this,
+                    that,
+                    f"{this / that:.3f}",
+                    " ".join(f"{x:,.0f}" for x in rates["this"]),
+                    " ".join(f"{x:,.0f}" for x in rates["that"]),
+                ]
+            )
+    c.print_table(
+        f"Single sends/s, this checkout vs {other} (mean of {2 * args.rounds} runs each, ABBA)",
+        ["gunicorn", "this", "that", "this/that", "this runs", "that runs"],
+        rows,
+    )
+    return 0
+
+
 def main() -> int:
     args = c.parse_args(__doc__, _options)
     quick = args.quick
     if shutil.which("wrk") is None:
         c.say("wrk is not installed (apt-get install wrk); nothing measured")
         return 0
+    if args.compare:
+        threads = tuple(int(t) for t in (args.threads or "4").split(","))
+        return compare(args, threads, 1_000 if quick else 3_000)
     singles = 1_000 if quick else 3_000
     batches = 10 if quick else 40
     if args.threads:
