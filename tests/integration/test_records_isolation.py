@@ -16,6 +16,7 @@ from sqlalchemy import select
 
 from portal.extensions import db
 from portal.models import (
+    AuditAction,
     AuditEvent,
     MailSendRecord,
     MailSendServerConfig,
@@ -71,9 +72,24 @@ def marked_sms(tenant_id: int, status: str) -> int:
     )
 
 
+RECORD_ACTIONS = [
+    AuditAction.RETRY,
+    AuditAction.BULK_RETRY,
+    AuditAction.CANCEL,
+    AuditAction.BULK_CANCEL,
+]
+
+
 def audit_rows() -> list[AuditEvent]:
+    """The audit rows of record actions (sign-ins are audited too)."""
     db.session.expire_all()
-    return list(db.session.scalars(select(AuditEvent).order_by(AuditEvent.id)))
+    return list(
+        db.session.scalars(
+            select(AuditEvent)
+            .where(AuditEvent.action.in_([str(a) for a in RECORD_ACTIONS]))
+            .order_by(AuditEvent.id)
+        )
+    )
 
 
 # --- finding 1: the bulk outcome fragment --------------------------------------------------------
