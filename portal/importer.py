@@ -2,7 +2,13 @@
 
 Entries are matched by natural keys (tenant slug, user email, names and codes within a
 tenant), so running the same file twice changes nothing. The whole file is one transaction:
-an invalid entry raises ``ImportError_`` naming it, and nothing is written.
+an invalid entry raises ``ConfigImportError`` naming it, and nothing is written.
+
+A re-import never undoes what people did in the portal: a true/false field the file omits
+(``enabled``, ``active``, ``isDefault``, ``verifyTls``, ``readReceipt``) and an omitted
+``uncertainPolicy`` or API key ``scopes`` keep the stored value (new rows get the default),
+and a revoked API key stays revoked (reported, not an error). A change to a user's password,
+role or active flag ends that user's sessions.
 """
 
 from __future__ import annotations
@@ -13,11 +19,12 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from email_validator import EmailNotValidError, validate_email
-from sqlalchemy import select
+from sqlalchemy import inspect, select
 from sqlalchemy.orm import Session
 
 from portal.models import (
     ApiKey,
+    ApiScope,
     AppUser,
     MailReceiveConfig,
     MailSendServerConfig,
@@ -33,7 +40,7 @@ from portal.models import (
     TenantMessageQuota,
     UncertainPolicy,
 )
-from portal.models.tenant import hash_api_token
+from portal.models.tenant import DEFAULT_API_SCOPES, hash_api_token
 from portal.tenancy import PLATFORM_TENANT_ID
 
 PLATFORM_SLUG = "platform"
@@ -62,6 +69,8 @@ class ConfigImportError(Exception):
 class ImportReport:
     created: dict[str, int] = field(default_factory=dict)
     updated: dict[str, int] = field(default_factory=dict)
+    # Entries left as they are, and why ("apiKeys[2]: revoked; left revoked"): not errors.
+    notes: list[str] = field(default_factory=list)
 
     def count(self, section: str, created: bool) -> None:
         target = self.created if created else self.updated
@@ -70,7 +79,7 @@ class ImportReport:
     def summary(self) -> str:
         parts = [f"{k}: {v} created" for k, v in self.created.items()]
         parts += [f"{k}: {v} updated" for k, v in self.updated.items()]
-        return "; ".join(parts) or "nothing to do"
+        return "\n".join(["; ".join(parts) or "nothing to do", *self.notes])
 
 
 class _Entry:
@@ -113,11 +122,31 @@ class _Entry:
             raise self.fail(f"{name} must be a whole number from {lo} to {hi}")
         return value
 
-    def flag(self, name: str, default: bool) -> bool:
-        value = self.data.get(name, default)
+    def flag(self, name: str, current: bool | None, default: bool) -> bool:
+        """A true/false field. Omitted, ``current`` stays (someone may have set it in the
+        portal: a disabled server, a deactivated user); a new row (``current`` None) gets
+        ``default``."""
+        if name not in self.data:
+            return default if current is None else current
+        value = self.data[name]
         if not isinstance(value, bool):
             raise self.fail(f"{name} must be true or false")
         return value
+
+    def scopes(self, name: str) -> str | None:
+        """An API key's scopes: a non-empty list of send and read (None: omitted), stored as
+        the model keeps them ("send read")."""
+        if name not in self.data:
+            return None
+        value = self.data[name]
+        known = [scope.value for scope in ApiScope]
+        if (
+            not isinstance(value, list)
+            or not value
+            or any(not isinstance(v, str) or v not in known for v in value)
+        ):
+            raise self.fail(f"{name} must be a non-empty list of {', '.join(map(repr, known))}")
+        return " ".join(scope for scope in known if scope in value)
 
     def choice(self, name: str, choices: list[str], default: str | None = None) -> str:
         value = self.data.get(name, default)
@@ -160,7 +189,7 @@ def import_config(session: Session, data: Any) -> ImportReport:
 _ALLOWED: dict[str, set[str]] = {
     "tenants": {"slug", "name", "active"},
     "users": {"email", "name", "password", "role", "tenant", "active"},
-    "apiKeys": {"tenant", "name", "token"},
+    "apiKeys": {"tenant", "name", "token", "scopes"},
     "mailServers": {
         "tenant",
         "name",
@@ -250,6 +279,11 @@ class _Importer:
             raise entry.fail(f"tenant {slug!r} does not exist (list it under tenants first)")
         return tenant_id
 
+    @staticmethod
+    def stored(row: object, attribute: str) -> Any:
+        """The stored value of a row's attribute; None for a row this import creates."""
+        return getattr(row, attribute) if inspect(row).has_identity else None
+
     def _one(self, model: type[M], entry: _Entry, what: str, **where: Any) -> M:
         row = self.session.scalar(select(model).filter_by(**where))
         if row is None:
@@ -278,7 +312,7 @@ class _Importer:
             raise e.fail("slug must be lower-case letters, digits and dashes, not 'platform'")
         row = self._upsert(Tenant, "tenants", slug=slug)
         row.name = e.req("name", 200)
-        row.is_active = e.flag("active", True)
+        row.is_active = e.flag("active", self.stored(row, "is_active"), True)
 
     def _users(self, e: _Entry) -> None:
         email = e.email("email", required=True)
@@ -299,14 +333,22 @@ class _Importer:
             if row.tenant_id != tenant_id:
                 raise e.fail("this user already belongs to another tenant")
             self.report.count("users", False)
+        before = (row.password_hash, row.role, row.tenant_id, row.is_active)
         row.tenant_id = tenant_id
         row.role = role
         row.name = e.text("name", max_len=200) or ""
-        row.is_active = e.flag("active", True)
+        row.is_active = e.flag("active", self.stored(row, "is_active"), True)
         if password and (row.password_hash is None or not row.check_password(password)):
             if len(password) < 8:
                 raise e.fail("password must be at least 8 characters")
             row.set_password(password)
+        if self.stored(row, "id") is not None and before != (
+            row.password_hash,
+            row.role,
+            row.tenant_id,
+            row.is_active,
+        ):
+            row.end_sessions()  # a changed password, role or active flag: sign them out
 
     def _apiKeys(self, e: _Entry) -> None:
         tenant_id = self.tenant_id(e)
@@ -315,13 +357,22 @@ class _Importer:
             raise e.fail("token must not contain spaces")
         if len(token) < 24:
             raise e.fail("token must be at least 24 characters (use create-api-key for a new one)")
+        scopes = e.scopes("scopes")
+        name = e.req("name", 200)
         digest = hash_api_token(token)
         owner = self.session.scalar(select(ApiKey).where(ApiKey.token_hash == digest))
-        if owner is not None and (owner.tenant_id != tenant_id or owner.name != e.req("name")):
+        if owner is not None and (owner.tenant_id != tenant_id or owner.name != name):
             raise e.fail("this token is already used by another key")
-        row = self._upsert(ApiKey, "apiKeys", tenant_id=tenant_id, name=e.req("name", 200))
+        existing = self.session.scalar(
+            select(ApiKey).where(ApiKey.tenant_id == tenant_id, ApiKey.name == name)
+        )
+        if existing is not None and existing.revoked_at is not None:
+            # Revoked in the portal (or by a CLI): a file never brings a key back.
+            self.report.notes.append(f"{e.where}: revoked; left revoked")
+            return
+        row = self._upsert(ApiKey, "apiKeys", tenant_id=tenant_id, name=name)
         row.set_token(token)
-        row.revoked_at = None
+        row.scopes = scopes or self.stored(row, "scopes") or DEFAULT_API_SCOPES
 
     def _mailServers(self, e: _Entry) -> None:
         tenant_id = self.tenant_id(e)
@@ -331,21 +382,19 @@ class _Importer:
         row.host = e.req("host", 255)
         row.port = e.number("port", lo=1, hi=65535) or 587
         row.security = e.choice("security", [s.value for s in SmtpSecurity], "starttls")
-        row.verify_tls = e.flag("verifyTls", True)
+        row.verify_tls = e.flag("verifyTls", self.stored(row, "verify_tls"), True)
         row.username = e.text("username", max_len=320)
         if "password" in e.data:
             row.password = e.text("password", max_len=500)
         row.from_address = e.email("fromAddress")
         row.from_name = e.text("fromName", max_len=200)
         row.reply_to = e.email("replyTo")
-        row.read_receipt = e.flag("readReceipt", False)
-        row.is_default = e.flag("isDefault", False)
-        row.enabled = e.flag("enabled", True)
+        row.read_receipt = e.flag("readReceipt", self.stored(row, "read_receipt"), False)
+        row.is_default = e.flag("isDefault", self.stored(row, "is_default"), False)
+        row.enabled = e.flag("enabled", self.stored(row, "enabled"), True)
         row.daily_send_limit = e.number("dailySendLimit")
         row.rate_limit_per_minute = e.number("rateLimitPerMinute")
-        row.uncertain_policy = e.choice(
-            "uncertainPolicy", [p.value for p in UncertainPolicy], "retry"
-        )
+        row.uncertain_policy = self.policy(e, row)
         if not row.from_address and not row.username:
             raise e.fail("a mail server needs a fromAddress or a username")
 
@@ -364,15 +413,18 @@ class _Importer:
         if "webhookSecret" in e.data:
             row.webhook_secret = e.text("webhookSecret", max_len=500)
         row.sender_id = e.text("senderId", max_len=64)
-        row.is_default = e.flag("isDefault", False)
-        row.enabled = e.flag("enabled", True)
+        row.is_default = e.flag("isDefault", self.stored(row, "is_default"), False)
+        row.enabled = e.flag("enabled", self.stored(row, "enabled"), True)
         row.daily_send_limit = e.number("dailySendLimit")
         row.rate_limit_per_minute = e.number("rateLimitPerMinute")
         window = e.number("retryWindowS", lo=60)
         row.retry_window_s = float(window) if window is not None else None
-        row.uncertain_policy = e.choice(
-            "uncertainPolicy", [p.value for p in UncertainPolicy], "retry"
-        )
+        row.uncertain_policy = self.policy(e, row)
+
+    def policy(self, e: _Entry, row: MailSendServerConfig | SmsProviderConfig) -> str:
+        """uncertainPolicy: omitted, the stored one stays (a new row: retry)."""
+        current = self.stored(row, "uncertain_policy") or UncertainPolicy.RETRY.value
+        return e.choice("uncertainPolicy", [p.value for p in UncertainPolicy], current)
 
     def _provider(self, e: _Entry, tenant_id: int) -> SmsProviderConfig:
         return self._one(
@@ -415,7 +467,7 @@ class _Importer:
                     compile_check(source, html=html)
                 except TemplateRenderError as exc:
                     raise e.fail(f"{name} does not compile: {exc}") from None
-        row.enabled = e.flag("enabled", True)
+        row.enabled = e.flag("enabled", self.stored(row, "enabled"), True)
         row.priority = e.number("priority", lo=1, hi=5)
         row.reply_to = e.email("replyTo")
         server = e.text("preferredServer", max_len=200)
@@ -440,7 +492,7 @@ class _Importer:
             compile_check(row.content, html=False)
         except TemplateRenderError as exc:
             raise e.fail(f"content does not compile: {exc}") from None
-        row.enabled = e.flag("enabled", True)
+        row.enabled = e.flag("enabled", self.stored(row, "enabled"), True)
 
     def _smsBindings(self, e: _Entry) -> None:
         tenant_id = self.tenant_id(e)
@@ -472,12 +524,12 @@ class _Importer:
         row.host = e.req("host", 255)
         row.security = e.choice("security", ["ssl", "starttls", "plain"], "ssl")
         row.port = e.number("port", lo=1, hi=65535) or (993 if row.security == "ssl" else 143)
-        row.verify_tls = e.flag("verifyTls", True)
+        row.verify_tls = e.flag("verifyTls", self.stored(row, "verify_tls"), True)
         row.username = e.req("username", 320)
         if "password" in e.data:
             row.secret = e.text("password", max_len=500)
         row.folder = e.text("folder", max_len=200) or "INBOX"
-        row.enabled = e.flag("enabled", True)
+        row.enabled = e.flag("enabled", self.stored(row, "enabled"), True)
 
     def _quotas(self, e: _Entry) -> None:
         tenant_id = self.tenant_id(e)
