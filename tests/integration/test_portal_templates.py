@@ -9,6 +9,7 @@ import html
 import io
 import re
 import secrets
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -32,6 +33,7 @@ from portal.models import (
     SmsTemplateProviderBinding,
 )
 from portal.tenancy import PLATFORM_TENANT_ID
+from portal.web import auth
 from tests.conftest import make_tenant
 from tests.support.delivery import drain
 from tests.support.smtp_server import ScriptedSmtpServer
@@ -56,6 +58,9 @@ class Portal:
                 session["_user_id"] = str(found.id)
                 session["_fresh"] = True
                 session["_id"] = identifier
+                # What sign-in stores for the session checks (generation, sign-in time, seen).
+                session[auth.GENERATION] = found.session_generation
+                session[auth.SIGNED_IN_AT] = session[auth.SEEN_AT] = time.time()
         page = self.get("/auth/login")
         self.token = _CSRF.search(page.text).group(1)  # type: ignore[union-attr]
 
