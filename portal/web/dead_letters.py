@@ -15,8 +15,8 @@ from sqlalchemy import select
 from sqlalchemy import update as sql_update
 
 from portal.extensions import db
-from portal.models import Channel, DeadLetterMessage, TriageStatus, db_now
-from portal.web.access import Permission, can, requires, user, viewed_tenant
+from portal.models import AuditAction, Channel, DeadLetterMessage, TriageStatus, db_now
+from portal.web.access import Permission, audit, can, requires, user, viewed_tenant
 from portal.web.mail_records import MAIL as MAIL_KIND
 from portal.web.mail_records import (
     MAX_ID,
@@ -233,6 +233,14 @@ def update(letter_id: int) -> ResponseReturnValue:
         )
         .execution_options(synchronize_session=False)
     )
+    if done.rowcount:  # type: ignore[attr-defined]
+        audit(
+            AuditAction.DEAD_LETTER_TRIAGE,
+            tenant_id=letter.tenant_id,
+            target_type="dead_letter",
+            target_id=letter.id,
+            remark=f"{decision}: {remark}",
+        )
     db.session.commit()
     db.session.refresh(letter)
     if not done.rowcount:  # type: ignore[attr-defined]

@@ -345,6 +345,7 @@ def create_attachment(template_id: int) -> ResponseReturnValue:
         {"name": name, "contentType": content_type, "content": encoded},
     ]
     template.version += 1
+    template_pages.audit_save(MAIL, template, f"saved, attachment {name!r} added")
     db.session.commit()
     flash(f"Attached {name}.", "success")
     return redirect(url_for("mail_templates.edit", template_id=template.id), 303)
@@ -361,6 +362,7 @@ def delete_attachment(template_id: int, index: int) -> ResponseReturnValue:
     removed = existing.pop(index)
     template.attachments = existing or None
     template.version += 1
+    template_pages.audit_save(MAIL, template, f"saved, attachment {removed.get('name')!r} removed")
     db.session.commit()
     flash(f"Removed {removed.get('name')}.", "success")
     return redirect(url_for("mail_templates.edit", template_id=template.id), 303)

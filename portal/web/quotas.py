@@ -18,8 +18,8 @@ from sqlalchemy.exc import IntegrityError
 from portal.config import Settings
 from portal.extensions import db
 from portal.messaging.quota import current_month
-from portal.models import Tenant, TenantMessageQuota, TenantMessageUsage
-from portal.web.access import Permission, can, requires, user
+from portal.models import AuditAction, Tenant, TenantMessageQuota, TenantMessageUsage
+from portal.web.access import Permission, audit, can, requires, user
 from portal.web.forms import MAX_ID, Form, form_data
 
 bp = Blueprint("quotas", __name__, url_prefix="/quotas")
@@ -175,6 +175,35 @@ def edit(tenant_id: int) -> tuple[str, int]:
     return _edit_page(tenant, form)
 
 
+def _limit_text(limit: int | None) -> str:
+    return "default" if limit is None else f"{limit:,}"
+
+
+def _save(tenant_id: int, mail: int | None, sms: int | None) -> None:
+    """Write the ceilings and their audit row (old -> new) in one commit."""
+    quota = db.session.scalar(
+        select(TenantMessageQuota).where(TenantMessageQuota.tenant_id == tenant_id)
+    )
+    if quota is None:
+        quota = TenantMessageQuota(tenant_id=tenant_id)
+        db.session.add(quota)
+    changes = [
+        f"{LABELS[name]}: {_limit_text(getattr(quota, name))} -> {_limit_text(new)}"
+        for name, new in (("mail_monthly_limit", mail), ("sms_monthly_limit", sms))
+    ]
+    audit(
+        AuditAction.QUOTA_CHANGE,
+        tenant_id=tenant_id,
+        target_type="tenant",
+        target_id=tenant_id,
+        remark="; ".join(changes),
+    )
+    quota.mail_monthly_limit = mail
+    quota.sms_monthly_limit = sms
+    quota.updated_by = user().email
+    db.session.commit()
+
+
 @bp.post("/<int(signed=True):tenant_id>")
 @requires(Permission.EDIT_QUOTA)
 def update(tenant_id: int) -> ResponseReturnValue:
@@ -185,26 +214,11 @@ def update(tenant_id: int) -> ResponseReturnValue:
     sms = form.number("sms_monthly_limit")
     if not form.ok:
         return _edit_page(tenant, form, 422)
-    quota = db.session.scalar(
-        select(TenantMessageQuota).where(TenantMessageQuota.tenant_id == tenant_id)
-    )
-    if quota is None:
-        quota = TenantMessageQuota(tenant_id=tenant_id)
-        db.session.add(quota)
-    quota.mail_monthly_limit = mail
-    quota.sms_monthly_limit = sms
-    quota.updated_by = user().email
     try:
-        db.session.commit()
+        _save(tenant_id, mail, sms)
     except IntegrityError:  # created by someone else meanwhile: save over theirs
         db.session.rollback()
-        quota = db.session.scalar(
-            select(TenantMessageQuota).where(TenantMessageQuota.tenant_id == tenant_id)
-        )
-        assert quota is not None
-        quota.mail_monthly_limit, quota.sms_monthly_limit = mail, sms
-        quota.updated_by = user().email
-        db.session.commit()
+        _save(tenant_id, mail, sms)
     name = "the platform tier" if tenant_id < 0 else tenant[1]
     flash(f"Quota of {name} saved.", "success")
     return redirect(url_for("quotas.index"), 303)

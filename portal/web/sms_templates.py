@@ -235,6 +235,8 @@ def create_binding(template_id: int) -> ResponseReturnValue:
             signature=signature,
         )
     )
+    where = f"for {country}" if country else "for any country"
+    template_pages.audit_save(SMS, template, f"bound to provider {provider_id} {where}")
     db.session.commit()
     flash("Binding added.", "success")
     return redirect(url_for("sms_templates.edit", template_id=template.id), 303)
@@ -249,6 +251,8 @@ def delete_binding(template_id: int, binding_id: int) -> ResponseReturnValue:
     if binding.template_id != template.id:
         abort(404)
     db.session.delete(binding)
+    where = f"for {binding.country_code}" if binding.country_code else "for any country"
+    template_pages.audit_save(SMS, template, f"unbound from provider {binding.provider_id} {where}")
     db.session.commit()
     flash("Binding removed.", "success")
     return redirect(url_for("sms_templates.edit", template_id=template.id), 303)

@@ -36,10 +36,10 @@ from sqlalchemy.orm import Session
 from portal.config import Settings
 from portal.extensions import db
 from portal.messaging import acceptance, templating
-from portal.models import Channel, MailTemplate, Scope, SmsTemplate
+from portal.models import AuditAction, Channel, MailTemplate, Scope, SmsTemplate
 from portal.redis_store import connect
 from portal.tenancy import PLATFORM_TENANT_ID, new_trace_id, tenant_context
-from portal.web.access import Permission, requires, user
+from portal.web.access import Permission, audit, requires, user
 from portal.web.forms import (
     Form,
     form_data,
@@ -155,6 +155,18 @@ def form_of(kind: Kind[T], template: T) -> Form:
         *(getattr(template, name) for name in kind.sources)
     )
     return Form(form_data(**values, variables=variables), kind.labels)
+
+
+def audit_save(kind: Kind[T], template: T, what: str) -> None:
+    """The audit row of a change to ``template`` (committed with it): its channel and code,
+    what happened ("created", "saved", "attachment added: a.pdf") and the version it made."""
+    audit(
+        AuditAction.TEMPLATE_SAVE,
+        tenant_id=template.tenant_id,
+        target_type=f"{kind.channel.value}_template",
+        target_id=template.id,
+        remark=f"{kind.heading} {template.code!r} {what} (version {template.version})",
+    )
 
 
 # --- sample variables and the preview ------------------------------------------------------------
@@ -292,6 +304,8 @@ def blueprint(kind: Kind[T], import_name: str) -> Blueprint:
         template = kind.model(tenant_id=tier, version=1, **values)
         db.session.add(template)
         try:
+            db.session.flush()  # the audit row names the new template's id
+            audit_save(kind, template, "created")
             db.session.commit()
         except IntegrityError:  # the same code saved by someone else a moment ago
             db.session.rollback()
@@ -322,6 +336,7 @@ def blueprint(kind: Kind[T], import_name: str) -> Blueprint:
         for key, value in values.items():
             setattr(template, key, value)
         template.version += 1
+        audit_save(kind, template, "saved")
         try:
             db.session.commit()
         except IntegrityError:
