@@ -42,7 +42,8 @@ ROLE_TEXT = {
     Role.TENANT_ADMIN: "Tenant admin",
     Role.SUPPORT: "Support",
 }
-TENANT_ROLES = (Role.TENANT_ADMIN.value, Role.SUPPORT.value)
+# Least privilege first: the invitation form offers support unless told otherwise.
+TENANT_ROLES = (Role.SUPPORT.value, Role.TENANT_ADMIN.value)
 
 INVITE_LABELS = {"email": "Email address", "name": "Name", "role": "Role"}
 ROLE_LABELS = {"role": "Role"}
