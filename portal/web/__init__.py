@@ -63,7 +63,7 @@ def register_blueprints(app: Flask) -> None:
 
 
 def _context(app: Flask) -> None:
-    from portal.web.access import Permission, can
+    from portal.web.access import Permission, can, shown_actor
 
     @app.context_processor
     def _helpers() -> dict[str, Any]:
@@ -87,6 +87,7 @@ def _context(app: Flask) -> None:
 
         return {
             "can": lambda permission: can(Permission(permission)),
+            "shown_actor": shown_actor,
             "nav_items": nav_items,
             "tenant_choices": tenant_choices,
         }

@@ -39,6 +39,7 @@ class Permission(StrEnum):
     MANAGE_USERS = "manage_users"
     VIEW_AUDIT = "view_audit"
     OWN_ACCOUNT = "own_account"  # one's own password
+    RESOLVE = "resolve"  # settle an Uncertain record (seed 002: trusted people only)
 
 
 ROLE_PERMISSIONS: dict[Role, frozenset[Permission]] = {
@@ -55,6 +56,7 @@ ROLE_PERMISSIONS: dict[Role, frozenset[Permission]] = {
             Permission.MANAGE_USERS,
             Permission.VIEW_AUDIT,
             Permission.OWN_ACCOUNT,
+            Permission.RESOLVE,
         }
     ),
     Role.SUPPORT: frozenset(
@@ -181,3 +183,26 @@ def audit(
         target_id=target_id,
         remark=remark,
     )
+
+
+def shown_actor(label: str | None) -> str | None:
+    """Who did something (a record's ``resolved_by``: an address or ``api-key:<id>``), as the
+    viewer may see it: the platform tier's people and keys are invisible to tenants, who see
+    "a platform operator" / "a platform API key" instead."""
+    if not label or is_operator():
+        return label
+    from sqlalchemy import select
+
+    from portal.extensions import db
+    from portal.models import ApiKey
+
+    if label.startswith("api-key:"):
+        key_id = label.removeprefix("api-key:")
+        tenant = (
+            db.session.scalar(select(ApiKey.tenant_id).where(ApiKey.id == int(key_id)))
+            if key_id.isdigit() and len(key_id) < 19
+            else None
+        )
+        return "a platform API key" if tenant == PLATFORM_TENANT_ID else "an API key"
+    tenant = db.session.scalar(select(AppUser.tenant_id).where(AppUser.email == label))
+    return "a platform operator" if tenant == PLATFORM_TENANT_ID else label

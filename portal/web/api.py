@@ -591,16 +591,16 @@ def resolve(channel: str, record_id: int) -> Response:
         return _for_portal(error_response(exc.status, exc.code, exc.message, exc.field))
 
 
-# Seed 002: resolving is done "from trusted server code" (an API key) or by someone who runs
-# the tenant (its admins; operators for any tenant they view); support staff only look.
-RESOLVING_ROLES = frozenset({"tenant_admin", "platform_operator"})
-
-
 def _resolve(channel: str, record_id: int) -> Response:
+    """Seed 002: resolving is done "from trusted server code" (an API key) or by someone who
+    runs the tenant (Permission.RESOLVE: its admins; operators for the tenant they view);
+    support staff only look."""
     from flask_login import current_user
 
+    from portal.web.access import Permission, can
+
     by_key = getattr(g, "api_key_id", None) is not None
-    if not by_key and current_user.role not in RESOLVING_ROLES:
+    if not by_key and not can(Permission.RESOLVE):
         return error_response(
             403, "forbidden", "only tenant admins and platform operators resolve records"
         )

@@ -16,12 +16,13 @@ from typing import Any
 
 from flask import Blueprint, render_template, request, url_for
 from flask.typing import ResponseReturnValue
-from sqlalchemy import ColumnElement, and_, or_, select
+from sqlalchemy import ColumnElement, and_, case, literal, or_, select
 
 from portal.extensions import db
-from portal.models import AuditAction, AuditEvent
+from portal.models import ApiKey, AppUser, AuditAction, AuditEvent
 from portal.models.audit import AUDIT_ACTION_TEXT
-from portal.web.access import Permission, requires, viewed_tenant
+from portal.tenancy import PLATFORM_TENANT_ID
+from portal.web.access import Permission, is_operator, requires, viewed_tenant
 from portal.web.mail_records import MAIL, Kind, _day_start, _parse_date, escape_like, parse_id
 from portal.web.mail_records import tenant_names as all_tenant_names
 from portal.web.sms_records import SMS
@@ -116,18 +117,39 @@ def scope(tenant: int | None) -> list[ColumnElement[bool]]:
     return [] if tenant is None else [AuditEvent.tenant_id == tenant]
 
 
+def actor_shown(operator: bool) -> ColumnElement[str]:
+    """The actor as the viewer may see it: operators see every label; tenants see the platform
+    tier's people and keys only as "Platform operator" / "Platform API key" (the platform
+    tier's rows are invisible to tenants), and their actor filter matches those words."""
+    if operator:
+        return AuditEvent.actor_label.expression
+    platform_user = AuditEvent.actor_user_id.in_(
+        select(AppUser.id).where(AppUser.tenant_id == PLATFORM_TENANT_ID)
+    )
+    platform_key = AuditEvent.actor_key_id.in_(
+        select(ApiKey.id).where(ApiKey.tenant_id == PLATFORM_TENANT_ID)
+    )
+    return case(
+        (platform_user, literal("Platform operator")),
+        (platform_key, literal("Platform API key")),
+        else_=AuditEvent.actor_label,
+    )
+
+
 @dataclass
 class AuditPage:
     rows: list[AuditEvent]
     older: int | None  # the cursor of the next (older) page; None on the last
+    actors: dict[int, str] = field(default_factory=dict)  # event id -> the actor as shown
 
 
 def list_page(filters: AuditFilters, tenant: int | None) -> AuditPage | None:
     """One page of matching events, newest first; None when the cursor is not a visible
     event (a link edited by hand, or one from another tenant's log)."""
     where = scope(tenant)
+    actor = actor_shown(is_operator())
     if filters.actor:
-        where.append(AuditEvent.actor_label.ilike(f"%{escape_like(filters.actor)}%", escape="\\"))
+        where.append(actor.ilike(f"%{escape_like(filters.actor)}%", escape="\\"))
     if filters.action:
         where.append(AuditEvent.action == filters.action)
     if filters.date_from:
@@ -148,16 +170,16 @@ def list_page(filters: AuditFilters, tenant: int | None) -> AuditPage | None:
                 and_(AuditEvent.created_time == cursor_time, AuditEvent.id < filters.before),
             )
         )
-    rows = list(
-        db.session.scalars(
-            select(AuditEvent)
-            .where(*where)
-            .order_by(AuditEvent.created_time.desc(), AuditEvent.id.desc())
-            .limit(PAGE_SIZE + 1)
-        )
-    )
+    found = db.session.execute(
+        select(AuditEvent, actor)
+        .where(*where)
+        .order_by(AuditEvent.created_time.desc(), AuditEvent.id.desc())
+        .limit(PAGE_SIZE + 1)
+    ).all()
+    rows = [event for event, _ in found]
     older = rows[PAGE_SIZE - 1].id if len(rows) > PAGE_SIZE else None
-    return AuditPage(rows[:PAGE_SIZE], older)
+    actors = {event.id: shown for event, shown in found[:PAGE_SIZE]}
+    return AuditPage(rows[:PAGE_SIZE], older, actors)
 
 
 def action_text(action: str) -> str:
