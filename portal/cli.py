@@ -17,8 +17,8 @@ from sqlalchemy import func, select, update
 
 from portal.extensions import db
 from portal.importer import PLATFORM_SLUG, ConfigImportError, import_config
-from portal.models import ApiKey, AppUser, Role, Tenant
-from portal.models.tenant import new_api_token
+from portal.models import ApiKey, ApiScope, AppUser, Role, Tenant
+from portal.models.tenant import DEFAULT_API_SCOPES, new_api_token, password_problem
 from portal.tenancy import PLATFORM_TENANT_ID
 
 DEMO_CONFIG = Path(__file__).resolve().parent.parent / "demo" / "demo-config.json"
@@ -106,8 +106,8 @@ def create_user(email: str, tenant_slug: str, role: str, name: str, password: st
         email = validate_email(email, check_deliverability=False).normalized.lower()
     except EmailNotValidError as exc:
         raise click.ClickException(f"{email!r} is not a valid email address: {exc}") from None
-    if len(password) < 8:
-        raise click.ClickException("the password needs at least 8 characters")
+    if (problem := password_problem(password)) is not None:
+        raise click.ClickException(f"the password {problem}")
     if db.session.scalar(select(AppUser.id).where(AppUser.email == email)):
         raise click.ClickException(f"a user with email {email} already exists")
     user = AppUser(email=email, tenant_id=tenant_id, role=role, name=name)
@@ -147,11 +147,19 @@ def end_sessions(email: str | None, everyone: bool) -> None:
 @click.command("create-api-key")
 @click.option("--tenant", "tenant_slug", required=True, help="Tenant slug, or 'platform'.")
 @click.option("--name", required=True)
-def create_api_key(tenant_slug: str, name: str) -> None:
+@click.option(
+    "--scope",
+    "scopes",
+    multiple=True,
+    type=click.Choice([scope.value for scope in ApiScope]),
+    help="What the key may do (repeat for both); default: send and read.",
+)
+def create_api_key(tenant_slug: str, name: str, scopes: tuple[str, ...]) -> None:
     """Create an API key and print its token once (only a digest is stored)."""
     tenant_id = _tenant_id(tenant_slug)
     token = new_api_token()
-    key = ApiKey(tenant_id=tenant_id, name=name, created_by="cli")
+    chosen = " ".join(s.value for s in ApiScope if s.value in scopes) or DEFAULT_API_SCOPES
+    key = ApiKey(tenant_id=tenant_id, name=name, created_by="cli", scopes=chosen)
     key.set_token(token)
     db.session.add(key)
     db.session.commit()

@@ -40,7 +40,7 @@ from portal.models import (
     TenantMessageQuota,
     UncertainPolicy,
 )
-from portal.models.tenant import DEFAULT_API_SCOPES, hash_api_token
+from portal.models.tenant import DEFAULT_API_SCOPES, hash_api_token, password_problem
 from portal.tenancy import PLATFORM_TENANT_ID
 
 PLATFORM_SLUG = "platform"
@@ -324,8 +324,10 @@ class _Importer:
         assert email is not None
         row = self.session.scalar(select(AppUser).where(AppUser.email == email))
         if row is None:
-            if not password or len(password) < 8:
-                raise e.fail("password (at least 8 characters) is required for a new user")
+            if not password:
+                raise e.fail("password is required for a new user")
+            if (problem := password_problem(password)) is not None:
+                raise e.fail(f"password {problem}")
             row = AppUser(email=email)
             self.session.add(row)
             self.report.count("users", True)
@@ -339,8 +341,8 @@ class _Importer:
         row.name = e.text("name", max_len=200) or ""
         row.is_active = e.flag("active", self.stored(row, "is_active"), True)
         if password and (row.password_hash is None or not row.check_password(password)):
-            if len(password) < 8:
-                raise e.fail("password must be at least 8 characters")
+            if (problem := password_problem(password)) is not None:
+                raise e.fail(f"password {problem}")
             row.set_password(password)
         if self.stored(row, "id") is not None and before != (
             row.password_hash,

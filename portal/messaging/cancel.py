@@ -98,9 +98,7 @@ def cancel_records(
             )
             .returning(model.id, model.tenant_id)
             .execution_options(synchronize_session=False)
-        )
-        .tuples()
-        .all()
+        ).all()
     )
     report.tenant_of = dict(done)
     report.cancelled = [i for i in wanted if i in done]

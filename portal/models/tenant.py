@@ -58,6 +58,21 @@ class Tenant(Base):
     )
 
 
+# The one password rule (sign-in, invitations, one's own change, create-user, import-config).
+# Sign-in reads at most MAX_PASSWORD_CHARS characters.
+MIN_PASSWORD_CHARS = 8
+MAX_PASSWORD_CHARS = 1024
+
+
+def password_problem(password: str) -> str | None:
+    """What is wrong with ``password`` as a new password ("must be ..."), or None."""
+    if len(password) < MIN_PASSWORD_CHARS:
+        return f"must be at least {MIN_PASSWORD_CHARS} characters"
+    if len(password) > MAX_PASSWORD_CHARS:
+        return f"must be at most {MAX_PASSWORD_CHARS:,} characters"
+    return None
+
+
 class AppUser(Base):
     """A person who signs in to the portal."""
 

@@ -35,6 +35,7 @@ from werkzeug.wrappers import Response as WerkzeugResponse
 
 from portal.extensions import db, login_manager
 from portal.models import AppUser, AuditAction, LoginThrottle, add_audit, db_now, db_now_plus
+from portal.models.tenant import MAX_PASSWORD_CHARS
 from portal.redis_store import connect
 from portal.web.security import safe_next
 
@@ -269,7 +270,7 @@ def login() -> str | Response | WerkzeugResponse | tuple[str, int]:
         return render_template("auth/login.html", email=email, error=LOCKED_OUT), 429
     found = db.session.scalar(select(AppUser).where(AppUser.email == email))
     generation = found.session_generation if found is not None else None
-    ok = (found or _DUMMY).check_password(password[:1024]) and found is not None
+    ok = (found or _DUMMY).check_password(password[:MAX_PASSWORD_CHARS]) and found is not None
     if not ok or found is None or not found.is_active:
         reason = (
             "unknown address"

@@ -24,6 +24,7 @@ from portal.extensions import db
 from portal.messaging import acceptance
 from portal.models import AppUser, AuditAction, Role, Scope, add_audit, db_now
 from portal.models.base import db_now_plus
+from portal.models.tenant import MAX_PASSWORD_CHARS, password_problem
 from portal.tenancy import PLATFORM_TENANT_ID, new_trace_id, tenant_context
 from portal.web import auth
 from portal.web.access import Permission, audit, is_operator, requires, user, viewed_tenant
@@ -32,9 +33,6 @@ from portal.web.forms import MAX_ID, Form, settings, tier_name, viewed_tier
 bp = Blueprint("users", __name__, url_prefix="/users")
 
 INVITATION_VALID_S = 48 * 3600
-# The same floor as `flask create-user` and import-config; the ceiling is what sign-in reads.
-MIN_PASSWORD_CHARS = 8
-MAX_PASSWORD_CHARS = 1024
 MAX_TOKEN_CHARS = 100
 
 ROLE_TEXT = {
@@ -303,10 +301,8 @@ def _new_password(form: Form) -> str | None:
     password = form.raw("password")
     if not password:
         form.fail("password", "is required")
-    elif len(password) < MIN_PASSWORD_CHARS:
-        form.fail("password", f"must be at least {MIN_PASSWORD_CHARS} characters")
-    elif len(password) > MAX_PASSWORD_CHARS:
-        form.fail("password", f"must be at most {MAX_PASSWORD_CHARS:,} characters")
+    elif (problem := password_problem(password)) is not None:
+        form.fail("password", problem)
     elif form.raw("confirm") != password:
         form.fail("confirm", "does not match the new password")
     return password if form.ok else None

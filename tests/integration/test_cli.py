@@ -877,6 +877,30 @@ def test_create_api_key_for_an_unknown_tenant_writes_nothing(runner: FlaskCliRun
     assert db.session.scalar(select(func.count()).select_from(ApiKey)) == 0
 
 
+def test_create_api_key_takes_its_scopes(any_app: Flask, runner: FlaskCliRunner) -> None:
+    make_tenant("acme")
+    db.session.commit()
+    token = invoke(
+        runner, "create-api-key", "--tenant", "acme", "--name", "reader", "--scope", "read"
+    ).stdout.strip()
+    key = db.session.scalar(select(ApiKey).where(ApiKey.name == "reader"))
+    assert key is not None
+    assert key.scope_set == {"read"}
+    client = any_app.test_client()
+    mail = {"to": ["ann@example.com"], "subject": "Hello", "text": "Hi"}
+    refused = client.post("/api/v1/mail", json=mail, headers={"Authorization": f"Bearer {token}"})
+    assert refused.status_code == 403
+    assert refused.json["error"]["code"] == "insufficient_scope"  # type: ignore[index]
+    both = invoke(runner, "create-api-key", "--tenant", "acme", "--name", "both")
+    assert both.exit_code == 0
+    key = db.session.scalar(select(ApiKey).where(ApiKey.name == "both"))
+    assert key is not None
+    assert key.scope_set == {"send", "read"}
+    bad = invoke(runner, "create-api-key", "--tenant", "acme", "--name", "x", "--scope", "admin")
+    assert bad.exit_code == 2
+    assert "--scope" in bad.output
+
+
 def test_each_api_key_is_new(runner: FlaskCliRunner) -> None:
     make_tenant("acme")
     db.session.commit()
