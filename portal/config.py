@@ -64,6 +64,15 @@ def _secret_key(env: dict[str, str], production: bool) -> str:
     return key
 
 
+def _base_url(env: dict[str, str]) -> str | None:
+    raw = (env.get("PUBLIC_BASE_URL") or "").strip().rstrip("/")
+    if not raw:
+        return None
+    if not raw.startswith(("https://", "http://")) or any(ch in raw for ch in "?# \t\r\n"):
+        raise ConfigError(f"PUBLIC_BASE_URL must be an http(s) URL without query, got {raw!r}")
+    return raw
+
+
 @dataclass(frozen=True)
 class Settings:
     database_url: str
@@ -97,6 +106,9 @@ class Settings:
     # A portal session ends after this long without a request, and this long after sign-in.
     session_idle_s: float = 1800.0
     session_max_s: float = 43200.0
+    # The portal's address as users reach it (https://portal.example.com), for links we mail
+    # (invitations); unset: the request's own host, which a client can choose.
+    public_base_url: str | None = None
     mail_body_max_chars: int = 1_048_576
     mail_monthly_default: int | None = None
     sms_monthly_default: int | None = None
@@ -136,6 +148,7 @@ class Settings:
             api_key_cache_s=_float(env, "API_KEY_CACHE_S", 5.0),
             session_idle_s=_float(env, "SESSION_IDLE_S", 1800.0),
             session_max_s=_float(env, "SESSION_MAX_S", 43200.0),
+            public_base_url=_base_url(env),
             mail_body_max_chars=_int(env, "MAIL_BODY_MAX_CHARS", 1_048_576) or 0,
             mail_monthly_default=_int(env, "MAIL_MONTHLY_DEFAULT", None),
             sms_monthly_default=_int(env, "SMS_MONTHLY_DEFAULT", None),

@@ -40,7 +40,12 @@ from portal.models import (
     TenantMessageQuota,
     UncertainPolicy,
 )
-from portal.models.tenant import DEFAULT_API_SCOPES, hash_api_token, password_problem
+from portal.models.tenant import (
+    DEFAULT_API_SCOPES,
+    MIN_PASSWORD_CHARS,
+    hash_api_token,
+    password_problem,
+)
 from portal.tenancy import PLATFORM_TENANT_ID
 
 PLATFORM_SLUG = "platform"
@@ -324,10 +329,9 @@ class _Importer:
         assert email is not None
         row = self.session.scalar(select(AppUser).where(AppUser.email == email))
         if row is None:
-            if not password:
-                raise e.fail("password is required for a new user")
-            if (problem := password_problem(password)) is not None:
-                raise e.fail(f"password {problem}")
+            if not password or password_problem(password) is not None:
+                floor = MIN_PASSWORD_CHARS
+                raise e.fail(f"password (at least {floor} characters) is required for a new user")
             row = AppUser(email=email)
             self.session.add(row)
             self.report.count("users", True)

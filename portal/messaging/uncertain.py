@@ -100,16 +100,19 @@ def resolve_uncertain(
             if isinstance(record, MailSendRecord)
             else record.provider_config_id
         )
-        taken = session.scalar(
-            select(model.id)
+        taken = session.execute(
+            select(model.id, model.tenant_id)
             .where(route_col == route, model.provider_message_id == pid, model.id != record.id)
             .limit(1)
-        )
+        ).first()
         if taken is not None:
+            # A platform-tier route is shared by every tenant: another tenant's record is
+            # never named (nor is it said to be another tenant's).
+            which = f"record {taken.id}" if taken.tenant_id == record.tenant_id else "a record"
             raise ResolveError(
                 409,
                 "provider_id_taken",
-                f"provider message id {pid!r} is already assigned to record {taken} on this route",
+                f"provider message id {pid!r} is already assigned to {which} on this route",
                 "providerMessageId",
             )
         values |= {

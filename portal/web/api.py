@@ -411,7 +411,7 @@ def mail_show(record_id: int) -> Response:
     record = _own_record(MailSendRecord, record_id)
     if record is None:
         return error_response(404, "not_found", "no such mail record", "id")
-    return jsonify(mail_record_json(record))
+    return jsonify(mail_record_json(record, g.tenant_id))
 
 
 @bp.get("/sms/<int:record_id>")
@@ -421,7 +421,7 @@ def sms_show(record_id: int) -> Response:
     record = _own_record(SmsSendRecord, record_id)
     if record is None:
         return error_response(404, "not_found", "no such SMS record", "id")
-    return jsonify(sms_record_json(record))
+    return jsonify(sms_record_json(record, g.tenant_id))
 
 
 # --- cancel and resolve ----------------------------------------------------------------
@@ -617,6 +617,8 @@ def _resolve(channel: str, record_id: int) -> Response:
     for name, value in (("providerMessageId", pid), ("reason", reason)):
         if value is not None and not isinstance(value, str):
             raise _BadRequest("invalid", f"{name} must be a string", 422, name)
+        if value is not None and "\x00" in value:  # refused here, not by the database
+            raise _BadRequest("invalid", f"{name} must not contain a NUL character", 422, name)
     if record_id > acceptance.MAX_ID:
         return error_response(404, "not_found", "no such record", "id")
     by = f"api-key:{g.api_key_id}" if by_key else str(current_user.email)

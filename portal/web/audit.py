@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 from flask import Blueprint, render_template, request, url_for
@@ -23,7 +23,15 @@ from portal.models import ApiKey, AppUser, AuditAction, AuditEvent
 from portal.models.audit import AUDIT_ACTION_TEXT
 from portal.tenancy import PLATFORM_TENANT_ID
 from portal.web.access import Permission, is_operator, requires, viewed_tenant
-from portal.web.mail_records import MAIL, Kind, _day_start, _parse_date, escape_like, parse_id
+from portal.web.mail_records import (
+    MAIL,
+    Kind,
+    day_end,
+    day_start,
+    escape_like,
+    parse_date,
+    parse_id,
+)
 from portal.web.mail_records import tenant_names as all_tenant_names
 from portal.web.sms_records import SMS
 
@@ -96,13 +104,13 @@ def parse_filters(source: Mapping[str, str]) -> AuditFilters:
     for name, label in (("from", "From"), ("to", "To")):
         if not raw[name]:
             continue
-        day = _parse_date(raw[name])
+        day = parse_date(raw[name])
         if day is None:
             errors[name] = f"{label}: enter a real date, like 2025-03-31."
         elif name == "from":
-            filters.date_from = _day_start(day)
+            filters.date_from = day_start(day)
         else:
-            filters.date_to = _day_start(day) + timedelta(days=1)
+            filters.date_to = day_end(day)
     if filters.date_from and filters.date_to and filters.date_from >= filters.date_to:
         errors["to"] = "To: the end date must be on or after the start date."
     if raw["before"]:

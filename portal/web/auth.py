@@ -34,7 +34,15 @@ from sqlalchemy.exc import DBAPIError
 from werkzeug.wrappers import Response as WerkzeugResponse
 
 from portal.extensions import db, login_manager
-from portal.models import AppUser, AuditAction, LoginThrottle, add_audit, db_now, db_now_plus
+from portal.models import (
+    AppUser,
+    AuditAction,
+    LoginThrottle,
+    Tenant,
+    add_audit,
+    db_now,
+    db_now_plus,
+)
 from portal.models.tenant import MAX_PASSWORD_CHARS
 from portal.redis_store import connect
 from portal.web.security import safe_next
@@ -85,7 +93,13 @@ def keep_session(user: AppUser) -> None:
 
 
 def _start_session(user: AppUser) -> None:
-    session.pop("view_tenant", None)  # an operator's choice is not the next person's
+    # A fresh session: nothing of the one before sign-in (an operator's tenant choice, stale
+    # keys) carries over, but the CSRF token of the sign-in form does, so a page opened before
+    # signing in still posts. Sign-out clears everything, the CSRF token too.
+    csrf_token = session.get("csrf_token")
+    session.clear()
+    if csrf_token is not None:
+        session["csrf_token"] = csrf_token
     login_user(user)  # no remember-me: the session cookie is the only way back in
     now = time.time()
     session[GENERATION] = user.session_generation
@@ -94,8 +108,7 @@ def _start_session(user: AppUser) -> None:
 
 
 def _forget_session() -> None:
-    for key in ("_user_id", "_fresh", "_id", GENERATION, SIGNED_IN_AT, SEEN_AT, "view_tenant"):
-        session.pop(key, None)
+    session.clear()  # its CSRF token too: the next person at this browser starts afresh
     # Also tells flask-login to delete a remember cookie, should one ever arrive.
     session["_remember"] = "clear"
 
@@ -116,10 +129,18 @@ def _session_alive(user: AppUser) -> bool:
     return True
 
 
+def may_sign_in(user: AppUser) -> bool:
+    """An active user of an active tenant (a deactivated tenant's keys are refused too)."""
+    if not user.is_active:
+        return False
+    tenant = db.session.get(Tenant, user.tenant_id)
+    return tenant is not None and tenant.is_active
+
+
 @login_manager.user_loader  # type: ignore[untyped-decorator]
 def _load_user(user_id: str) -> AppUser | None:
     found = db.session.get(AppUser, int(user_id)) if user_id.isdigit() else None
-    if found is None or not found.is_active or not _session_alive(found):
+    if found is None or not may_sign_in(found) or not _session_alive(found):
         _forget_session()
         return None
     return found
@@ -255,6 +276,11 @@ def login() -> str | Response | WerkzeugResponse | tuple[str, int]:
         return render_template("auth/login.html", email="", error=None)
     email = (request.form.get("email") or "").strip().lower()[:320]
     password = request.form.get("password") or ""
+    if any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in email):
+        # No address has one; PostgreSQL refuses a NUL in a query. Nothing is checked.
+        return render_template(
+            "auth/login.html", email="", error="That is not an email address."
+        ), 422
     if not email or not password:
         return render_template(
             "auth/login.html", email=email, error="Enter your email address and password."
@@ -271,11 +297,11 @@ def login() -> str | Response | WerkzeugResponse | tuple[str, int]:
     found = db.session.scalar(select(AppUser).where(AppUser.email == email))
     generation = found.session_generation if found is not None else None
     ok = (found or _DUMMY).check_password(password[:MAX_PASSWORD_CHARS]) and found is not None
-    if not ok or found is None or not found.is_active:
+    if not ok or found is None or not may_sign_in(found):
         reason = (
             "unknown address"
             if found is None
-            else ("wrong password" if not ok else "account deactivated")
+            else ("wrong password" if not ok else "account or tenant deactivated")
         )
         db.session.rollback()  # a rehash of a deactivated account's hash is not kept
         _audit_failure(email, found, f"from {client}; {reason}")

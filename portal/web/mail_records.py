@@ -104,7 +104,7 @@ def parse_id(raw: str | None) -> int | None:
     return value if value <= MAX_ID else None
 
 
-def _parse_date(raw: str) -> date | None:
+def parse_date(raw: str) -> date | None:
     if not _DATE.fullmatch(raw):
         return None
     try:
@@ -135,7 +135,7 @@ def parse_filters(source: Mapping[str, str]) -> Filters:
         filters.template = raw["template"]
     for name in ("from", "to"):
         if raw[name]:
-            parsed = _parse_date(raw[name])
+            parsed = parse_date(raw[name])
             if parsed is None:
                 errors[name] = "Enter a real date, like 2025-03-31."
             elif name == "from":
@@ -151,8 +151,17 @@ def parse_filters(source: Mapping[str, str]) -> Filters:
     return filters
 
 
-def _day_start(day: date) -> datetime:
+def day_start(day: date) -> datetime:
+    """The first instant of ``day`` (UTC)."""
     return datetime.combine(day, time.min, tzinfo=UTC)
+
+
+def day_end(day: date) -> datetime:
+    """The first instant after ``day`` (UTC): the exclusive end of a "to" date, which for the
+    last day of the calendar is its last instant (there is no day after it)."""
+    if day == date.max:
+        return datetime.max.replace(tzinfo=UTC)
+    return day_start(day + timedelta(days=1))
 
 
 # --- what differs per channel ---------------------------------------------------------------
@@ -308,9 +317,9 @@ def conditions(
     if filters.template:
         where.append(model.template_code == filters.template)
     if filters.date_from:
-        where.append(model.created_time >= _day_start(filters.date_from))
+        where.append(model.created_time >= day_start(filters.date_from))
     if filters.date_to:
-        where.append(model.created_time < _day_start(filters.date_to) + timedelta(days=1))
+        where.append(model.created_time < day_end(filters.date_to))
     search = kind.search(filters.q, tenant, filters.before) if filters.q else None
     if search is not None:
         where.extend(search.clauses)

@@ -5,7 +5,8 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from portal.models import MailSendRecord, SmsSendRecord
+from portal.models import MailSendRecord, Scope, SmsSendRecord
+from portal.tenancy import PLATFORM_TENANT_ID
 
 
 def _time(value: datetime | None) -> str | None:
@@ -33,21 +34,29 @@ def _common(record: MailSendRecord | SmsSendRecord) -> dict[str, Any]:
     }
 
 
-def mail_record_json(record: MailSendRecord) -> dict[str, Any]:
+def _platform_hidden(record: MailSendRecord | SmsSendRecord, caller_tenant: int) -> bool:
+    """A record of the platform scope was prepared with the platform tier's template and
+    server or provider, whose ids a tenant never sees (they are null for it)."""
+    return record.scope == Scope.PLATFORM.value and caller_tenant != PLATFORM_TENANT_ID
+
+
+def mail_record_json(record: MailSendRecord, caller_tenant: int) -> dict[str, Any]:
+    hidden = _platform_hidden(record, caller_tenant)
     return _common(record) | {
         "to": record.to_addrs,
         "cc": record.cc_addrs or [],
         "bcc": record.bcc_addrs or [],
         "subject": record.rendered_subject or record.subject,
-        "templateId": record.template_id,
-        "serverId": record.server_config_id or record.server_id,
+        "templateId": None if hidden else record.template_id,
+        "serverId": None if hidden else (record.server_config_id or record.server_id),
     }
 
 
-def sms_record_json(record: SmsSendRecord) -> dict[str, Any]:
+def sms_record_json(record: SmsSendRecord, caller_tenant: int) -> dict[str, Any]:
+    hidden = _platform_hidden(record, caller_tenant)
     return _common(record) | {
         "phoneNumber": record.phone_number,
         "countryCode": record.country_code,
         "content": record.rendered_content or record.content,
-        "providerId": record.provider_config_id,
+        "providerId": None if hidden else record.provider_config_id,
     }

@@ -163,7 +163,12 @@ def create() -> tuple[str, int]:
     invited.set_password(secrets.token_urlsafe(32))
     invited.password_token_hash = hash_token(token)
     invited.password_token_expires_at = db_now_plus(INVITATION_VALID_S)
-    link = url_for("users.accept", token=token, _external=True)
+    base = settings().public_base_url
+    link = (
+        base + url_for("users.accept", token=token)
+        if base
+        else url_for("users.accept", token=token, _external=True)
+    )
     try:
         db.session.add(invited)
         db.session.flush()
@@ -203,9 +208,14 @@ def _mail_invitation(invited: AppUser, link: str) -> int:
     where = (
         "" if invited.tenant_id == PLATFORM_TENANT_ID else f" for {tier_name(invited.tenant_id)}"
     )
+    # A tenant's people never learn the platform tier's (operators') addresses.
+    platform_inviter = (
+        inviter.tenant_id == PLATFORM_TENANT_ID and invited.tenant_id != PLATFORM_TENANT_ID
+    )
+    by = "A platform operator" if platform_inviter else inviter.email
     text = (
         f"Hello{' ' + invited.name if invited.name else ''},\n\n"
-        f"{inviter.email} has invited you to Postroom{where}.\n"
+        f"{by} has invited you to Postroom{where}.\n"
         f"Set your password with this link (it works once, for "
         f"{INVITATION_VALID_S // 3600} hours):\n\n{link}\n\n"
         "If you did not expect this invitation, ignore this mail.\n"

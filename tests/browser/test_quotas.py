@@ -84,7 +84,10 @@ def test_a_tenant_admin_reads_its_quota_and_manages_api_keys(
     expect(row).to_contain_text("Active")
     assert token not in page.content()
     screenshot(page, "api-keys")
-    row.get_by_role("button", name="Revoke").click()
+    row.get_by_role("link", name=re.compile("Revoke")).click()
+    # Revoking asks first, on a page of its own.
+    expect(page.get_by_role("heading", name=re.compile("Revoke API key"))).to_be_visible()
+    page.get_by_role("button", name=re.compile("Revoke")).click()
     expect(page.get_by_text("Key 'billing (production)' revoked")).to_be_visible()
     expect(page.get_by_role("row", name=re.compile("billing"))).to_contain_text("Revoked")
     key = db.session.scalar(db.select(ApiKey).where(ApiKey.name == "billing (production)"))

@@ -493,7 +493,15 @@ def test_every_route_refuses_other_tiers_ids_and_shows_none_of_their_data(
                 )
     # The lists of what the walk did in A (the operator's and the platform key's actions
     # among them): their actors are shown to A's people without the platform tier's names.
-    for page in ("/audit/", "/users/", "/mail-records/", "/sms-records/"):
+    pages = (
+        "/audit/",
+        "/users/",
+        "/api-keys/",
+        "/suppressions/",
+        "/mail-records/",
+        "/sms-records/",
+    )
+    for page in pages:
         for headers in ({}, {"HX-Request": "true"}):
             response = recheck.get(page, headers=headers)
             leaked = sorted(m for m in markers_in(response) if m[2] in "bpn")
