@@ -86,7 +86,7 @@ def create() -> tuple[str, int]:
     audit(
         AuditAction.KEY_CREATE,
         tenant_id=tier,
-        target_type="ApiKey",
+        target_type="api_key",
         target_id=key.id,
         remark=f"{name} (scopes: {scopes})",
     )
@@ -110,7 +110,7 @@ def delete(key_id: int) -> ResponseReturnValue:
         audit(
             AuditAction.KEY_REVOKE,
             tenant_id=key.tenant_id,
-            target_type="ApiKey",
+            target_type="api_key",
             target_id=key.id,
             remark=key.name,
         )

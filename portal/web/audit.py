@@ -12,7 +12,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
 
 from flask import Blueprint, render_template, request, url_for
 from flask.typing import ResponseReturnValue
@@ -26,6 +25,7 @@ from portal.web.access import Permission, is_operator, requires, viewed_tenant
 from portal.web.mail_records import (
     MAIL,
     Kind,
+    ListFilters,
     day_end,
     day_start,
     escape_like,
@@ -41,19 +41,12 @@ PAGE_SIZE = 50
 MAX_ACTOR_CHARS = 400  # the length of actor_label
 ACTIONS = [(action.value, AUDIT_ACTION_TEXT[action]) for action in AuditAction]
 ACTION_VALUES = frozenset(value for value, _ in ACTIONS)
-# target_type of a send record, as the writers name it (the model, or channel_record).
-RECORD_KINDS: dict[str, Kind] = {
-    MAIL.model.__name__: MAIL,
-    "mail_record": MAIL,
-    SMS.model.__name__: SMS,
-    "sms_record": SMS,
-}
+# target_type of a send record, as every writer names it: the model (the seeds' name).
+RECORD_KINDS: dict[str, Kind] = {MAIL.model.__name__: MAIL, SMS.model.__name__: SMS}
 # Targets whose plain name is not their type with the underscores taken out ("mail_server").
 TARGET_NOUNS = {
     MAIL.model.__name__: "Mail record",
-    "mail_record": "Mail record",
     SMS.model.__name__: "SMS record",
-    "sms_record": "SMS record",
     "api_key": "API key",
     "sms_provider": "SMS provider",
     "sms_template": "SMS template",
@@ -61,25 +54,13 @@ TARGET_NOUNS = {
 
 
 @dataclass
-class AuditFilters:
+class AuditFilters(ListFilters):
     """What the log shows: actor text, action, dates, and the keyset cursor (an event id)."""
 
     actor: str = ""
     action: str = ""
     date_from: datetime | None = None  # inclusive
     date_to: datetime | None = None  # exclusive: the day after the "to" date
-    before: int | None = None
-    raw: dict[str, str] = field(default_factory=dict)
-    errors: dict[str, str] = field(default_factory=dict)
-
-    def args(self, **overrides: Any) -> dict[str, Any]:
-        """The filter's query arguments (for links that keep it), without the cursor."""
-        values = {k: v for k, v in self.raw.items() if v and k != "before"}
-        return values | {k: v for k, v in overrides.items() if v is not None}
-
-    @property
-    def active(self) -> bool:
-        return any(v for k, v in self.raw.items() if k != "before")
 
 
 def parse_filters(source: Mapping[str, str]) -> AuditFilters:

@@ -137,6 +137,21 @@ def may_sign_in(user: AppUser) -> bool:
     return tenant is not None and tenant.is_active
 
 
+def audit_own(user: AppUser, action: AuditAction, remark: str = "") -> None:
+    """An audit row of ``user`` acting on their own account, when they are not (or not yet,
+    or no longer) the signed-in user: sign-in, sign-out, a password set from an invitation."""
+    add_audit(
+        db.session(),
+        action,
+        tenant_id=user.tenant_id,
+        actor_user_id=user.id,
+        actor_label=user.email,
+        target_type="user",
+        target_id=user.id,
+        remark=remark,
+    )
+
+
 @login_manager.user_loader  # type: ignore[untyped-decorator]
 def _load_user(user_id: str) -> AppUser | None:
     found = db.session.get(AppUser, int(user_id)) if user_id.isdigit() else None
@@ -313,16 +328,7 @@ def login() -> str | Response | WerkzeugResponse | tuple[str, int]:
         found.session_generation = generation
     _refund(attempt)
     found.last_login_at = db_now()
-    add_audit(
-        db.session(),
-        AuditAction.SIGN_IN,
-        tenant_id=found.tenant_id,
-        actor_user_id=found.id,
-        actor_label=email,
-        target_type="user",
-        target_id=found.id,
-        remark=f"from {client}",
-    )
+    audit_own(found, AuditAction.SIGN_IN, f"from {client}")
     db.session.commit()
     _start_session(found)
     return redirect(safe_next(request.args.get("next"), url_for("dashboard.index")))
@@ -335,16 +341,7 @@ def logout() -> WerkzeugResponse:
     if current_user.is_authenticated:
         me: AppUser = current_user._get_current_object()
         me.end_sessions()
-        add_audit(
-            db.session(),
-            AuditAction.SIGN_OUT,
-            tenant_id=me.tenant_id,
-            actor_user_id=me.id,
-            actor_label=me.email,
-            target_type="user",
-            target_id=me.id,
-            remark=f"from {request.remote_addr or 'unknown'}",
-        )
+        audit_own(me, AuditAction.SIGN_OUT, f"from {request.remote_addr or 'unknown'}")
         db.session.commit()
     logout_user()
     _forget_session()

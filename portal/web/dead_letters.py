@@ -6,7 +6,7 @@ again, the page links to the send record and its Retry (seed 000, "Dead letters"
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from flask import Blueprint, abort, flash, redirect, render_template, request, url_for
@@ -23,6 +23,7 @@ from portal.web.mail_records import (
     MAX_TEMPLATE_CHARS,
     PAGE_SIZE,
     Kind,
+    ListFilters,
     parse_id,
     pretty_json,
     refusal,
@@ -41,22 +42,11 @@ MAX_REMARK_CHARS = 2000
 
 
 @dataclass
-class DeadLetterFilters:
+class DeadLetterFilters(ListFilters):
     status: str = ""
     channel: str = ""
     code: str = ""
     tenant: int | None = None
-    before: int | None = None
-    raw: dict[str, str] = field(default_factory=dict)
-    errors: dict[str, str] = field(default_factory=dict)
-
-    def args(self, **overrides: Any) -> dict[str, Any]:
-        values = {k: v for k, v in self.raw.items() if v and k != "before"}
-        return values | {k: v for k, v in overrides.items() if v is not None}
-
-    @property
-    def active(self) -> bool:
-        return any(v for k, v in self.raw.items() if k != "before")
 
 
 def parse_filters(source: Any, all_tenants: bool) -> DeadLetterFilters:

@@ -73,16 +73,12 @@ _ID = re.compile(r"[1-9]\d{0,18}")
 
 
 @dataclass
-class Filters:
-    """What the list shows: the search box, status, template, dates, and the keyset cursor."""
+class ListFilters:
+    """A list page's filters as typed (to put back in the form) and their problems by field,
+    with the keyset cursor ``before``; each list adds its own parsed fields."""
 
-    q: str = ""
-    status: str = ""
-    template: str = ""
-    date_from: date | None = None
-    date_to: date | None = None
     before: int | None = None
-    raw: dict[str, str] = field(default_factory=dict)  # as typed, to put back in the form
+    raw: dict[str, str] = field(default_factory=dict)
     errors: dict[str, str] = field(default_factory=dict)
 
     def args(self, **overrides: Any) -> dict[str, Any]:
@@ -93,6 +89,17 @@ class Filters:
     @property
     def active(self) -> bool:
         return any(v for k, v in self.raw.items() if k != "before")
+
+
+@dataclass
+class Filters(ListFilters):
+    """What the list shows: the search box, status, template, dates, and the keyset cursor."""
+
+    q: str = ""
+    status: str = ""
+    template: str = ""
+    date_from: date | None = None
+    date_to: date | None = None
 
 
 def parse_id(raw: str | None) -> int | None:

@@ -403,23 +403,22 @@ def _document() -> dict[str, Any]:
                         "status": {"type": "string", "enum": ["Cancelled"]},
                     },
                 },
+                "Skipped": {
+                    "type": "array",
+                    "description": "The ids not acted on, each with the reason",
+                    "items": {
+                        "type": "object",
+                        "required": ["id", "reason"],
+                        "properties": {"id": {"type": "integer"}, "reason": {"type": "string"}},
+                    },
+                },
                 "BulkCancelled": {
                     "type": "object",
                     "required": ["cancelled", "cancelledIds", "skipped"],
                     "properties": {
                         "cancelled": {"type": "integer"},
                         "cancelledIds": {"type": "array", "items": {"type": "integer"}},
-                        "skipped": {
-                            "type": "array",
-                            "items": {
-                                "type": "object",
-                                "required": ["id", "reason"],
-                                "properties": {
-                                    "id": {"type": "integer"},
-                                    "reason": {"type": "string"},
-                                },
-                            },
-                        },
+                        "skipped": {"$ref": "#/components/schemas/Skipped"},
                     },
                 },
                 "Retried": {
@@ -437,17 +436,7 @@ def _document() -> dict[str, Any]:
                     "properties": {
                         "requeued": {"type": "integer"},
                         "requeuedIds": {"type": "array", "items": {"type": "integer"}},
-                        "skipped": {
-                            "type": "array",
-                            "items": {
-                                "type": "object",
-                                "required": ["id", "reason"],
-                                "properties": {
-                                    "id": {"type": "integer"},
-                                    "reason": {"type": "string"},
-                                },
-                            },
-                        },
+                        "skipped": {"$ref": "#/components/schemas/Skipped"},
                     },
                 },
                 "Usage": {

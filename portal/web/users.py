@@ -22,7 +22,7 @@ from sqlalchemy.exc import IntegrityError
 
 from portal.extensions import db
 from portal.messaging import acceptance
-from portal.models import AppUser, AuditAction, Role, Scope, add_audit, db_now
+from portal.models import AppUser, AuditAction, Role, Scope, db_now
 from portal.models.base import db_now_plus
 from portal.models.tenant import MAX_PASSWORD_CHARS, password_problem
 from portal.tenancy import PLATFORM_TENANT_ID, new_trace_id, tenant_context
@@ -378,15 +378,7 @@ def accept(token: str) -> ResponseReturnValue:
     invited.password_token_expires_at = None
     invited.end_sessions()
     # No one is signed in: the actor is the invited user, who holds the link.
-    add_audit(
-        db.session(),
-        AuditAction.PASSWORD_SET,
-        tenant_id=invited.tenant_id,
-        actor_user_id=invited.id,
-        actor_label=invited.email,
-        target_type="user",
-        target_id=invited.id,
-    )
+    auth.audit_own(invited, AuditAction.PASSWORD_SET)
     db.session.commit()
     flash("Your password is set. Sign in with your email address and the new password.", "success")
     return redirect(url_for("auth.login"), 303)
