@@ -85,7 +85,10 @@ class Settings:
     max_retries: int = 5
     backoff_base_s: float = 30.0
     quota_retry_floor_s: float = 300.0
-    retry_after_cap_s: float = 3600.0
+    retry_after_cap_s: float = 3600.0  # RETRY_AFTER_MAX_S: a provider's Retry-After, capped
+    # No automatic attempt this long after a record's first claim (seed 002: 23 hours);
+    # a server or provider may set its own.
+    resend_window_s: float = 82800.0
     stuck_send_threshold_s: float = 300.0
     sweep_interval_s: float = 60.0
     schedule_check_s: float = 30.0
@@ -115,7 +118,7 @@ class Settings:
     worker_metrics_port: int = 9101
     max_request_bytes: int = 10 * 1024 * 1024
     attachment_max_bytes: int = 5 * 1024 * 1024
-    template_max_chars: int = 200_000
+    template_max_chars: int = 50_000
     variables_max_bytes: int = 64 * 1024
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -144,6 +147,9 @@ class Settings:
             sms_connect_timeout_s=_float(env, "SMS_CONNECT_TIMEOUT_S", 5.0),
             sms_read_timeout_s=_float(env, "SMS_READ_TIMEOUT_S", 30.0),
             rate_limit_timeout_s=_float(env, "RATE_LIMIT_TIMEOUT_S", 0.5),
+            retry_after_cap_s=_float(env, "RETRY_AFTER_MAX_S", 3600.0),
+            resend_window_s=_float(env, "RESEND_WINDOW_S", 82800.0),
+            template_max_chars=_int(env, "TEMPLATE_MAX_CHARS", 50_000) or 0,
             pool_ping_idle_s=_float(env, "POOL_PING_IDLE_S", 1.0),
             api_key_cache_s=_float(env, "API_KEY_CACHE_S", 5.0),
             session_idle_s=_float(env, "SESSION_IDLE_S", 1800.0),
