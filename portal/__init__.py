@@ -13,6 +13,7 @@ from sqlalchemy.engine import Engine
 
 from portal.config import INSTANCE_DIR, Settings
 from portal.extensions import csrf, db, migrate
+from portal.messaging import templating
 from portal.models import secretbox
 
 log = logging.getLogger(__name__)
@@ -44,6 +45,7 @@ def create_app(config: Settings | Mapping[str, Any] | None = None) -> Flask:
     if isinstance(config, Mapping):
         app.config.update({k: v for k, v in config.items() if k.isupper()})
     secretbox.configure(settings.secret_key)
+    templating.configure(settings)
 
     db.init_app(app)
     with app.app_context():

@@ -18,7 +18,15 @@ namespace size, block nesting) only partly cover. Measured gaps, and what closes
   past `list_max_items`;
 - `times` can square an integer on every iteration: integer results are capped;
 - a wall-clock deadline, checked at every variable lookup, filter call, assignment, loop and
-  write, is the backstop for anything these deterministic budgets miss.
+  write, is the backstop for anything these deterministic budgets miss;
+- parsing itself cannot be interrupted, and a legal 200,000-character template (15,000
+  `assign` lines, or one path of 100,000 segments) took 0.5-0.7 s to parse, again for every
+  record (issue 13): the size, tags, expression tokens, path segments and nesting are counted
+  in one linear scan before parsing, which keeps any parse in tens of milliseconds, and a
+  parsed template is kept per process, so a batch parses once.
+
+Saving a template checks the limits; a template saved before them keeps sending while within
+twice them (`_stored_ceiling`), beyond which it fails at once, before any parse.
 
 `html_to_text` uses html.parser, which is quadratic on half-open markup ("<a<a<a..."), so its
 input is first cut into well-formed pieces in one linear pass.
@@ -30,10 +38,12 @@ import functools
 import json
 import math
 import re
+import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from html.parser import HTMLParser
 from io import StringIO
 from typing import TYPE_CHECKING, Any, TextIO
@@ -66,7 +76,13 @@ if TYPE_CHECKING:
 class TemplateLimits:
     """Resource limits for rendering one template; the defaults suit mail and SMS bodies."""
 
-    source_max_chars: int = 200_000
+    source_max_chars: int = 50_000
+    # Counted before parsing (issue 13): with all of them at their limit, a 50,000-character
+    # template parses in about 15 ms, where 200,000 characters of `assign` lines took 0.6 s.
+    tags_max: int = 500  # {{ }} and {% %}, and each line of a {% liquid %} tag
+    expression_tokens_max: int = 5_000  # names, path segments, values and operators in all
+    path_segments_max: int = 32  # in one variable path: a.b[0].c is 4
+    nesting_max: int = 20  # blocks inside blocks, or parentheses inside parentheses
     variables_max_bytes: int = 64 * 1024  # JSON-encoded, UTF-8
     variables_max_depth: int = 32
     loop_iterations: int = 10_000  # per loop nest (python-liquid's own limit)
@@ -95,6 +111,31 @@ class TemplateLimits:
 
 
 DEFAULT_LIMITS = TemplateLimits()
+_configured: list[TemplateLimits] = []
+
+
+def configure(settings: Settings) -> None:
+    """Use limits that follow the settings in this process (create_app calls this)."""
+    _configured[:] = [TemplateLimits.from_settings(settings)]
+
+
+def configured_limits() -> TemplateLimits:
+    """The limits set by ``configure``, or the defaults before it is called."""
+    return _configured[0] if _configured else DEFAULT_LIMITS
+
+
+def _stored_ceiling(limits: TemplateLimits) -> TemplateLimits:
+    """What a saved template may reach at send time: one saved before the limits (or before
+    they were lowered) keeps working while within twice them, and the old 200,000 characters,
+    which still parses well inside the render deadline; beyond that it fails before parsing."""
+    return replace(
+        limits,
+        source_max_chars=max(2 * limits.source_max_chars, 200_000),
+        tags_max=2 * limits.tags_max,
+        expression_tokens_max=2 * limits.expression_tokens_max,
+        path_segments_max=2 * limits.path_segments_max,
+        nesting_max=min(2 * limits.nesting_max, Environment.block_nesting_limit),
+    )
 
 
 class TemplateRenderError(Exception):
@@ -130,10 +171,11 @@ class RenderedMail:
 # --- Public functions ---------------------------------------------------------------------
 
 
-def compile_check(source: str, *, html: bool, limits: TemplateLimits = DEFAULT_LIMITS) -> None:
-    """Raise TemplateRenderError (with line and column) if the template would not parse."""
-    env = _environment(html, limits)
-    template = _parse(env, source)
+def compile_check(source: str, *, html: bool, limits: TemplateLimits | None = None) -> None:
+    """Raise TemplateRenderError (with line and column) if the template would not parse, or
+    is over the limits: what a template must pass to be saved."""
+    env = _environment(html, limits or configured_limits())
+    template = _parse(env, source, draft=True)
     # Unknown filters are otherwise only reported when rendering reaches them.
     analysis = _analyse(template)
     for name, spans in analysis.filters.items():
@@ -147,11 +189,16 @@ def render(
     variables: Mapping[str, object],
     *,
     html: bool,
-    limits: TemplateLimits = DEFAULT_LIMITS,
+    limits: TemplateLimits | None = None,
+    draft: bool = False,
 ) -> str:
-    """Render an untrusted template; HTML-escape values when `html` is true."""
+    """Render an untrusted template; HTML-escape values when `html` is true.
+
+    A saved template is checked against `_stored_ceiling`; a `draft` (the editor's preview)
+    against the limits themselves, as saving it would be."""
+    limits = limits or configured_limits()
     data = validate_variables(variables, limits)
-    return _render(_environment(html, limits), source, data)
+    return _render(_environment(html, limits), source, data, draft=draft)
 
 
 def render_mail(
@@ -160,9 +207,10 @@ def render_mail(
     text: str | None,
     variables: Mapping[str, object],
     *,
-    limits: TemplateLimits = DEFAULT_LIMITS,
+    limits: TemplateLimits | None = None,
 ) -> RenderedMail:
     """Render a mail template's parts; the subject is plain text on one line."""
+    limits = limits or configured_limits()
     data = validate_variables(variables, limits)
     text_env = _environment(False, limits)
     rendered_subject = _render(text_env, subject, data) if subject else ""
@@ -174,17 +222,32 @@ def render_mail(
     )
 
 
-def variables_of(source: str, *, limits: TemplateLimits = DEFAULT_LIMITS) -> list[str]:
+def variables_of(
+    source: str, *, limits: TemplateLimits | None = None, draft: bool = False
+) -> list[str]:
     """The top-level names a template expects from its caller (not those it assigns itself)."""
-    template = _parse(_environment(False, limits), source)
+    template = _parse(_environment(False, limits or configured_limits()), source, draft=draft)
     # "now" and "today" are provided by python-liquid itself; the caller need not supply them.
     return [name for name in _analyse(template).globals if name not in liquid_builtins]
 
 
+def limit_problems(source: str, *, limits: TemplateLimits | None = None) -> list[str]:
+    """What a saved template is over, before any parse (empty: within the limits); the
+    migration that introduced the limits lists stored templates with it."""
+    limits = limits or configured_limits()
+    try:
+        _check_shape(source, limits)
+    except TemplateRenderError as exc:
+        # Broken delimiters are a template error, not a limit: they never parsed.
+        return [] if isinstance(exc, _ShapeError) and not exc.limit else [str(exc)]
+    return []
+
+
 def validate_variables(
-    variables: Mapping[str, object], limits: TemplateLimits = DEFAULT_LIMITS
+    variables: Mapping[str, object], limits: TemplateLimits | None = None
 ) -> dict[str, object]:
     """Check that variables are plain JSON data within the size limits; return them as a dict."""
+    limits = limits or configured_limits()
     if not isinstance(variables, Mapping):
         raise InvalidVariablesError("variables must be a JSON object")
     stack: list[tuple[object, int, str]] = [(variables, 0, "variables")]
@@ -228,21 +291,21 @@ def validate_variables(
 # --- Rendering ----------------------------------------------------------------------------
 
 
-def _check_source(source: str, limits: TemplateLimits) -> None:
-    if not isinstance(source, str):
-        raise TemplateRenderError("a template must be text")
-    if len(source) > limits.source_max_chars:
-        raise TemplateRenderError(
-            f"the template is too long: {len(source)} characters, "
-            f"the limit is {limits.source_max_chars}"
-        )
+class _ShapeError(TemplateRenderError):
+    """Found by the scan before parsing: a limit (``limit``) or broken delimiters."""
+
+    def __init__(self, message: str, source: str, index: int, *, limit: bool) -> None:
+        line, column = _line_col(source, index)
+        super().__init__(message, line=line, column=column)
+        self.limit = limit
 
 
 # python-liquid lexes with one regular expression that backtracks badly on some malformed
 # input: an unclosed "{{", "{%", "{% raw %}" or "{% doc %}" makes it rescan to the end of the
 # source from every later delimiter, and a tag or output that is nothing but whitespace
 # backtracks over every split of that whitespace. Both are quadratic: 8,000 characters took
-# seconds and 200,000 would take hours. This linear scan rejects them before lexing.
+# seconds and 200,000 would take hours. This linear scan rejects them before lexing, and
+# counts what a parse costs (tags, expression tokens, path segments, nesting) on the way.
 _OPENER = re.compile(r"\{[{%]")
 _TAG_NAME = re.compile(r"\{%-?\s*(\w+)")
 _VERBATIM_END = {
@@ -250,10 +313,107 @@ _VERBATIM_END = {
     "doc": re.compile(r"\{%-?\s*enddoc\s*-?%\}"),
 }
 _MAX_BLANK_TAG = 64  # whitespace after a tag name with no expression, e.g. "{% else    %}"
+_BLOCKS = frozenset({"if", "unless", "for", "case", "capture", "tablerow", "comment", "ifchanged"})
+_UNCOUNTED = frozenset({"comment", "raw", "doc"})  # their expression, if any, is not parsed
+_EXPRESSION_TOKEN = re.compile(
+    r"""
+      "[^"]*" | '[^']*'
+    | (?P<path>[A-Za-z_][\w-]*\??(?:\s*(?:\.\s*[A-Za-z_0-9][\w-]*\??|\[[^\[\]]*\]))*)
+    | \d+(?:\.\d+)? | \.\. | (?P<open>\() | (?P<close>\)) | \S
+    """,
+    re.VERBOSE,
+)
+_LIQUID_LINE = re.compile(r"[^\n]+")
 
 
-def _check_delimiters(source: str) -> None:
-    """Reject the malformed delimiters that would make python-liquid's lexer quadratic."""
+class _Shape:
+    """What the scan has counted so far, checked against the limits as it goes."""
+
+    __slots__ = ("depth", "limits", "source", "tags", "tokens")
+
+    def __init__(self, source: str, limits: TemplateLimits) -> None:
+        self.source = source
+        self.limits = limits
+        self.tags = 0
+        self.tokens = 0
+        self.depth = 0
+
+    def fail(self, message: str, index: int) -> _ShapeError:
+        return _ShapeError(message, self.source, index, limit=True)
+
+    def tag(self, name: str | None, index: int) -> None:
+        self.tags += 1
+        if self.tags > self.limits.tags_max:
+            raise self.fail(
+                f"the template has too many tags (limit {self.limits.tags_max} "
+                "{{ }} and {% %}, each line of a {% liquid %} tag counted)",
+                index,
+            )
+        if name in _BLOCKS:
+            self.depth += 1
+            if self.depth > self.limits.nesting_max:
+                raise self.fail(
+                    f"blocks are nested too deeply (limit {self.limits.nesting_max})", index
+                )
+        elif name is not None and name.startswith("end"):
+            self.depth = max(self.depth - 1, 0)
+
+    def expression(self, start: int, end: int) -> None:
+        """Count the tokens of the expression at source[start:end]."""
+        limits = self.limits
+        parens = 0
+        for token in _EXPRESSION_TOKEN.finditer(self.source, start, end):
+            path = token.group("path")
+            if path is not None:
+                segments = 1 + path.count(".") + path.count("[")
+                if segments > limits.path_segments_max:
+                    raise self.fail(
+                        f"a variable path is too long: {segments} segments, "
+                        f"the limit is {limits.path_segments_max}",
+                        token.start(),
+                    )
+                self.tokens += segments
+            else:
+                self.tokens += 1
+                if token.group("open") is not None:
+                    parens += 1
+                    if parens > limits.nesting_max:
+                        raise self.fail(
+                            f"parentheses are nested too deeply (limit {limits.nesting_max})",
+                            token.start(),
+                        )
+                elif token.group("close") is not None:
+                    parens -= 1
+            if self.tokens > limits.expression_tokens_max:
+                raise self.fail(
+                    "the template has too many expressions (limit "
+                    f"{limits.expression_tokens_max} names, values and operators)",
+                    token.start(),
+                )
+
+    def liquid(self, start: int, end: int) -> None:
+        """A {% liquid %} tag: one tag per line."""
+        for line in _LIQUID_LINE.finditer(self.source, start, end):
+            words = line.group().split(None, 1)
+            if not words:
+                continue
+            name = words[0]
+            self.tag(name, line.start())
+            if not name.startswith("#"):
+                self.expression(line.start() + line.group().index(name) + len(name), line.end())
+
+
+def _check_shape(source: str, limits: TemplateLimits) -> None:
+    """Refuse, before parsing, a template over the limits or with delimiters that would make
+    python-liquid's lexer quadratic; one linear pass."""
+    if not isinstance(source, str):
+        raise TemplateRenderError("a template must be text")
+    if len(source) > limits.source_max_chars:
+        raise TemplateRenderError(
+            f"the template is too long: {len(source)} characters, "
+            f"the limit is {limits.source_max_chars}"
+        )
+    shape = _Shape(source, limits)
     pos = 0
     while opener := _OPENER.search(source, pos):
         start = opener.start()
@@ -261,36 +421,108 @@ def _check_delimiters(source: str) -> None:
         end = source.find("}}" if output else "%}", start + 2)
         if end < 0:
             closing = "}}" if output else "%}"
-            raise _error_at(f"'{opener.group()}' is never closed by '{closing}'", source, start)
+            raise _ShapeError(
+                f"'{opener.group()}' is never closed by '{closing}'", source, start, limit=False
+            )
         pos = end + 2
         if output:
             if not source[start + 2 : end].strip(" \t\r\n\f\v-"):
-                raise _error_at("empty output statement", source, start)
+                raise _ShapeError("empty output statement", source, start, limit=False)
+            shape.tag(None, start)
+            shape.expression(start + 2, end)
             continue
         name = _TAG_NAME.match(source, start, end)
         if name is None:
-            continue  # python-liquid reports a missing tag name quickly by itself
+            shape.tag(None, start)  # an inline comment; python-liquid reports the rest itself
+            continue
+        tag = name.group(1)
+        shape.tag(tag, start)
         rest = source[name.end() : end]
         if len(rest) > _MAX_BLANK_TAG and not rest.strip(" \t\r\n\f\v-"):
-            raise _error_at(f"too much whitespace in the '{name.group(1)}' tag", source, start)
-        verbatim_end = _VERBATIM_END.get(name.group(1))
+            raise _ShapeError(f"too much whitespace in the '{tag}' tag", source, start, limit=False)
+        if tag == "liquid":
+            shape.liquid(name.end(), end)
+        elif tag not in _UNCOUNTED:
+            shape.expression(name.end(), end)
+        verbatim_end = _VERBATIM_END.get(tag)
         if verbatim_end is not None:
             block_end = verbatim_end.search(source, pos)
             if block_end is None:
-                tag = name.group(1)
-                raise _error_at(
-                    f"'{{% {tag} %}}' is never closed by '{{% end{tag} %}}'", source, start
+                raise _ShapeError(
+                    f"'{{% {tag} %}}' is never closed by '{{% end{tag} %}}'",
+                    source,
+                    start,
+                    limit=False,
                 )
             pos = block_end.end()
 
 
-def _parse(env: _SandboxEnvironment, source: str) -> BoundTemplate:
-    _check_source(source, env.limits)
-    _check_delimiters(source)
-    try:
-        return env.from_string(source)
-    except Exception as exc:
-        raise _to_render_error(exc, source, env.limits) from exc
+# Parsed templates, kept per process so that a batch with one template parses it once
+# (issue 13). The key is the source itself with what it is parsed for, so an edited template
+# is a new entry and no version has to be passed in; errors are kept too, so a broken
+# template fails every record of its batch without parsing again.
+_CACHE_ENTRIES = 256
+_CACHE_CHARS = 16_000_000  # source characters kept in all; a parse tree is some times more
+_ParseKey = tuple[bool, TemplateLimits, bool, str]
+
+
+class _ParseCache:
+    """A small LRU of parse results, shared by a process's threads."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._entries: OrderedDict[_ParseKey, BoundTemplate | TemplateRenderError] = OrderedDict()
+        self._chars = 0
+        self.parses = 0  # for tests: how many sources were actually parsed
+
+    def get(self, key: _ParseKey) -> BoundTemplate | TemplateRenderError | None:
+        with self._lock:
+            found = self._entries.get(key)
+            if found is not None:
+                self._entries.move_to_end(key)
+            return found
+
+    def put(self, key: _ParseKey, value: BoundTemplate | TemplateRenderError) -> None:
+        with self._lock:
+            self.parses += 1
+            if key in self._entries:
+                return
+            self._entries[key] = value
+            self._chars += len(key[3])
+            while len(self._entries) > _CACHE_ENTRIES or (
+                self._chars > _CACHE_CHARS and len(self._entries) > 1
+            ):
+                old, _ = self._entries.popitem(last=False)
+                self._chars -= len(old[3])
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+            self._chars = 0
+            self.parses = 0
+
+
+_parsed = _ParseCache()
+
+
+def _parse(env: _SandboxEnvironment, source: str, *, draft: bool = False) -> BoundTemplate:
+    """The parsed template, from the cache when this source was parsed before. A draft is
+    held to the limits; a saved template to `_stored_ceiling`."""
+    if not isinstance(source, str):
+        raise TemplateRenderError("a template must be text")
+    key = (env.autoescape, env.limits, draft, source)
+    found = _parsed.get(key)
+    if found is None:
+        try:
+            _check_shape(source, env.limits if draft else _stored_ceiling(env.limits))
+            found = env.from_string(source)
+        except Exception as exc:
+            found = _to_render_error(exc, source, env.limits)
+        _parsed.put(key, found)
+    if isinstance(found, TemplateRenderError):
+        # A copy: the kept one is raised in many threads and must not collect tracebacks.
+        raise TemplateRenderError(found.message, line=found.line, column=found.column)
+    return found
 
 
 def _analyse(template: BoundTemplate) -> TemplateAnalysis:
@@ -301,9 +533,11 @@ def _analyse(template: BoundTemplate) -> TemplateAnalysis:
         raise TemplateRenderError(f"the template cannot be analysed: {exc}") from exc
 
 
-def _render(env: _SandboxEnvironment, source: str, data: Mapping[str, object]) -> str:
-    template = _parse(env, source)
-    budget = _Budget(env.limits)
+def _render(
+    env: _SandboxEnvironment, source: str, data: Mapping[str, object], *, draft: bool = False
+) -> str:
+    budget = _Budget(env.limits)  # before parsing: the deadline covers the parse too
+    template = _parse(env, source, draft=draft)
     context = _SandboxContext(template, globals=template.make_globals(data), budget=budget)
     buffer = _Buffer(env.limits.output_max_chars, budget)
     try:

@@ -81,7 +81,7 @@ def _read(form: Form, tier: int) -> dict[str, Any] | None:
     """Mail's fields: the subject and bodies (compile errors with line and column), priority,
     Reply-To and preferred server."""
     subject = form.text("subject", required=True, max_len=acceptance.MAX_SUBJECT_CHARS)
-    limit = templating.DEFAULT_LIMITS.source_max_chars
+    limit = templating.configured_limits().source_max_chars
     html = form.text("html_body", multiline=True, max_len=limit)
     text = form.text("text_body", multiline=True, max_len=limit)
     if html is None and text is None and not {"html_body", "text_body"} & set(form.errors):
@@ -202,7 +202,7 @@ def _preview(
         if not source:
             continue
         try:
-            rendered = templating.render(source, variables, html=is_html)
+            rendered = templating.render(source, variables, html=is_html, draft=True)
         except templating.TemplateRenderError as exc:
             preview.errors.append(f"{label}: {exc}")
             continue

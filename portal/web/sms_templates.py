@@ -97,7 +97,7 @@ def _render(content: str, variables_raw: str) -> SmsPreview:
         return preview
     try:
         # Stripped as delivery strips it: the count is of what goes out.
-        preview.text = templating.render(content, variables, html=False).strip()
+        preview.text = templating.render(content, variables, html=False, draft=True).strip()
     except templating.TemplateRenderError as exc:
         preview.errors.append(f"Content: {exc}")
         return preview

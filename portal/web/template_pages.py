@@ -172,16 +172,18 @@ def audit_save(kind: Kind[T], template: T, what: str) -> None:
 # --- sample variables and the preview ------------------------------------------------------------
 
 
-def variables_used(parts: Sequence[tuple[str, str | None]]) -> tuple[list[str], list[str]]:
+def variables_used(
+    parts: Sequence[tuple[str, str | None]], *, draft: bool = False
+) -> tuple[list[str], list[str]]:
     """The names the (label, source) parts use, in order, and the errors of parts that do not
-    parse."""
+    parse (a draft's too when over the limits, as saving it would be refused)."""
     names: dict[str, None] = {}
     errors = []
     for label, source in parts:
         if not source:
             continue
         try:
-            names.update(dict.fromkeys(templating.variables_of(source)))
+            names.update(dict.fromkeys(templating.variables_of(source, draft=draft)))
         except templating.TemplateRenderError as exc:
             errors.append(f"{label}: {exc}")
     return list(names), errors
@@ -196,7 +198,7 @@ def sample_variables(*sources: str | None) -> str:
 def remember_sample(channel: Channel, template_id: int, raw: str) -> None:
     """Keep the sample variables a user saved a template with, so the editor reopens with
     them (they are not part of the template). Best effort: Redis away, nothing is kept."""
-    if len(raw) > templating.DEFAULT_LIMITS.variables_max_bytes:
+    if len(raw) > templating.configured_limits().variables_max_bytes:
         return
     try:
         connect(settings().redis_url).set(
@@ -228,7 +230,7 @@ class Preview:
     ) -> dict[str, Any] | None:
         """Note the names the (label, source) parts use and read the sample variables; None,
         with the error noted, when a part or the sample does not parse."""
-        self.variables, self.errors = variables_used(parts)
+        self.variables, self.errors = variables_used(parts, draft=True)
         if self.errors:
             return None
         form = Form({"variables": variables_raw}, LABELS)
