@@ -47,6 +47,13 @@ def _int(env: dict[str, str], name: str, default: int | None) -> int | None:
     return value
 
 
+def _positive(env: dict[str, str], name: str, default: int) -> int:
+    value = _int(env, name, default)
+    if not value:
+        raise ConfigError(f"{name} must be at least 1, got {env.get(name)!r}")
+    return value
+
+
 def _secret_key(env: dict[str, str], production: bool) -> str:
     key = env.get("SECRET_KEY")
     if key:
@@ -149,7 +156,7 @@ class Settings:
             rate_limit_timeout_s=_float(env, "RATE_LIMIT_TIMEOUT_S", 0.5),
             retry_after_cap_s=_float(env, "RETRY_AFTER_MAX_S", 3600.0),
             resend_window_s=_float(env, "RESEND_WINDOW_S", 82800.0),
-            template_max_chars=_int(env, "TEMPLATE_MAX_CHARS", 50_000) or 0,
+            template_max_chars=_positive(env, "TEMPLATE_MAX_CHARS", 50_000),
             pool_ping_idle_s=_float(env, "POOL_PING_IDLE_S", 1.0),
             api_key_cache_s=_float(env, "API_KEY_CACHE_S", 5.0),
             session_idle_s=_float(env, "SESSION_IDLE_S", 1800.0),
