@@ -425,11 +425,18 @@ class _Importer:
         row.rate_limit_per_minute = e.number("rateLimitPerMinute")
         window = e.number("retryWindowS", lo=60)
         row.retry_window_s = float(window) if window is not None else None
+        if self.stored(row, "uncertain_policy") is None:
+            # A new provider's default follows whether it can dedupe a resend (issue 13).
+            row.uncertain_policy = default_uncertain_policy(row.provider)
         row.uncertain_policy = self.policy(e, row)
 
     def policy(self, e: _Entry, row: MailSendServerConfig | SmsProviderConfig) -> str:
-        """uncertainPolicy: omitted, the stored one stays (a new row: retry)."""
-        current = self.stored(row, "uncertain_policy") or UncertainPolicy.RETRY.value
+        """uncertainPolicy: omitted, the stored one stays (a new row: its kind's default)."""
+        current = (
+            self.stored(row, "uncertain_policy")
+            or row.uncertain_policy
+            or UncertainPolicy.RETRY.value
+        )
         return e.choice("uncertainPolicy", [p.value for p in UncertainPolicy], current)
 
     def _provider(self, e: _Entry, tenant_id: int) -> SmsProviderConfig:
@@ -543,6 +550,23 @@ class _Importer:
         row.mail_monthly_limit = e.number("mailMonthlyLimit")
         row.sms_monthly_limit = e.number("smsMonthlyLimit")
         row.updated_by = "import-config"
+
+
+# SMS provider kinds whose API honours no idempotency key: Twilio's Messages API and Vonage's
+# SMS API. A resend after an ambiguous attempt may deliver twice, so a new config of these
+# kinds holds uncertain outcomes for a person to decide; keyed providers (http_json) and SMTP
+# (a stable Message-ID) retry. Migration 0010 applied the same rule to existing rows.
+NO_IDEMPOTENCY_KEY = frozenset({SmsProviderKind.TWILIO.value, SmsProviderKind.VONAGE.value})
+
+
+def dedupes(kind: str | None) -> bool:
+    """Whether an SMS provider of ``kind`` recognises a resend by its idempotency key."""
+    return kind not in NO_IDEMPOTENCY_KEY
+
+
+def default_uncertain_policy(kind: str | None) -> str:
+    """A new SMS provider config's uncertain policy: hold where a resend cannot be deduped."""
+    return (UncertainPolicy.RETRY if dedupes(kind) else UncertainPolicy.HOLD).value
 
 
 def _country(e: _Entry, name: str, *, required: bool) -> str | None:

@@ -1,12 +1,19 @@
 """Providers that honour no idempotency key hold uncertain outcomes (issue 13, part 4)
 
-Reserved in the chain while the issue's parts are built; filled in by that part.
+Twilio's Messages API and Vonage's SMS API honour no idempotency key, so a resend after an
+ambiguous attempt may deliver twice: their existing provider configs switch to
+uncertain_policy 'hold' (Uncertain, never resent, a person decides). Keyed providers and mail
+servers keep theirs. The downgrade cannot tell which rows were 'retry' before, so it leaves
+them as they are.
 
 Revision ID: 0010
 Revises: 0009
 Create Date: 2026-12-01 18:00:00
 
 """
+
+import sqlalchemy as sa
+from alembic import op
 
 # revision identifiers, used by Alembic.
 revision = '0010'
@@ -16,7 +23,13 @@ depends_on = None
 
 
 def upgrade():
-    pass
+    op.execute(
+        sa.text(
+            "UPDATE sms_provider_config SET uncertain_policy = 'hold', "
+            "config_version = config_version + 1 "
+            "WHERE provider IN ('twilio', 'vonage') AND uncertain_policy <> 'hold'"
+        )
+    )
 
 
 def downgrade():

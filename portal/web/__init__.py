@@ -21,6 +21,7 @@ PAGES: list[tuple[str, str, str]] = [
     ("dashboard", "Dashboard", "view_records"),
     ("mail_records", "Mail", "view_records"),
     ("sms_records", "SMS", "view_records"),
+    ("decisions", "Needs a decision", "view_records"),
     ("mail_templates", "Mail templates", "edit_templates"),
     ("sms_templates", "SMS templates", "edit_templates"),
     ("mail_servers", "Mail servers", "edit_config"),

@@ -20,7 +20,7 @@ from sqlalchemy import ColumnElement, func, literal, select
 
 from portal.extensions import db
 from portal.models import Channel, DeadLetterMessage, SendStatus, TriageStatus
-from portal.web import explain
+from portal.web import decisions, explain
 from portal.web.access import Permission, can, requires, viewed_tenant
 from portal.web.mail_records import MAIL, Kind, tenant_names, wants_fragment
 from portal.web.sms_records import SMS
@@ -201,6 +201,15 @@ def age_text(seconds: float) -> str:
     return f"{hours // 24} days"
 
 
+def decisions_count(tenant: int | None) -> tuple[int, bool]:
+    """Records needing a decision, mail and SMS together (capped per walk, as the counts)."""
+    total, capped = 0, False
+    for kind in (MAIL, SMS):
+        n, over = decisions.count(kind, tenant)
+        total, capped = total + n, capped or over
+    return total, capped
+
+
 @bp.get("")
 @requires(Permission.VIEW_RECORDS)
 def index() -> ResponseReturnValue:
@@ -216,6 +225,7 @@ def index() -> ResponseReturnValue:
         "count_cap": COUNT_CAP,
         "refresh": REFRESH,
         "channel_of": {Channel.MAIL.value: MAIL, Channel.SMS.value: SMS},
+        "decisions": decisions_count(tenant),
     }
     template = "dashboard/_summary.html" if wants_fragment() else "dashboard/index.html"
     return render_template(template, **context), 200, {"Vary": "HX-Request"}

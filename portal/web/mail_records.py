@@ -20,6 +20,7 @@ from typing import Any
 from flask import (
     Blueprint,
     abort,
+    current_app,
     flash,
     make_response,
     redirect,
@@ -34,8 +35,16 @@ from werkzeug.datastructures import MultiDict
 
 from portal.extensions import db
 from portal.messaging import cancel
+from portal.messaging.acceptance import AcceptanceError
 from portal.messaging.events import events_for
-from portal.messaging.retry import MAX_BULK, REFUSAL_REASONS, Model, retry_records
+from portal.messaging.retry import (
+    MAX_BULK,
+    REFUSAL_REASONS,
+    Model,
+    new_expiry,
+    resend_as_new,
+    retry_records,
+)
 from portal.models import (
     AuditAction,
     Channel,
@@ -289,6 +298,8 @@ COMMON_LIST_COLUMNS = (
     "error_message",
     "template_code",
     "created_time",
+    "ambiguous_attempt",  # its Retry asks first (a duplicate is possible)
+    "expires_at",  # its Retry asks for a new expiry
 )
 
 
@@ -451,6 +462,8 @@ class RetryPlan:
     skip: int
     lines: list[StatusLine]
     capped: bool = False
+    ambiguous: int = 0  # of those requeued, how many had an ambiguous attempt (may go twice)
+    expired: int = 0  # of the retryable ones, how many are past their expiry (skipped)
 
 
 def parse_ids(values: Iterable[str]) -> tuple[list[int], str | None]:
@@ -494,8 +507,24 @@ def plan_retry(kind: Kind, ids: Sequence[int], tenant: int | None) -> RetryPlan:
     missing = len(ids) - sum(counts.values())
     if missing:
         lines.append(StatusLine("", missing, "no such record"))
-    requeue = sum(line.count for line in lines if line.reason is None)
-    return RetryPlan(list(ids), requeue, len(ids) - requeue, lines)
+    retryable = [s.value for s in RETRYABLE_BY_HAND]
+    risky = visible(
+        kind,
+        ids,
+        tenant,
+        func.count().filter(model.ambiguous_attempt.is_(True)),
+        func.count().filter(model.expires_at <= func.now()),
+    ).where(model.status.in_(retryable))
+    ambiguous, past = db.session.execute(risky).one()
+    requeue = sum(line.count for line in lines if line.reason is None) - int(past or 0)
+    return RetryPlan(
+        list(ids),
+        requeue,
+        len(ids) - requeue,
+        lines,
+        ambiguous=int(ambiguous or 0),
+        expired=int(past or 0),
+    )
 
 
 def skipped_summary(skipped: Mapping[int, str]) -> list[tuple[str, int]]:
@@ -637,6 +666,7 @@ def num(value: int) -> str:
 
 bp.add_app_template_global(explain.label, "status_label")
 bp.add_app_template_global(refusal, "retry_refusal")
+bp.add_app_template_global(lambda record: expired(record), "record_expired")
 
 
 # --- the views' shared bodies ------------------------------------------------------------------
@@ -682,14 +712,43 @@ def show_context(kind: Kind, record: Any) -> dict[str, Any]:
     }
 
 
+def expired(record: Any) -> bool:
+    """Past its ``expiresAt``: a retry needs a new one."""
+    return record.expires_at is not None and record.expires_at <= datetime.now(UTC)
+
+
 def retry_one(kind: Kind, record_id: int) -> ResponseReturnValue:
-    """Requeue one record; the list row swaps itself, a page form redirects back."""
+    """Requeue one record; the list row swaps itself, a page form redirects back.
+
+    A record with an ambiguous attempt, or past its expiry, first gets a confirm page (the
+    risk of a duplicate; a new expiry to fill in); ``confirm=yes`` with what it asks retries.
+    """
     tenant = viewed_tenant(allow_all=True)
     record = find_record(kind, record_id, tenant)
-    report = retry_records(db.session(), kind.model, [record_id], tenant)
+    asks = record.status in RETRYABLE and (record.ambiguous_attempt or expired(record))
+    expires_at = None
+    error = None
+    if asks and expired(record) and request.form.get("confirm") == "yes":
+        try:
+            expires_at = new_expiry(request.form.get("expiresAt", ""), datetime.now(UTC))
+        except AcceptanceError as exc:
+            error = exc.message
+    if asks and (request.form.get("confirm") != "yes" or error):
+        page = render_template(
+            "mail_records/retry.html",
+            kind=kind,
+            record=record,
+            expired=expired(record),
+            error=error,
+            next_url=safe_next(
+                request.form.get("next"), url_for(kind.endpoint("show"), record_id=record_id)
+            ),
+        )
+        return page, 422 if error else 200
+    report = retry_records(db.session(), kind.model, [record_id], tenant, expires_at=expires_at)
     if report.requeued:
         message, category = f"Record {record_id} requeued: it will be sent again shortly.", "info"
-        remark = "requeued"
+        remark = "requeued" + (f" with a new expiry {expires_at.isoformat()}" if expires_at else "")
     else:
         message = f"Record {record_id} not retried — {report.skipped[record_id]}."
         category = "error"
@@ -719,6 +778,44 @@ def retry_one(kind: Kind, record_id: int) -> ResponseReturnValue:
     flash(message, category)
     fallback = url_for(kind.endpoint("show"), record_id=record_id)
     return redirect(safe_next(request.form.get("next"), fallback))
+
+
+def resend_one(kind: Kind, record_id: int) -> ResponseReturnValue:
+    """Send an Uncertain record's request again as a new message (a new record with a new
+    business key); without ``confirm=yes``, the page that says what that risks."""
+    tenant = viewed_tenant(allow_all=True)
+    record = find_record(kind, record_id, tenant)
+    if record.status != SendStatus.UNCERTAIN.value:
+        flash(
+            f"Record {record_id} is {explain.label(record.status)}, not uncertain: "
+            "retry it instead.",
+            "error",
+        )
+        return redirect(url_for(kind.endpoint("show"), record_id=record_id), 303)
+    error = None
+    if request.form.get("confirm") == "yes":
+        try:
+            accepted = resend_as_new(db.session(), record, current_app.config["SETTINGS"])
+        except AcceptanceError as exc:
+            db.session.rollback()
+            error = f"It cannot be sent again as it was: {exc.message}."
+        else:
+            audit(
+                AuditAction.RETRY,
+                tenant_id=record.tenant_id,
+                target_type=kind.model.__name__,
+                target_id=record_id,
+                remark=f"sent again as a new message: record {accepted.id}",
+            )
+            db.session.commit()  # the new record and its audit row together
+            flash(
+                f"Sent again as a new message, record {accepted.id}. Record {record_id} "
+                "stays uncertain until it is resolved.",
+                "info",
+            )
+            return redirect(url_for(kind.endpoint("show"), record_id=accepted.id), 303)
+    page = render_template("mail_records/resend.html", kind=kind, record=record, error=error)
+    return page, 422 if error else 200
 
 
 @dataclass
@@ -947,6 +1044,13 @@ def rendered(record_id: int) -> ResponseReturnValue:
 def retry(record_id: int) -> ResponseReturnValue:
     """Requeue one mail (Pending, Retry, Failed, DeadLetter): due now, claimed by version."""
     return retry_one(MAIL, record_id)
+
+
+@bp.post("/<int:record_id>/resend")
+@requires(Permission.RESOLVE)  # a decision on an uncertain outcome, as Resolve is
+def resend(record_id: int) -> ResponseReturnValue:
+    """Send an uncertain mail again as a new message, after a confirm page."""
+    return resend_one(MAIL, record_id)
 
 
 @bp.post("/retry")

@@ -147,12 +147,26 @@ def _resolve(channel: str) -> dict[str, Any]:
     return operation
 
 
+_RETRY_TEXT = (
+    " A manual retry counts as a retry. A record past its expiresAt is refused (409, code "
+    "expired) unless the body gives a new, later expiresAt; a record stopped by its resend "
+    "window (RETRY_WINDOW_EXPIRED) starts a new window. Uncertain records are never retried: "
+    "resolve them. A record with an ambiguous earlier attempt (ambiguous: true) may be "
+    "delivered twice if retried."
+)
+
+
 def _retry_one(kind: str) -> dict[str, Any]:
     operation = _action(
         f"Requeue one {kind} (Pending, Retry, Failed, DeadLetter: Retry due now)",
         "#/components/schemas/Retried",
-        errors=("400", "401", "403", "404", "409", "422"),
+        errors=("400", "401", "403", "404", "409", "415", "422"),
     )
+    operation["post"]["description"] += _RETRY_TEXT
+    operation["post"]["requestBody"] = {
+        "required": False,
+        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/RetryBody"}}},
+    }
     operation["post"]["parameters"] = [
         {
             "name": "id",
@@ -166,12 +180,14 @@ def _retry_one(kind: str) -> dict[str, Any]:
 
 
 def _retry_many(kind: str) -> dict[str, Any]:
-    return _action(
+    operation = _action(
         f"Requeue many {kind}s; the others are skipped with a reason",
         "#/components/schemas/BulkRetried",
-        body_ref="#/components/schemas/Ids",
+        body_ref="#/components/schemas/RetryIds",
         errors=("400", "401", "403", "404", "413", "415", "422"),
     )
+    operation["post"]["description"] += _RETRY_TEXT
+    return operation
 
 
 def _quota_usage() -> dict[str, Any]:
@@ -222,6 +238,15 @@ _COMMON_RECORD = {
     "preparedAt": _NULLABLE_TIME,
     "sentAt": _NULLABLE_TIME,
     "expiresAt": _NULLABLE_TIME,
+    "ambiguous": {
+        "type": "boolean",
+        "description": (
+            "An attempt may have been accepted without our knowing (no answer in time, a "
+            "lost connection, a stuck send): the message may have gone out even if the "
+            "status says otherwise. Never cleared once true; such records are listed for a "
+            "decision in the portal."
+        ),
+    },
     "createdTime": {"type": "string", "format": "date-time"},
     "updatedTime": {"type": "string", "format": "date-time"},
 }
@@ -393,6 +418,34 @@ def _document() -> dict[str, Any]:
                             "maxItems": 1000,
                             "items": {"type": "integer", "minimum": 1},
                         }
+                    },
+                },
+                "RetryBody": {
+                    "type": "object",
+                    "properties": {
+                        "expiresAt": {
+                            "type": "string",
+                            "format": "date-time",
+                            "description": "A new, later expiry: needed to retry an expired "
+                            "record.",
+                        }
+                    },
+                },
+                "RetryIds": {
+                    "type": "object",
+                    "required": ["ids"],
+                    "properties": {
+                        "ids": {
+                            "type": "array",
+                            "maxItems": 1000,
+                            "items": {"type": "integer", "minimum": 1},
+                        },
+                        "expiresAt": {
+                            "type": "string",
+                            "format": "date-time",
+                            "description": "The new expiry of every record requeued; expired "
+                            "records are skipped without it.",
+                        },
                     },
                 },
                 "Cancelled": {

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from datetime import UTC, datetime
 from functools import wraps
 from typing import Any, ParamSpec
 
@@ -20,7 +21,8 @@ from flask_login import current_user
 
 from portal.extensions import csrf, db
 from portal.messaging import quota
-from portal.messaging.retry import MAX_BULK, Model, retry_records
+from portal.messaging.acceptance import AcceptanceError
+from portal.messaging.retry import EXPIRED_REASON, MAX_BULK, Model, new_expiry, retry_records
 from portal.models import AuditAction, MailSendRecord, SmsSendRecord
 from portal.models.tenant import ApiScope
 from portal.tenancy import tenant_context
@@ -83,13 +85,35 @@ def _id_arg() -> int:
     return int(raw)
 
 
+def _expiry(body: Any) -> datetime | None:
+    """The optional new ``expiresAt`` of a retry body (none, or an object without it: None)."""
+    if not isinstance(body, dict) or body.get("expiresAt") is None:
+        return None
+    try:
+        return new_expiry(body["expiresAt"], datetime.now(UTC))
+    except AcceptanceError as exc:
+        raise _BadRequest(exc.code, exc.message, 422, "expiresAt") from None
+
+
+def _optional_body() -> Any:
+    """A retry's body is optional (the seed's endpoint takes none): a JSON one is read, any
+    other (a portal session's form with its CSRF token) carries nothing for it."""
+    if not request.is_json:
+        return None
+    return _json_body()
+
+
 @bp.post("/<any(MailSendRecord, SmsSendRecord):kind>/retry")
 @key_or_session(Permission.RETRY, ApiScope.SEND)
 def retry(kind: str) -> Response:
-    """Requeue one record: Pending, Retry, Failed, DeadLetter -> Retry due now."""
+    """Requeue one record: Pending, Retry, Failed, DeadLetter -> Retry due now. One past its
+    ``expiresAt`` only with a new one in the body (``{"expiresAt": ...}``), else 409."""
     tenant_id = acting_tenant("no such record")
     record_id = _id_arg()
-    report = retry_records(db.session(), MODELS[kind], [record_id], tenant_id)
+    expires_at = _expiry(_optional_body())
+    report = retry_records(
+        db.session(), MODELS[kind], [record_id], tenant_id, expires_at=expires_at
+    )
     if report.requeued:
         audit_records(AuditAction.RETRY, MODELS[kind], report.requeued, tenant_id, "")
     db.session.commit()
@@ -98,6 +122,10 @@ def retry(kind: str) -> Response:
     reason = report.skipped[record_id]
     if reason == "no such record":
         return error_response(404, "not_found", "no such record", "id")
+    if reason == EXPIRED_REASON:
+        return error_response(
+            409, "expired", f"record {record_id} cannot be retried: {reason}", "expiresAt"
+        )
     return error_response(
         409, "not_retryable", f"record {record_id} cannot be retried: {reason}", "id"
     )
@@ -106,7 +134,9 @@ def retry(kind: str) -> Response:
 @bp.post("/<any(MailSendRecord, SmsSendRecord):kind>/retryByIds")
 @key_or_session(Permission.RETRY, ApiScope.SEND)
 def retry_by_ids(kind: str) -> Response:
-    """Requeue many records; those that cannot be retried are skipped, each with its reason."""
+    """Requeue many records; those that cannot be retried are skipped, each with its reason.
+    An optional ``expiresAt`` is the new expiry of every record requeued (expired ones are
+    skipped without it)."""
     tenant_id = acting_tenant("no such record", "tenantId")
     body: Any = _json_body()
     ids = body.get("ids") if isinstance(body, dict) else None
@@ -116,7 +146,7 @@ def retry_by_ids(kind: str) -> Response:
         raise _BadRequest("invalid", "ids must be a list of positive whole numbers", 422, "ids")
     if len(ids) > MAX_BULK:
         raise _BadRequest("too_large", f"at most {MAX_BULK} ids at once", 422, "ids")
-    report = retry_records(db.session(), MODELS[kind], ids, tenant_id)
+    report = retry_records(db.session(), MODELS[kind], ids, tenant_id, expires_at=_expiry(body))
     if report.requeued:
         remark = f"{len(report.requeued)} requeued, {len(report.skipped)} skipped"
         audit_records(AuditAction.BULK_RETRY, MODELS[kind], report.requeued, tenant_id, remark)

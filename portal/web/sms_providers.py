@@ -24,6 +24,7 @@ from flask.typing import ResponseReturnValue
 from sqlalchemy import func, select
 
 from portal.extensions import db
+from portal.importer import dedupes, default_uncertain_policy
 from portal.messaging.transports.sms import twilio, vonage
 from portal.models import (
     AuditAction,
@@ -75,9 +76,17 @@ KIND_OPTIONS = [
     (SmsProviderKind.TEST.value, "Test (sends nothing)"),
 ]
 UNCERTAIN_OPTIONS = [
-    (UncertainPolicy.RETRY.value, "Retry (may deliver twice)"),
-    (UncertainPolicy.HOLD.value, "Hold for a person to decide"),
+    ("", "The provider's default: hold for Twilio and Vonage, retry for the others"),
+    (UncertainPolicy.RETRY.value, "Retry (may deliver twice where the provider cannot dedupe)"),
+    (UncertainPolicy.HOLD.value, "Hold for a person to decide (Uncertain, never resent)"),
 ]
+# What the policy means, for the form and the list (issue 13: the portal says it).
+POLICY_TEXT = {
+    UncertainPolicy.RETRY.value: "retried as usual: a keyed provider drops the duplicate, one "
+    "without keys may deliver it twice",
+    UncertainPolicy.HOLD.value: "held as Uncertain, never resent: a person checks with the "
+    "provider and resolves it",
+}
 
 
 def _read(form: Form, provider: SmsProviderConfig, tier: int) -> bool:
@@ -92,7 +101,7 @@ def _read(form: Form, provider: SmsProviderConfig, tier: int) -> bool:
     daily = form.number("daily_send_limit")
     per_minute = form.number("rate_limit_per_minute")
     window = form.number("retry_window_s", lo=60)
-    policy = form.choice("uncertain_policy", [p.value for p in UncertainPolicy], "retry")
+    policy = form.choice("uncertain_policy", ["", *(p.value for p in UncertainPolicy)], "")
     if kind == SmsProviderKind.HTTP_JSON.value and not base_url and "base_url" not in form.errors:
         form.fail("base_url", "is required for a generic HTTP JSON provider")
     config_pages.check_name(PAGES, form, provider, tier, name)
@@ -112,7 +121,7 @@ def _read(form: Form, provider: SmsProviderConfig, tier: int) -> bool:
     provider.daily_send_limit = daily
     provider.rate_limit_per_minute = per_minute
     provider.retry_window_s = float(window) if window is not None else None
-    provider.uncertain_policy = policy
+    provider.uncertain_policy = policy or default_uncertain_policy(kind)
     return True
 
 
@@ -213,6 +222,8 @@ def _context(provider: SmsProviderConfig | None) -> dict[str, Any]:
     return {
         "kind_options": KIND_OPTIONS,
         "uncertain_options": UNCERTAIN_OPTIONS,
+        "dedupes": dedupes,
+        "policy_text": POLICY_TEXT,
         "routes": _routes(provider) if provider is not None else [],
         "route_form": Form({"priority": "100"}, ROUTE_LABELS),
         "webhook": webhook_of(provider) if provider is not None else None,
@@ -258,6 +269,8 @@ def index() -> str:
         countries=countries,
         tier_name=tier_name(tier),
         kinds=dict(KIND_OPTIONS),
+        dedupes=dedupes,
+        policy_text=POLICY_TEXT,
     )
 
 

@@ -22,6 +22,7 @@ from portal.web.mail_records import (
     config_names,
     find_record,
     index_view,
+    resend_one,
     retry_one,
     show_context,
     tenant_scope,
@@ -89,6 +90,13 @@ def show(record_id: int) -> ResponseReturnValue:
 def retry(record_id: int) -> ResponseReturnValue:
     """Requeue one text message (Pending, Retry, Failed, DeadLetter): due now."""
     return retry_one(SMS, record_id)
+
+
+@bp.post("/<int:record_id>/resend")
+@requires(Permission.RESOLVE)  # a decision on an uncertain outcome, as Resolve is
+def resend(record_id: int) -> ResponseReturnValue:
+    """Send an uncertain text message again as a new message, after a confirm page."""
+    return resend_one(SMS, record_id)
 
 
 @bp.post("/retry")
