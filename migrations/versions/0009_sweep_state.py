@@ -1,12 +1,17 @@
 """The sweep's last run kept in the database (issue 13, part 5)
 
-Reserved in the chain while the issue's parts are built; filled in by that part.
+The stuck-send sweep's last run is written to ``chore_run`` as well as being scheduled in
+Redis, so a delivery worker can see from the database alone that the sweep is overdue (Redis
+down) and run it itself.
 
 Revision ID: 0009
 Revises: 0008
 Create Date: 2026-12-01 18:00:00
 
 """
+
+from alembic import op
+import sqlalchemy as sa
 
 # revision identifiers, used by Alembic.
 revision = '0009'
@@ -16,8 +21,13 @@ depends_on = None
 
 
 def upgrade():
-    pass
+    op.create_table(
+        'chore_run',
+        sa.Column('name', sa.String(length=100), nullable=False),
+        sa.Column('last_run_at', sa.DateTime(timezone=True), nullable=False),
+        sa.PrimaryKeyConstraint('name', name=op.f('pk_chore_run')),
+    )
 
 
 def downgrade():
-    pass
+    op.drop_table('chore_run')

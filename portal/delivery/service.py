@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from dataclasses import dataclass
 
@@ -13,6 +14,7 @@ from portal.delivery.pool import ChannelPool, ChannelSpec
 from portal.delivery.wakeups import Listener
 from portal.messaging.backoff import BackoffPolicy
 from portal.messaging.pipeline import MailContext, SmsContext, process_mail, process_sms
+from portal.messaging.sweeper import sweep_if_overdue
 from portal.models import Channel, MailSendRecord, SmsSendRecord
 
 log = logging.getLogger("portal.delivery")
@@ -50,6 +52,49 @@ def sms_spec(engine: Engine, settings: Settings) -> ChannelSpec:
     )
 
 
+class SweepWatch:
+    """Runs the stuck-send sweep in this worker when the scheduled one is overdue.
+
+    The sweep is an rq-scheduler job, and rq lives in Redis: while Redis is away nothing would
+    sweep. Every ``SWEEP_INTERVAL_S`` this thread asks the database when the sweep last ran;
+    past two intervals it runs it here (``sweeper.sweep_if_overdue``: one worker at a time).
+    The first look waits two intervals, so the scheduler's first run at start comes first.
+    """
+
+    def __init__(self, engine: Engine, settings: Settings):
+        self.engine = engine
+        self.settings = settings
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="sweep-watch", daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.stopping.set()
+
+    def _run(self) -> None:
+        interval = self.settings.sweep_interval_s
+        wait = 2 * interval
+        while not self.stopping.wait(wait):
+            wait = interval
+            try:
+                report = sweep_if_overdue(self.engine, self.settings)
+            except Exception as exc:  # the database is away: the claims say so already
+                log.warning("could not check whether the sweep is overdue: %s", exc)
+                continue
+            if report is not None:
+                log.warning(
+                    "stuck-send sweep overdue (the scheduler did not run it: is Redis down?); "
+                    "this worker ran it",
+                    extra={
+                        "recovered": report.recovered,
+                        "exhausted": report.exhausted,
+                        "held": report.held,
+                    },
+                )
+
+
 @dataclass
 class DeliveryService:
     engine: Engine
@@ -67,12 +112,14 @@ class DeliveryService:
             self.listener = Listener(
                 self.engine, {c.value: pool.wake for c, pool in self.pools.items()}
             )
+        self.sweep_watch = SweepWatch(self.engine, self.settings)
 
     def start(self) -> None:
         for pool in self.pools.values():
             pool.start()
         if self.listener is not None:
             self.listener.start()
+        self.sweep_watch.start()
         log.info(
             "delivery started",
             extra={"pools": {c.value: p.spec.concurrency for c, p in self.pools.items()}},
@@ -84,6 +131,7 @@ class DeliveryService:
             pool.stop()
         if self.listener is not None:
             self.listener.close()
+        self.sweep_watch.stop()
 
     def wait(self, grace_s: float) -> bool:
         """Wait at most ``grace_s`` for sends in flight; True when all finished."""

@@ -46,7 +46,8 @@ _RNG = random.Random()
 
 @dataclass(frozen=True)
 class BackoffPolicy:
-    """Exponential back-off with jitter, a floor for rate limits and a capped Retry-After."""
+    """Exponential back-off with jitter and a floor for rate limits; a provider's Retry-After,
+    capped, replaces both."""
 
     max_retries: int = 5
     base_s: float = 30.0
@@ -81,23 +82,29 @@ class BackoffPolicy:
         retry_after_s: float | None = None,
         rng: random.Random | None = None,
     ) -> RetryDecision:
-        """Decide what happens after a failed attempt; `retries_so_far` excludes this one."""
+        """Decide what happens after a failed attempt; `retries_so_far` excludes this one.
+
+        A positive `retry_after_s` (the provider's Retry-After) is the wait, capped by
+        `retry_after_cap_s`; otherwise the exponential wait, at least the quota floor for QUOTA.
+        """
         if not is_retryable(category):
             return Fail()
         if retries_so_far >= self.max_retries:
             return DeadLetter()
+        if retry_after_s is not None and not math.isnan(retry_after_s) and retry_after_s > 0:
+            # The provider knows best when it will accept us again: wait exactly that (no
+            # jitter, no floor; a Retry-After of 65 s waits 65 s), but a hostile or broken
+            # Retry-After must not park a record for days.
+            return Retry(delay_s=min(retry_after_s, self.retry_after_cap_s))
         exponent = min(max(retries_so_far, 0), _MAX_EXPONENT)
         # Jitter spreads out a burst of records that failed together (a server outage), so
         # their retries do not all hit the recovering server in the same second.
         factor = (rng or _RNG).uniform(1 - self.jitter, 1 + self.jitter)
         delay = self.base_s * 2**exponent * factor
         if category is ErrorCategory.QUOTA:
-            # A rate-limit window needs time to drain; retrying in 30 s would just hit it again.
+            # A rate-limit window needs time to drain; retrying in 30 s would just hit it
+            # again. Only when the provider said nothing: its Retry-After knows better.
             delay = max(delay, self.quota_floor_s)
-        if retry_after_s is not None and not math.isnan(retry_after_s) and retry_after_s > 0:
-            # The provider knows best when it will accept us again, but a hostile or broken
-            # Retry-After must not park a record for days.
-            delay = max(delay, min(retry_after_s, self.retry_after_cap_s))
         return Retry(delay_s=delay)
 
 

@@ -216,6 +216,9 @@ _EXACT_CODES: dict[str, ErrorCategory] = {
     # The SMTP transport's own: the server config cannot work as written (no STARTTLS
     # offered where it is required, no usable login method). A retry would not fix it.
     "CONFIG_ERROR": ErrorCategory.CONFIG,
+    # The SMTP transport's own: the mail cannot be written as given (an address with a
+    # non-ASCII local part to a server without SMTPUTF8). The same on every attempt.
+    "INVALID_INPUT": ErrorCategory.INVALID_INPUT,
     # Our SMS adapters' names for provider codes that decide a category (each adapter maps its
     # provider's documented codes onto these; the provider's own code is in the message).
     "SMS_INVALID_RECIPIENT": ErrorCategory.INVALID_INPUT,

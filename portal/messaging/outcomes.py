@@ -269,7 +269,10 @@ def finish(
         return False
     outcome = "failed" if status is SendStatus.FAILED else status.value.lower()
     MESSAGE_FAILED.labels(claimed.channel.value, claimed.provider, outcome).inc()
-    log.warning("not sent (%s): %s", code, message, extra=_extra(claimed, error_code=code))
+    # Failed (EXPIRED, RETRY_WINDOW_EXPIRED) and Uncertain are failures like any other: ERROR.
+    # Suppressed is the list doing its job.
+    level = logging.WARNING if status is SendStatus.SUPPRESSED else logging.ERROR
+    log.log(level, "not sent (%s): %s", code, message, extra=_extra(claimed, error_code=code))
     return True
 
 

@@ -34,6 +34,9 @@ from portal.messaging.preparation import (
     PreparedSms,
     prepare_mail,
     prepare_sms,
+    rechoose_provider,
+    rechoose_server,
+    requeued_after_unusable_route,
     suppressed_recipients,
 )
 from portal.messaging.ratelimit import LimitedConfig, RateLimiter, RateLimitUnavailable
@@ -163,9 +166,11 @@ def past_deadline(
     """Each claim checks the deadlines before sending (seed 002); True when the record ended.
 
     ``record.updated_time`` is the claim's time on the database clock. Past ``expiresAt`` the
-    record ends Failed with EXPIRED; past the provider's retry window after the first claim,
-    Failed with RETRY_WINDOW_EXPIRED. Either ends Uncertain instead when an earlier attempt
-    was ambiguous: the message may have gone out, and failing it would hide that.
+    record ends Failed with EXPIRED; past the resend window after the first claim (seed 002:
+    ``RESEND_WINDOW_S``, 23 hours, or the SMS provider's own ``retry_window_s``), Failed with
+    RETRY_WINDOW_EXPIRED: no automatic attempt after it. Either ends Uncertain instead when an
+    earlier attempt was ambiguous: the message may have gone out, and failing it would hide
+    that.
     """
     now = record.updated_time
     code: MarkerCode | None = None
@@ -179,8 +184,9 @@ def past_deadline(
     ):
         code = MarkerCode.RETRY_WINDOW_EXPIRED
         message = (
-            f"not retried: over {retry_window_s:g} s since the first attempt, the provider's "
-            "idempotency key may have lapsed, so another attempt could send it twice"
+            f"not retried: over {retry_window_s:g} s since the first attempt (the resend "
+            "window); the server's or provider's duplicate protection may have lapsed, so "
+            "another attempt could send it twice"
         )
     if code is None:
         return False
@@ -282,23 +288,35 @@ def _outgoing(
     )
 
 
+@dataclass
+class _Holding:
+    """The claim as it stands now: every write of ours that bumps the version (preparation's
+    write-back, a new choice of server) replaces it, so an unexpected error is written by the
+    record's current version, not the claim's (which would match nothing and leave the record
+    in Sending for the sweep, marked ambiguous although nothing was sent)."""
+
+    claimed: Claimed
+
+
 def _run(
     channel: Channel,
     ctx: MailContext | SmsContext,
     record: MailSendRecord | SmsSendRecord,
-    attempt: Callable[[Claimed], None],
+    attempt: Callable[[_Holding], None],
 ) -> None:
     """One attempt for a claimed record, in its tenant and trace, whatever its channel."""
-    claimed = Claimed(
-        channel=channel,
-        id=record.id,
-        version=record.version,
-        tenant_id=record.tenant_id,
-        retry_count=record.retry_count,
+    holding = _Holding(
+        Claimed(
+            channel=channel,
+            id=record.id,
+            version=record.version,
+            tenant_id=record.tenant_id,
+            retry_count=record.retry_count,
+        )
     )
     with tenant_context(record.tenant_id, record.trace_id):
         try:
-            attempt(claimed)
+            attempt(holding)
         except Exception as exc:  # an unexpected error must not kill the worker
             log.exception("unexpected error while delivering", extra={"record_id": record.id})
             code = type(exc).__name__
@@ -309,16 +327,17 @@ def _run(
                 code, message = DATABASE_ERROR, f"{type(exc).__name__}: {exc}"
             else:
                 message = str(exc)
-            outcomes.handle_failure(ctx.engine, claimed, code, message, policy=ctx.policy)
+            outcomes.handle_failure(ctx.engine, holding.claimed, code, message, policy=ctx.policy)
 
 
 def process_mail(ctx: MailContext, record: MailSendRecord) -> None:
     """One attempt for a claimed mail record (status Sending, version as claimed)."""
-    _run(Channel.MAIL, ctx, record, lambda claimed: _attempt(ctx, record, claimed))
+    _run(Channel.MAIL, ctx, record, lambda holding: _attempt(ctx, record, holding))
 
 
-def _attempt(ctx: MailContext, record: MailSendRecord, claimed: Claimed) -> None:
-    if past_deadline(ctx.engine, claimed, record):
+def _attempt(ctx: MailContext, record: MailSendRecord, holding: _Holding) -> None:
+    claimed = holding.claimed
+    if past_deadline(ctx.engine, claimed, record, ctx.settings.resend_window_s):
         return
     skip = _suppressed(ctx.engine, claimed, record)
     if skip is None:
@@ -334,31 +353,47 @@ def _attempt(ctx: MailContext, record: MailSendRecord, claimed: Claimed) -> None
         if result is None:
             return  # lost a version race: someone else moved the record on
         prepared, claimed = result
+        holding.claimed = claimed
     else:
         prepared = _frozen(record)
     config = prepared.server
+    problem = "the mail server this record was prepared for no longer exists"
     if config is None:  # a retry: the server as it is now (a saved change applies)
         config = _SERVER.first(ctx.engine, id=prepared.server_id)
+        if config is not None and not config.enabled:
+            problem = f"the mail server {config.name!r} this record was prepared for is disabled"
+        if (config is None or not config.enabled) and requeued_after_unusable_route(record):
+            # Pressed Retry after that failure: choose the server again, nothing else.
+            try:
+                chosen = rechoose_server(ctx.engine, record, claimed)
+            except PreparationFailed as failure:
+                outcomes.handle_failure(
+                    ctx.engine, claimed, failure.code.value, failure.message, policy=ctx.policy
+                )
+                return
+            if chosen is None:
+                return  # lost a version race
+            config, claimed = chosen
+            holding.claimed = claimed
+            prepared = replace(
+                prepared,
+                server_id=config.id,
+                server_name=config.name,
+                read_receipt=config.read_receipt,
+            )
     try:
-        server = _server(config, ctx.settings) if config is not None else None
+        usable = config is not None and config.enabled
+        server = _server(config, ctx.settings) if config is not None and usable else None
     except SecretUnavailable as exc:
         server = None
         problem = str(exc)
-    else:
-        problem = "the mail server this record was prepared for no longer exists"
     if config is None or server is None:
         outcomes.handle_failure(
-            ctx.engine, claimed, "CONFIG_NOT_RESOLVABLE", problem, policy=ctx.policy
+            ctx.engine, claimed, MarkerCode.CONFIG_NOT_RESOLVABLE.value, problem, policy=ctx.policy
         )
         return
-    claimed = Claimed(
-        channel=claimed.channel,
-        id=claimed.id,
-        version=claimed.version,
-        tenant_id=claimed.tenant_id,
-        retry_count=claimed.retry_count,
-        provider=config.name,
-    )
+    claimed = replace(claimed, provider=config.name)
+    holding.claimed = claimed
     if not admit(ctx.engine, claimed, config, _limiter(ctx.settings, ctx.limiter), ctx.policy):
         return
     mail = _outgoing(record, prepared, config, skip)
@@ -415,10 +450,31 @@ def _account(config: SmsProviderConfig) -> sms_transport.ProviderAccount:
 
 def process_sms(ctx: SmsContext, record: SmsSendRecord) -> None:
     """One attempt for a claimed SMS record (status Sending, version as claimed)."""
-    _run(Channel.SMS, ctx, record, lambda claimed: _attempt_sms(ctx, record, claimed))
+    _run(Channel.SMS, ctx, record, lambda holding: _attempt_sms(ctx, record, holding))
 
 
-def _attempt_sms(ctx: SmsContext, record: SmsSendRecord, claimed: Claimed) -> None:
+def _usable_provider(
+    ctx: SmsContext, provider_id: int
+) -> tuple[SmsProviderConfig | None, sms_transport.ProviderAccount | None, str]:
+    """The provider row, its account when it can send (enabled, secret readable), and what
+    is wrong with it otherwise."""
+    account: sms_transport.ProviderAccount | None = None
+    problem = "the SMS provider this record was prepared for no longer exists"
+    with Session(reader(ctx.engine)) as session:
+        # Loaded columns stay readable once the session closes (nothing expires them).
+        config = session.get(SmsProviderConfig, provider_id)
+        if config is not None and not config.enabled:
+            problem = f"the SMS provider {config.name!r} this record was prepared for is disabled"
+        elif config is not None:
+            try:
+                account = _account(config)
+            except SecretUnavailable as exc:
+                problem = str(exc)
+    return config, account, problem
+
+
+def _attempt_sms(ctx: SmsContext, record: SmsSendRecord, holding: _Holding) -> None:
+    claimed = holding.claimed
     if past_deadline(ctx.engine, claimed, record):
         return
     if _suppressed(ctx.engine, claimed, record) is None:
@@ -434,20 +490,32 @@ def _attempt_sms(ctx: SmsContext, record: SmsSendRecord, claimed: Claimed) -> No
         if result is None:
             return  # lost a version race: someone else moved the record on
         prepared, claimed = result
+        holding.claimed = claimed
     else:
         prepared = _frozen_sms(record)
-    account: sms_transport.ProviderAccount | None = None
-    problem = "the SMS provider this record was prepared for no longer exists"
-    with Session(reader(ctx.engine)) as session:
-        # Loaded columns stay readable once the session closes (nothing expires them).
-        config = session.get(SmsProviderConfig, prepared.provider_id)
-        if config is not None and not config.enabled:
-            problem = f"the SMS provider {config.name!r} this record was prepared for is disabled"
-        elif config is not None:
-            try:
-                account = _account(config)
-            except SecretUnavailable as exc:
-                problem = str(exc)
+    config, account, problem = _usable_provider(ctx, prepared.provider_id)
+    if (config is None or not config.enabled) and requeued_after_unusable_route(record):
+        # Pressed Retry after that failure: choose the provider again, nothing else.
+        try:
+            chosen = rechoose_provider(ctx.engine, record, claimed)
+        except PreparationFailed as failure:
+            outcomes.handle_failure(
+                ctx.engine, claimed, failure.code.value, failure.message, policy=ctx.policy
+            )
+            return
+        if chosen is None:
+            return  # lost a version race
+        provider, binding, claimed = chosen
+        holding.claimed = claimed
+        prepared = replace(
+            prepared,
+            provider_id=provider.id,
+            provider_kind=provider.provider,
+            provider_name=provider.name,
+            external_template_id=binding.external_template_id if binding else None,
+            signature=binding.signature if binding else None,
+        )
+        config, account, problem = _usable_provider(ctx, provider.id)
     if config is None or account is None:
         outcomes.handle_failure(
             ctx.engine,
@@ -458,7 +526,11 @@ def _attempt_sms(ctx: SmsContext, record: SmsSendRecord, claimed: Claimed) -> No
         )
         return
     claimed = replace(claimed, provider=config.name)
-    if past_deadline(ctx.engine, claimed, record, config.retry_window_s):
+    holding.claimed = claimed
+    window = config.retry_window_s
+    if past_deadline(
+        ctx.engine, claimed, record, ctx.settings.resend_window_s if window is None else window
+    ):
         return
     if not admit(ctx.engine, claimed, config, _limiter(ctx.settings, ctx.limiter), ctx.policy):
         return

@@ -214,21 +214,27 @@ def _render(source: str | None, variables: dict[str, Any], *, html: bool, what: 
         ) from None
 
 
+def _mail_template_of(engine: Engine, record: MailSendRecord) -> MailTemplate | None:
+    """The record's template (None when it names none); PreparationFailed when it is gone."""
+    if record.template_id is None and record.template_code is None:
+        return None
+    with Session(reader(engine)) as session:
+        template = _find_template(session, record)
+    if template is None:
+        wanted = (
+            f"id {record.template_id}"
+            if record.template_id is not None
+            else f"code {record.template_code!r} (enabled)"
+        )
+        raise PreparationFailed(
+            MarkerCode.TEMPLATE_NOT_RESOLVABLE, f"no mail template with {wanted}"
+        )
+    return template
+
+
 def build_mail(engine: Engine, record: MailSendRecord, settings: Settings) -> PreparedMail:
     """Steps 1 to 4: what this record will send, and through which server (no writes)."""
-    template = None
-    if record.template_id is not None or record.template_code is not None:
-        with Session(reader(engine)) as session:
-            template = _find_template(session, record)
-        if template is None:
-            wanted = (
-                f"id {record.template_id}"
-                if record.template_id is not None
-                else f"code {record.template_code!r} (enabled)"
-            )
-            raise PreparationFailed(
-                MarkerCode.TEMPLATE_NOT_RESOLVABLE, f"no mail template with {wanted}"
-            )
+    template = _mail_template_of(engine, record)
     variables = record.variables or {}
     subject = record.subject
     html = record.html_body
@@ -542,20 +548,43 @@ def _bound_provider(
     )
 
 
+def _choose_provider(
+    session: Session, record: SmsSendRecord, template: SmsTemplate | None
+) -> tuple[SmsProviderConfig, SmsTemplateProviderBinding | None]:
+    """Step 4 for SMS: the provider, and the template's binding to it."""
+    country = (record.country_code or "").upper() or None
+    candidates = sms_candidates(session, record)
+    if not candidates:
+        raise PreparationFailed(
+            MarkerCode.CONFIG_NOT_RESOLVABLE,
+            f"no SMS provider serves country {country or '(unknown)'}: no route for it and "
+            "no default provider is configured",
+        )
+    if template is None:
+        return candidates[0], None
+    return _bound_provider(session, template, candidates, country)
+
+
+def _sms_template_of(session: Session, record: SmsSendRecord) -> SmsTemplate | None:
+    """The record's template (None when it names none); PreparationFailed when it is gone."""
+    if record.template_id is None and record.template_code is None:
+        return None
+    template = _find_sms_template(session, record)
+    if template is None:
+        wanted = (
+            f"id {record.template_id}"
+            if record.template_id is not None
+            else f"code {record.template_code!r} (enabled)"
+        )
+        raise PreparationFailed(
+            MarkerCode.TEMPLATE_NOT_RESOLVABLE, f"no SMS template with {wanted}"
+        )
+    return template
+
+
 def build_sms(session: Session, record: SmsSendRecord) -> PreparedSms:
     """Steps 1 to 4 for SMS: the content, and the provider with its binding (no writes)."""
-    template = None
-    if record.template_id is not None or record.template_code is not None:
-        template = _find_sms_template(session, record)
-        if template is None:
-            wanted = (
-                f"id {record.template_id}"
-                if record.template_id is not None
-                else f"code {record.template_code!r} (enabled)"
-            )
-            raise PreparationFailed(
-                MarkerCode.TEMPLATE_NOT_RESOLVABLE, f"no SMS template with {wanted}"
-            )
+    template = _sms_template_of(session, record)
     variables = record.variables or {}
     content = record.content
     if not content and template is not None:
@@ -568,19 +597,7 @@ def build_sms(session: Session, record: SmsSendRecord) -> PreparedSms:
             MarkerCode.CONTENT_INVALID,
             f"the SMS content has {len(content)} characters, over the limit of {MAX_SMS_CHARS}",
         )
-    country = (record.country_code or "").upper() or None
-    candidates = sms_candidates(session, record)
-    if not candidates:
-        raise PreparationFailed(
-            MarkerCode.CONFIG_NOT_RESOLVABLE,
-            f"no SMS provider serves country {country or '(unknown)'}: no route for it and "
-            "no default provider is configured",
-        )
-    provider, binding = (
-        _bound_provider(session, template, candidates, country)
-        if template is not None
-        else (candidates[0], None)
-    )
+    provider, binding = _choose_provider(session, record, template)
     return PreparedSms(
         content=content,
         provider_id=provider.id,
@@ -609,3 +626,81 @@ def prepare_sms(
     if not _charge_and_freeze(engine, SmsSendRecord, _tier(record), claimed, settings, frozen):
         return None
     return prepared, claimed.bumped(provider=prepared.provider_name)
+
+
+# --- choosing again after a manual retry ------------------------------------------------------
+#
+# A prepared record whose server or provider was disabled or deleted fails
+# CONFIG_NOT_RESOLVABLE (a CONFIG failure: never retried automatically). When an operator then
+# presses Retry, only the choice of server or provider runs again (a fix of seed 001's "no
+# switching servers"): the frozen render, the Message-ID or idempotency key and the quota charge
+# stay as they are.
+
+
+def requeued_after_unusable_route(record: MailSendRecord | SmsSendRecord) -> bool:
+    """Whether this claimed, prepared record comes back from a manual retry of a failure for
+    an unusable server or provider. CONFIG_NOT_RESOLVABLE is never retried automatically, so a
+    record claimed with that code got back to Retry only by hand (``retry.retry_records``)."""
+    return (
+        record.prepared_at is not None
+        and record.error_code == MarkerCode.CONFIG_NOT_RESOLVABLE.value
+    )
+
+
+def _route_statement(
+    model: type[MailSendRecord] | type[SmsSendRecord], columns: tuple[str, ...]
+) -> Direct:
+    return Direct(
+        update(model)
+        .where(model.id == bindparam("rid"), model.version == bindparam("ver"))
+        .values(
+            version=model.version + 1,
+            updated_time=db_now(),
+            **{c: bindparam(f"route_{c}", type_=getattr(model, c).type) for c in columns},
+        )
+    )
+
+
+_MAIL_ROUTE = _route_statement(MailSendRecord, ("server_config_id", "read_receipt"))
+_SMS_ROUTE = _route_statement(
+    SmsSendRecord, ("provider_config_id", "provider_kind", "external_template_id", "signature")
+)
+
+
+def rechoose_server(
+    engine: Engine, record: MailSendRecord, claimed: Claimed
+) -> tuple[MailSendServerConfig, Claimed] | None:
+    """Choose the mail server again (step 4 only) and write it by version; None when the
+    write lost a version race. PreparationFailed when no server can be chosen."""
+    server = _choose_server(engine, record, _mail_template_of(engine, record))
+    count, _rows = _MAIL_ROUTE.run(
+        engine,
+        rid=claimed.id,
+        ver=claimed.version,
+        route_server_config_id=server.id,
+        route_read_receipt=server.read_receipt,
+    )
+    if count != 1:
+        return None
+    return server, claimed.bumped(provider=server.name)
+
+
+def rechoose_provider(
+    engine: Engine, record: SmsSendRecord, claimed: Claimed
+) -> tuple[SmsProviderConfig, SmsTemplateProviderBinding | None, Claimed] | None:
+    """Choose the SMS provider and its template binding again and write them by version; None
+    when the write lost a version race. PreparationFailed when none can be chosen."""
+    with Session(reader(engine)) as session:
+        provider, binding = _choose_provider(session, record, _sms_template_of(session, record))
+    count, _rows = _SMS_ROUTE.run(
+        engine,
+        rid=claimed.id,
+        ver=claimed.version,
+        route_provider_config_id=provider.id,
+        route_provider_kind=provider.provider,
+        route_external_template_id=binding.external_template_id if binding else None,
+        route_signature=binding.signature if binding else None,
+    )
+    if count != 1:
+        return None
+    return provider, binding, claimed.bumped(provider=provider.name)

@@ -11,6 +11,12 @@ uncertain), so its attempt is marked ambiguous, and what happens next is the ser
 provider's ``uncertain_policy``: ``retry`` (at least once, relying on the stable Message-ID or
 idempotency key) puts it back to Retry as above; ``hold`` makes it ``Uncertain``, never resent
 automatically, for an operator to resolve. A record stuck before preparation sent nothing.
+
+Each sweep writes its end time to ``chore_run``. The sweep is an rq-scheduler job, so it
+stops when Redis is away; ``sweep_if_overdue`` lets a delivery worker see that from the
+database alone (no run for two intervals) and run the sweep itself: on PostgreSQL one worker at
+a time, under a transaction-level advisory lock (so it works behind PgBouncer in transaction
+mode); on SQLite it simply runs, since the version check already makes parallel sweeps safe.
 """
 
 from __future__ import annotations
@@ -19,7 +25,8 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import Engine, select, update
+from sqlalchemy import Engine, exists, func, select, update
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 from portal.config import Settings
@@ -28,6 +35,7 @@ from portal.messaging.outcomes import MODELS, Claimed, dead_letter_row
 from portal.metrics import MESSAGE_FAILED
 from portal.models import (
     Channel,
+    ChoreRun,
     MailSendRecord,
     MailSendServerConfig,
     SendStatus,
@@ -41,6 +49,9 @@ from portal.tenancy import tenant_context
 log = logging.getLogger("portal.sweeper")
 
 BATCH = 200
+SWEEP_CHORE = "sweep-stuck-sends"  # its row in chore_run
+# pg_try_advisory_xact_lock's key for "a worker runs the overdue sweep": b"postroom" as a bigint.
+SWEEP_LOCK_KEY = int.from_bytes(b"postroom", "big")
 
 
 @dataclass
@@ -94,7 +105,52 @@ def sweep_stuck_sends(engine: Engine, settings: Settings) -> SweepReport:
                     "uncertain": report.held,
                 }[outcome]
                 counts[channel.value] = counts.get(channel.value, 0) + 1
+    _record_run(engine)
     return report
+
+
+def _record_run(engine: Engine) -> None:
+    """Write this sweep's end time (database clock) to ``chore_run``."""
+    dialect = postgresql if engine.dialect.name == "postgresql" else sqlite
+    statement = dialect.insert(ChoreRun).values(name=SWEEP_CHORE, last_run_at=db_now())
+    statement = statement.on_conflict_do_update(
+        index_elements=[ChoreRun.name], set_={"last_run_at": db_now()}
+    )
+    try:
+        with engine.begin() as connection:
+            connection.execute(statement)
+    except Exception:
+        # The sweep itself is done; a missing mark only lets a worker sweep once more.
+        log.exception("the sweep ran, but writing its time failed")
+
+
+def _swept_lately(interval_s: float) -> Any:
+    """True when the sweep ran within two intervals (database clock)."""
+    return select(
+        exists().where(
+            ChoreRun.name == SWEEP_CHORE,
+            ChoreRun.last_run_at >= db_now_plus(-2 * interval_s),
+        )
+    )
+
+
+def sweep_if_overdue(engine: Engine, settings: Settings) -> SweepReport | None:
+    """Run the sweep here when its last run is older than two ``SWEEP_INTERVAL_S`` (or there
+    is none); None when it is not overdue or another worker is running it right now."""
+    lately = _swept_lately(settings.sweep_interval_s)
+    with engine.connect() as connection:
+        if connection.scalar(lately):
+            return None
+    if engine.dialect.name != "postgresql":
+        return sweep_stuck_sends(engine, settings)
+    # The lock lives as long as this transaction, whose connection only holds it: the sweep's
+    # own writes go through their own short transactions, as the scheduled sweep's do.
+    with engine.connect() as connection, connection.begin():
+        if not connection.scalar(select(func.pg_try_advisory_xact_lock(SWEEP_LOCK_KEY))):
+            return None
+        if connection.scalar(lately):
+            return None  # another worker swept between our look and the lock
+        return sweep_stuck_sends(engine, settings)
 
 
 def _route(channel: Channel) -> Any:
@@ -183,4 +239,4 @@ def _transition(
     return outcome
 
 
-__all__ = ["BATCH", "Channel", "SweepReport", "sweep_stuck_sends"]
+__all__ = ["BATCH", "Channel", "SweepReport", "sweep_if_overdue", "sweep_stuck_sends"]

@@ -531,7 +531,8 @@ def test_each_provider_accepts_with_its_message_id(
 
 @pytest.mark.parametrize(
     ("retry_after", "floor", "at_least"),
-    [("3", 1.0, 3.0), ("1", 2.0, 2.0), (None, 1.5, 1.5)],
+    # A Retry-After is the wait exactly, even below the floor (issue 13): "1" waits 1 s.
+    [("3", 1.0, 3.0), ("1", 2.0, 1.0), (None, 1.5, 1.5)],
 )
 def test_429_waits_for_retry_after_and_the_quota_floor(
     app: Flask,

@@ -1,4 +1,5 @@
-"""Back-off: 30 s doubling with ±50 % jitter, a floor for rate limits, a capped Retry-After."""
+"""Back-off: 30 s doubling with ±50 % jitter, a floor for rate limits; a provider's Retry-After,
+capped, is the wait exactly."""
 
 from __future__ import annotations
 
@@ -60,10 +61,12 @@ def test_quota_waits_at_least_the_floor() -> None:
     assert delay_of(NO_JITTER.decide(ErrorCategory.QUOTA, 4)) == 480.0
 
 
-def test_retry_after_is_honoured() -> None:
+def test_retry_after_is_the_wait_exactly() -> None:
     assert delay_of(NO_JITTER.decide(ErrorCategory.TRANSIENT, 0, retry_after_s=90.0)) == 90.0
-    # A Retry-After shorter than our own wait does not shorten it.
-    assert delay_of(NO_JITTER.decide(ErrorCategory.TRANSIENT, 3, retry_after_s=5.0)) == 240.0
+    # Shorter than our own wait: the provider's word wins (issue 13), and no jitter is added.
+    assert delay_of(NO_JITTER.decide(ErrorCategory.TRANSIENT, 3, retry_after_s=5.0)) == 5.0
+    jittered = BackoffPolicy()
+    assert delay_of(jittered.decide(ErrorCategory.UNKNOWN, 2, retry_after_s=7.5)) == 7.5
 
 
 def test_retry_after_is_capped() -> None:
@@ -73,10 +76,27 @@ def test_retry_after_is_capped() -> None:
     assert delay_of(infinite) == 3600.0
 
 
-def test_cap_applies_to_retry_after_only_and_the_quota_floor_still_applies() -> None:
+def test_a_quota_retry_after_of_65_s_waits_65_s_not_the_floor() -> None:
+    # The 5-minute floor of seed 000 applies only when the provider gives no Retry-After.
+    assert delay_of(NO_JITTER.decide(ErrorCategory.QUOTA, 0, retry_after_s=65.0)) == 65.0
+    assert delay_of(NO_JITTER.decide(ErrorCategory.QUOTA, 0)) == 300.0
     policy = BackoffPolicy(jitter=0.0, retry_after_cap_s=60.0)
-    assert delay_of(policy.decide(ErrorCategory.QUOTA, 0, retry_after_s=1000.0)) == 300.0
-    assert delay_of(policy.decide(ErrorCategory.QUOTA, 0, retry_after_s=10.0)) == 300.0
+    assert delay_of(policy.decide(ErrorCategory.QUOTA, 0, retry_after_s=1000.0)) == 60.0
+
+
+def test_retry_after_does_not_outlive_the_retries() -> None:
+    assert BackoffPolicy().decide(ErrorCategory.QUOTA, 5, retry_after_s=10.0) == DeadLetter()
+    assert BackoffPolicy().decide(ErrorCategory.AUTH, 0, retry_after_s=10.0) == Fail()
+
+
+def test_from_settings_caps_by_retry_after_max() -> None:
+    settings = Settings(
+        database_url="sqlite://", redis_url=None, secret_key="k", retry_after_cap_s=120.0
+    )
+    policy = BackoffPolicy.from_settings(settings).decide(
+        ErrorCategory.QUOTA, 0, retry_after_s=500.0
+    )
+    assert delay_of(policy) == 120.0
 
 
 @pytest.mark.parametrize("bad", [0.0, -5.0, float("nan")])

@@ -17,7 +17,7 @@ import smtplib
 import socket
 import ssl
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from email import policy, quoprimime
 from email.headerregistry import Address
@@ -25,6 +25,8 @@ from email.message import EmailMessage
 from email.utils import format_datetime, formataddr
 from enum import StrEnum
 from types import TracebackType
+
+from email_validator import EmailNotValidError, validate_email
 
 __all__ = [
     "Attachment",
@@ -37,6 +39,7 @@ __all__ = [
     "build_message",
     "message_bytes",
     "test_connection",
+    "wire_address",
 ]
 
 log = logging.getLogger(__name__)
@@ -46,6 +49,10 @@ TIMEOUT = "TIMEOUT"
 # The server cannot be used as configured (STARTTLS or AUTH not offered, no usable AUTH
 # mechanism): retrying will not help until someone edits the server config.
 CONFIG_ERROR = "CONFIG_ERROR"
+# The mail cannot be written as given: an address with a non-ASCII local part to a server that
+# does not offer SMTPUTF8, or an address whose domain has no ASCII form. Every attempt would
+# fail the same way.
+INVALID_INPUT = "INVALID_INPUT"
 
 # QUIT on a connection we are dropping anyway must not stall the worker for a full read timeout.
 _QUIT_TIMEOUT_S = 1.0
@@ -185,11 +192,113 @@ def _check_text(name: str, value: str) -> str:
     return value
 
 
-def _check_address(name: str, value: str) -> str:
+def _check_address(name: str, value: str, *, utf8: bool = False) -> str:
+    """``value`` when it can be written as it is: ASCII, or (``utf8``, for a server offering
+    SMTPUTF8) a UTF-8 local part at an ASCII domain; ValueError otherwise."""
     _check_text(name, value)
-    if not value.isascii() or not _ADDR_SPEC.match(value):
+    ascii_form = value.isascii() or (utf8 and value.rpartition("@")[2].isascii())
+    if not ascii_form or not _ADDR_SPEC.match(value):
         raise ValueError(f"{name} is not a plain ASCII address: {value!r}")
     return value
+
+
+@functools.lru_cache(maxsize=4096)
+def _a_labels(domain: str) -> str:
+    """The domain's ASCII form (IDNA A-labels), by the same rules as acceptance's check
+    (email_validator's); ValueError when it has none."""
+    try:
+        ascii_domain = validate_email("a@" + domain, check_deliverability=False).ascii_domain
+    except EmailNotValidError as exc:
+        raise ValueError(f"the domain {domain!r} has no ASCII form: {exc}") from None
+    if not ascii_domain:
+        raise ValueError(f"the domain {domain!r} has no ASCII form")
+    return ascii_domain
+
+
+def wire_address(address: str) -> str:
+    """The address as it goes into the envelope and the headers: an internationalised domain
+    as its A-labels (``ann@exämple.com`` -> ``ann@xn--exmple-cua.com``), the local part as
+    given. A non-ASCII local part stays: only SMTPUTF8 carries it (see ``needs_smtputf8``)."""
+    local, at, domain = address.rpartition("@")
+    if not at or domain.isascii():
+        return address
+    return f"{local}@{_a_labels(domain)}"
+
+
+def needs_smtputf8(mail: OutgoingMail) -> bool:
+    """Whether an address of the mail (on the wire) has a non-ASCII local part."""
+    return not all(a.isascii() for a in _all_addresses(mail))
+
+
+def _all_addresses(mail: OutgoingMail) -> list[str]:
+    optional = [a for a in (mail.reply_to, mail.read_receipt_to) if a]
+    return [mail.from_addr, *mail.to, *mail.cc, *mail.bcc, *optional]
+
+
+def _on_the_wire(mail: OutgoingMail) -> tuple[OutgoingMail, dict[str, str]]:
+    """The mail with every address in its wire form, and wire form -> address as given."""
+    given: dict[str, str] = {}
+
+    def wire(address: str) -> str:
+        converted = wire_address(address)
+        given.setdefault(converted, address)
+        return converted
+
+    def each(addresses: list[str]) -> list[str]:
+        return [wire(a) for a in addresses]
+
+    return (
+        replace(
+            mail,
+            from_addr=wire(mail.from_addr),
+            to=each(mail.to),
+            cc=each(mail.cc),
+            bcc=each(mail.bcc),
+            reply_to=wire(mail.reply_to) if mail.reply_to else mail.reply_to,
+            read_receipt_to=(
+                wire(mail.read_receipt_to) if mail.read_receipt_to else mail.read_receipt_to
+            ),
+        ),
+        given,
+    )
+
+
+def utf8_message_bytes(mail: OutgoingMail) -> bytes:
+    """The message for an SMTPUTF8 transaction: as ``message_bytes``, with addresses whose
+    local part is not ASCII written in UTF-8 in the headers (RFC 6532).
+
+    The email package refuses such an address in a header, so the message is built with an
+    ASCII stand-in for each one, which is then replaced in the header block only.
+    """
+    stand_ins: dict[str, str] = {}
+
+    def ascii_only(address: str) -> str:
+        if address.isascii():
+            return address
+        if address not in stand_ins:
+            stand_ins[address] = (
+                f"postroom-utf8-{secrets.token_hex(8)}@{address.rpartition('@')[2]}"
+            )
+        return stand_ins[address]
+
+    for address in _all_addresses(mail):
+        _check_address("address", address, utf8=True)
+    ascii_mail = replace(
+        mail,
+        from_addr=ascii_only(mail.from_addr),
+        to=[ascii_only(a) for a in mail.to],
+        cc=[ascii_only(a) for a in mail.cc],
+        bcc=[ascii_only(a) for a in mail.bcc],
+        reply_to=ascii_only(mail.reply_to) if mail.reply_to else mail.reply_to,
+        read_receipt_to=(
+            ascii_only(mail.read_receipt_to) if mail.read_receipt_to else mail.read_receipt_to
+        ),
+    )
+    data = message_bytes(ascii_mail)
+    head, blank, body = data.partition(b"\r\n\r\n")
+    for address, stand_in in stand_ins.items():
+        head = head.replace(stand_in.encode("ascii"), address.encode("utf-8"))
+    return head + blank + body
 
 
 @dataclass(frozen=True, slots=True)
@@ -589,22 +698,49 @@ class SmtpConnectionPool:
     def send(self, server: SmtpServer, mail: OutgoingMail) -> SendResult:
         """Send one mail; raise SmtpSendError (server refused / connection failed) or ValueError."""
         started = time.monotonic()
-        payload = _dot_stuffed(message_bytes(mail))
-        sender = _check_address("From", mail.from_addr)
-        recipients = _envelope_recipients(mail)
+        try:
+            # Internationalised domains go out as A-labels; a non-ASCII local part needs
+            # SMTPUTF8, which only the server's EHLO can tell.
+            wired, given = _on_the_wire(mail)
+            utf8 = needs_smtputf8(wired)
+            payload = _dot_stuffed(utf8_message_bytes(wired) if utf8 else message_bytes(wired))
+            sender = _check_address("From", wired.from_addr, utf8=utf8)
+        except ValueError as exc:
+            # Nothing was sent and no attempt would do better: the record fails at once.
+            raise SmtpSendError(INVALID_INPUT, f"the mail cannot be written: {exc}") from exc
+        recipients = _envelope_recipients(wired)
         self.close_idle(now=started)
+        try:
+            return self._send_on(server, sender, recipients, payload, started, utf8=utf8)
+        except SmtpSendError as error:
+            error.refused = {given.get(a, a): reply for a, reply in error.refused.items()}
+            raise
 
+    def _send_on(
+        self,
+        server: SmtpServer,
+        sender: str,
+        recipients: list[str],
+        payload: bytes,
+        started: float,
+        *,
+        utf8: bool,
+    ) -> SendResult:
         connection = self._connections.get(server.key)
         if connection is not None:
             try:
-                return self._transact(server, connection, sender, recipients, payload, started)
+                return self._transact(
+                    server, connection, sender, recipients, payload, started, utf8=utf8
+                )
             except _StaleConnection as stale:
                 # Servers close idle connections; nothing was committed, so one fresh try is safe.
                 log.info("smtp connection to %s was stale (%s); reconnecting", server.host, stale)
 
         connection = self._connect(server)
         try:
-            return self._transact(server, connection, sender, recipients, payload, started)
+            return self._transact(
+                server, connection, sender, recipients, payload, started, utf8=utf8
+            )
         except _StaleConnection as stale:
             raise stale.error from stale.__cause__
 
@@ -660,15 +796,31 @@ class SmtpConnectionPool:
         recipients: list[str],
         payload: bytes,
         started: float,
+        *,
+        utf8: bool = False,
     ) -> SendResult:
-        """Run MAIL / RCPT / DATA on an open connection."""
+        """Run MAIL / RCPT / DATA on an open connection (with SMTPUTF8 when ``utf8``)."""
         # Lower-level calls instead of sendmail(): only they tell "failed before the payload was
         # written" (safe to resend) from "failed waiting for the final reply" (ambiguous).
         smtp = connection.smtp
         stage = "mail"
         refused: dict[str, tuple[int, str]] = {}
+        if utf8 and not smtp.has_extn("smtputf8"):
+            # Nothing sent yet: the session stays clean for the next mail.
+            connection.last_used = time.monotonic()
+            raise SmtpSendError(
+                INVALID_INPUT,
+                "an address has non-ASCII letters before the @, and this mail server does not "
+                "accept such addresses (it does not offer SMTPUTF8): the mail cannot be sent "
+                "to it as written",
+            )
         try:
             options = [f"SIZE={len(payload)}"] if smtp.has_extn("size") else []
+            if utf8:
+                # smtplib switches this session's commands to UTF-8 when it sees SMTPUTF8.
+                options.append("SMTPUTF8")
+                if smtp.has_extn("8bitmime"):
+                    options.append("BODY=8BITMIME")
             code, reply = smtp.mail(sender, options)
             if code != 250:
                 error = _reply_error(code, reply)
