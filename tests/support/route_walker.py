@@ -358,7 +358,10 @@ _OWNER_THROUGH = {
     "mail_receive_state": ("config_id", "mail_receive_config"),
 }
 # Tables that belong to no tenant: sign-in throttling counts per address and client.
-UNOWNED = {"login_throttle": "sign-in attempt counts, keyed by address and client: no tier's data"}
+UNOWNED = {
+    "login_throttle": "sign-in attempt counts, keyed by address and client: no tier's data",
+    "chore_run": "when each periodic chore (the stuck-send sweep) last ran: no tier's data",
+}
 
 
 def snapshot(
