@@ -54,6 +54,13 @@ def _positive(env: dict[str, str], name: str, default: int) -> int:
     return value
 
 
+def _share(env: dict[str, str], name: str, default: float) -> float:
+    value = _float(env, name, default)
+    if value > 1:
+        raise ConfigError(f"{name} must be a share between 0 and 1, got {env.get(name)!r}")
+    return value
+
+
 def _secret_key(env: dict[str, str], production: bool) -> str:
     key = env.get("SECRET_KEY")
     if key:
@@ -96,6 +103,13 @@ class Settings:
     # No automatic attempt this long after a record's first claim (seed 002: 23 hours);
     # a server or provider may set its own.
     resend_window_s: float = 82800.0
+    # Circuit breaker per server/provider: opens after this many distinct records in a row
+    # fail before the server accepted them; probes one record at growing intervals.
+    breaker_failures: int = 5
+    breaker_probe_min_s: float = 10.0
+    breaker_probe_max_s: float = 300.0
+    # While transactional work is due, broadcast takes at most this share of a pool's workers.
+    broadcast_max_share: float = 0.75
     stuck_send_threshold_s: float = 300.0
     sweep_interval_s: float = 60.0
     schedule_check_s: float = 30.0
@@ -156,6 +170,10 @@ class Settings:
             rate_limit_timeout_s=_float(env, "RATE_LIMIT_TIMEOUT_S", 0.5),
             retry_after_cap_s=_float(env, "RETRY_AFTER_MAX_S", 3600.0),
             resend_window_s=_float(env, "RESEND_WINDOW_S", 82800.0),
+            breaker_failures=_positive(env, "BREAKER_FAILURES", 5),
+            breaker_probe_min_s=_float(env, "BREAKER_PROBE_MIN_S", 10.0),
+            breaker_probe_max_s=_float(env, "BREAKER_PROBE_MAX_S", 300.0),
+            broadcast_max_share=_share(env, "BROADCAST_MAX_SHARE", 0.75),
             template_max_chars=_positive(env, "TEMPLATE_MAX_CHARS", 50_000),
             pool_ping_idle_s=_float(env, "POOL_PING_IDLE_S", 1.0),
             api_key_cache_s=_float(env, "API_KEY_CACHE_S", 5.0),

@@ -277,9 +277,10 @@ def _deletion(server: MailSendServerConfig) -> tuple[config_pages.Deletion, bool
         f"{'are' if waiting != 1 else 'is'} prepared for this server."
     )
     replay = (
-        "A retry, automatic or by hand, replays the server chosen when the mail was prepared "
-        "and never chooses another: with this server gone such mail fails with "
-        "CONFIG_NOT_RESOLVABLE at its next attempt and is not retried."
+        "An automatic retry replays the server chosen when the mail was prepared: with this "
+        "server gone or disabled such mail fails with CONFIG_NOT_RESOLVABLE at its next "
+        "attempt. A Retry by hand then chooses a server again, keeping the rendered message, "
+        "its Message-ID and its quota charge."
     )
     facts: list[str] = [prepared]
     refused = None
@@ -289,8 +290,8 @@ def _deletion(server: MailSendServerConfig) -> tuple[config_pages.Deletion, bool
             "events go through it."
         )
         facts += [
-            "They keep going out through it when retried, also after you untick Enabled: a "
-            "disabled server is only not chosen for new mail.",
+            "They go out through it when retried while it is enabled. Untick Enabled instead "
+            "and it carries nothing more:",
             replay,
         ]
     else:

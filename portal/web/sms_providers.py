@@ -343,9 +343,9 @@ def _deletion(provider: SmsProviderConfig) -> tuple[config_pages.Deletion, bool]
         )
         facts.append(
             "They go out through it when retried while it is enabled. Untick Enabled and they "
-            "fail with CONFIG_NOT_RESOLVABLE at their next attempt, also when retried by hand: "
-            "a retry replays the provider chosen when the SMS was prepared and never picks "
-            "another."
+            "fail with CONFIG_NOT_RESOLVABLE at their next attempt; a Retry by hand then "
+            "chooses a provider again, keeping the rendered text, its idempotency key and its "
+            "quota charge."
         )
     else:
         countries = [route.country_code for route in _routes(provider)]
