@@ -88,6 +88,46 @@ class BacklogCollector(Collector):
         yield oldest
 
 
+class ServerUpCollector(Collector):
+    """``server_up{channel,config}``: 0 while a server's or provider's circuit breaker is open
+    (read from the database mirror of the breaker state, so every process agrees)."""
+
+    def __init__(self, engine: Engine):
+        self.engine = engine
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        from portal.models import BreakerState, MailSendServerConfig, SmsProviderConfig
+
+        up = GaugeMetricFamily(
+            "server_up",
+            "1 while the mail server or SMS provider takes connections, 0 while its circuit "
+            "breaker is open",
+            labels=["channel", "config"],
+        )
+        try:
+            with Session(self.engine) as session:
+                down = set(
+                    session.execute(
+                        select(BreakerState.channel, BreakerState.config_id).where(
+                            BreakerState.down_since.is_not(None)
+                        )
+                    ).all()
+                )
+                for channel, model in (("mail", MailSendServerConfig), ("sms", SmsProviderConfig)):
+                    rows = session.execute(
+                        select(model.id, model.name).where(model.enabled.is_(True))
+                    ).all()
+                    names = [name for _id, name in rows]
+                    for config_id, name in rows:
+                        # Names are unique per tier only: a clash gets the id.
+                        label = name if names.count(name) == 1 else f"{name}#{config_id}"
+                        up.add_metric([channel, label], 0 if (channel, config_id) in down else 1)
+        except Exception as exc:  # a scrape must not fail because the database is away
+            log.warning("server_up unavailable: %s", exc)
+            return
+        yield up
+
+
 def registry_for(engine: Engine) -> CollectorRegistry:
     """The registry to expose: this process's (or all gunicorn workers') metrics + backlog."""
     from prometheus_client import REGISTRY, multiprocess
@@ -100,6 +140,7 @@ def registry_for(engine: Engine) -> CollectorRegistry:
         for collector in list(REGISTRY._collector_to_names):  # the default process metrics
             registry.register(collector)
     registry.register(BacklogCollector(engine))
+    registry.register(ServerUpCollector(engine))
     return registry
 
 

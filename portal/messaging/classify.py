@@ -41,6 +41,13 @@ class MarkerCode(StrEnum):
     RESOLVED_FAILED = "RESOLVED_FAILED"  # an operator resolved an Uncertain record as failed
 
 
+class DeferralCode(StrEnum):
+    """Codes of a record that waits for something else, not for its own failure: written
+    without using a retry, and never a reason to stop it."""
+
+    SERVER_UNAVAILABLE = "SERVER_UNAVAILABLE"  # its server's or provider's breaker is open
+
+
 _RETRYABLE = frozenset({ErrorCategory.TRANSIENT, ErrorCategory.QUOTA, ErrorCategory.UNKNOWN})
 
 
@@ -115,6 +122,17 @@ MARKER_HELP: dict[MarkerCode, tuple[str, str]] = {
     ),
 }
 
+DEFERRAL_HELP: dict[DeferralCode, tuple[str, str]] = {
+    DeferralCode.SERVER_UNAVAILABLE: (
+        "The mail server or SMS provider is down: several messages in a row could not even "
+        "connect to it, so this one was held back instead of failing too. Holding it back "
+        "used none of its retries. The message says since when, and the last error.",
+        "Nothing: it goes out by itself once the server answers again (it is checked with "
+        "one message at a time, at growing intervals up to 5 minutes). If it stays down, "
+        "check the server or provider, or its address in the configuration.",
+    ),
+}
+
 CATEGORY_HELP: dict[ErrorCategory, tuple[str, str]] = {
     ErrorCategory.TRANSIENT: (
         "A temporary fault: the server or provider was unreachable, timed out, or asked us "
@@ -168,6 +186,7 @@ _MARKER_CATEGORIES: dict[str, ErrorCategory] = {
     # Before QUOTA's keywords: "LIMIT" is in the name, but this is an outage, not a full window.
     MarkerCode.RATE_LIMIT_UNAVAILABLE: ErrorCategory.TRANSIENT,
     MarkerCode.SUPPRESSED: ErrorCategory.PERMANENT,
+    DeferralCode.SERVER_UNAVAILABLE: ErrorCategory.TRANSIENT,
     MarkerCode.RESOLVED_FAILED: ErrorCategory.PERMANENT,
 }
 

@@ -276,6 +276,35 @@ def finish(
     return True
 
 
+def defer(engine: Engine, claimed: Claimed, code: str, message: str, delay_s: float) -> bool:
+    """Put the record back to Retry in ``delay_s`` without using a retry and without an attempt
+    (its server's breaker is open): ``retry_count`` stays, no failure is counted. By version;
+    False when the race was lost."""
+    model = MODELS[claimed.channel]
+    with Session(engine) as session, session.begin():
+        result = session.execute(
+            update(model)
+            .where(model.id == claimed.id, model.version == claimed.version)
+            .values(
+                status=SendStatus.RETRY.value,
+                version=model.version + 1,
+                updated_time=db_now(),
+                next_retry_at=db_now_plus(delay_s),
+                error_code=code[:100],
+                error_message=message[:MAX_ERROR_CHARS],
+            )
+            .execution_options(synchronize_session=False)
+        )
+    if result.rowcount != 1:  # type: ignore[attr-defined]
+        return False
+    log.info(
+        "send deferred, no retry used: %s",
+        message,
+        extra=_extra(claimed, error_code=code, retry_count=claimed.retry_count),
+    )
+    return True
+
+
 def handle_failure(
     engine: Engine,
     claimed: Claimed,
@@ -420,6 +449,7 @@ def is_marker(code: str | None) -> bool:
 __all__ = [
     "Claimed",
     "ErrorCategory",
+    "defer",
     "finish",
     "handle_failure",
     "is_marker",

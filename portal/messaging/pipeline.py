@@ -23,12 +23,14 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
 from portal.config import Settings
-from portal.messaging import outcomes, ratelimit
+from portal.messaging import breaker, outcomes, ratelimit
 from portal.messaging.backoff import BackoffPolicy
+from portal.messaging.breaker import Breaker, ServerDown, Verdict
 from portal.messaging.classify import MarkerCode
 from portal.messaging.outcomes import Claimed
 from portal.messaging.preparation import (
     SUPPRESSED,
+    Gate,
     PreparationFailed,
     PreparedMail,
     PreparedSms,
@@ -85,6 +87,7 @@ class MailContext:
     policy: BackoffPolicy
     pool: SmtpConnectionPool = field(default_factory=SmtpConnectionPool)
     limiter: RateLimiter | None = None
+    breaker: Breaker | None = None  # None: the process-wide one
 
     def close(self) -> None:
         """QUIT every open SMTP connection (the worker is stopping)."""
@@ -100,6 +103,7 @@ class SmsContext:
     settings: Settings
     policy: BackoffPolicy
     limiter: RateLimiter | None = None
+    breaker: Breaker | None = None  # None: the process-wide one
     client: httpx.Client = field(init=False)
 
     def __post_init__(self) -> None:
@@ -111,6 +115,61 @@ class SmsContext:
     def close(self) -> None:
         """Close the HTTP client's connections (the worker is stopping)."""
         self.client.close()
+
+
+# Transport codes that mean no answer came from the server or provider at all.
+_NO_ANSWER = frozenset({"TIMEOUT", "NETWORK_ERROR", "CONFIG_ERROR", "INVALID_INPUT"})
+_KIND = {Channel.MAIL: "mail server", Channel.SMS: "SMS provider"}
+
+
+def _breaker(ctx: MailContext | SmsContext) -> Breaker:
+    return ctx.breaker or breaker.shared(ctx.engine, ctx.settings)
+
+
+def _gate(ctx: MailContext | SmsContext, channel: Channel, record_id: int) -> Gate:
+    """The breaker check, run once the server or provider is known (before the quota charge on
+    a first attempt); raises ServerDown when the record must wait for it."""
+
+    def gate(config_id: int, name: str) -> None:
+        check = _breaker(ctx).check(channel, config_id, record_id)
+        if check.verdict is Verdict.DEFER:
+            raise ServerDown(check, config_id, name)
+
+    return gate
+
+
+def _defer(ctx: MailContext | SmsContext, claimed: Claimed, down: ServerDown) -> None:
+    """Back to Retry until the next probe (plus jitter), with no retry used."""
+    outcomes.defer(
+        ctx.engine,
+        replace(claimed, provider=down.name),
+        breaker.SERVER_UNAVAILABLE,
+        breaker.defer_message(_KIND[claimed.channel], down.name, down.check),
+        breaker.defer_delay(down.check),
+    )
+
+
+def _observed(
+    ctx: MailContext | SmsContext,
+    claimed: Claimed,
+    config_id: int,
+    *,
+    answered: bool,
+    down: str | None = None,
+) -> None:
+    """Tell the breaker how the attempt went: ``down`` (the error) for a failure of the server
+    itself, ``answered`` when the server replied (a send or the record's own refusal); neither
+    when no answer came mid-way (a timeout after MAIL FROM says nothing about the server)."""
+    channel = claimed.channel
+    if down is not None:
+        _breaker(ctx).failed(channel, config_id, claimed.id, down)
+    elif answered and _breaker(ctx).answered(channel, config_id):
+        try:
+            released = breaker.release(ctx.engine, channel, config_id)
+        except Exception:  # they still come due at their own time
+            log.exception("releasing the records deferred for a closed breaker failed")
+            return
+        log.info("breaker closed: %s deferred records due now", released)
 
 
 def admit(
@@ -342,18 +401,24 @@ def _attempt(ctx: MailContext, record: MailSendRecord, holding: _Holding) -> Non
     skip = _suppressed(ctx.engine, claimed, record)
     if skip is None:
         return
+    gate = _gate(ctx, Channel.MAIL, record.id)
+    gated = False
     if record.prepared_at is None:
         try:
-            result = prepare_mail(ctx.engine, record, claimed, ctx.settings)
+            result = prepare_mail(ctx.engine, record, claimed, ctx.settings, gate)
         except PreparationFailed as failure:
             outcomes.handle_failure(
                 ctx.engine, claimed, failure.code.value, failure.message, policy=ctx.policy
             )
             return
+        except ServerDown as down:
+            _defer(ctx, claimed, down)
+            return
         if result is None:
             return  # lost a version race: someone else moved the record on
         prepared, claimed = result
         holding.claimed = claimed
+        gated = True
     else:
         prepared = _frozen(record)
     config = prepared.server
@@ -375,6 +440,7 @@ def _attempt(ctx: MailContext, record: MailSendRecord, holding: _Holding) -> Non
                 return  # lost a version race
             config, claimed = chosen
             holding.claimed = claimed
+            gated = False
             prepared = replace(
                 prepared,
                 server_id=config.id,
@@ -394,6 +460,12 @@ def _attempt(ctx: MailContext, record: MailSendRecord, holding: _Holding) -> Non
         return
     claimed = replace(claimed, provider=config.name)
     holding.claimed = claimed
+    if not gated:
+        try:
+            gate(config.id, config.name)
+        except ServerDown as down:
+            _defer(ctx, claimed, down)
+            return
     if not admit(ctx.engine, claimed, config, _limiter(ctx.settings, ctx.limiter), ctx.policy):
         return
     mail = _outgoing(record, prepared, config, skip)
@@ -402,6 +474,13 @@ def _attempt(ctx: MailContext, record: MailSendRecord, holding: _Holding) -> Non
         sent = ctx.pool.send(server, mail)
     except SmtpSendError as error:
         SEND_DURATION.labels("mail").observe(time.perf_counter() - started)
+        _observed(
+            ctx,
+            claimed,
+            config.id,
+            answered=error.code not in _NO_ANSWER,
+            down=f"{error.code} {error.message}" if error.connection else None,
+        )
         outcomes.handle_failure(
             ctx.engine,
             claimed,
@@ -417,6 +496,7 @@ def _attempt(ctx: MailContext, record: MailSendRecord, holding: _Holding) -> Non
     # Suppressed recipients were left out; the record says so beside the server's refusals.
     refused |= {a: [SUPPRESSED, why] for a, why in skip.items()}
     outcomes.record_sent(ctx.engine, claimed, prepared.message_id, refused=refused or None)
+    _observed(ctx, claimed, config.id, answered=True)
 
 
 # --- SMS --------------------------------------------------------------------------------
@@ -479,18 +559,24 @@ def _attempt_sms(ctx: SmsContext, record: SmsSendRecord, holding: _Holding) -> N
         return
     if _suppressed(ctx.engine, claimed, record) is None:
         return
+    gate = _gate(ctx, Channel.SMS, record.id)
+    gated = False
     if record.prepared_at is None:
         try:
-            result = prepare_sms(ctx.engine, record, claimed, ctx.settings)
+            result = prepare_sms(ctx.engine, record, claimed, ctx.settings, gate)
         except PreparationFailed as failure:
             outcomes.handle_failure(
                 ctx.engine, claimed, failure.code.value, failure.message, policy=ctx.policy
             )
             return
+        except ServerDown as down:
+            _defer(ctx, claimed, down)
+            return
         if result is None:
             return  # lost a version race: someone else moved the record on
         prepared, claimed = result
         holding.claimed = claimed
+        gated = True
     else:
         prepared = _frozen_sms(record)
     config, account, problem = _usable_provider(ctx, prepared.provider_id)
@@ -507,6 +593,7 @@ def _attempt_sms(ctx: SmsContext, record: SmsSendRecord, holding: _Holding) -> N
             return  # lost a version race
         provider, binding, claimed = chosen
         holding.claimed = claimed
+        gated = False
         prepared = replace(
             prepared,
             provider_id=provider.id,
@@ -532,6 +619,12 @@ def _attempt_sms(ctx: SmsContext, record: SmsSendRecord, holding: _Holding) -> N
         ctx.engine, claimed, record, ctx.settings.resend_window_s if window is None else window
     ):
         return
+    if not gated:
+        try:
+            gate(config.id, config.name)
+        except ServerDown as down:
+            _defer(ctx, claimed, down)
+            return
     if not admit(ctx.engine, claimed, config, _limiter(ctx.settings, ctx.limiter), ctx.policy):
         return
     outgoing = sms_transport.OutgoingSms(
@@ -550,7 +643,15 @@ def _attempt_sms(ctx: SmsContext, record: SmsSendRecord, holding: _Holding) -> N
         outcomes.record_sent(
             ctx.engine, claimed, answer.provider_message_id, duplicate=answer.duplicate
         )
+        _observed(ctx, claimed, config.id, answered=True)
         return
+    _observed(
+        ctx,
+        claimed,
+        config.id,
+        answered=answer.code not in _NO_ANSWER and not answer.ambiguous,
+        down=f"{answer.code} {answer.message}" if answer.connection else None,
+    )
     outcomes.handle_failure(
         ctx.engine,
         claimed,

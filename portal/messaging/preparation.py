@@ -8,6 +8,7 @@ that cannot be prepared fails with a marker code saying why.
 from __future__ import annotations
 
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -282,15 +283,26 @@ def build_mail(engine: Engine, record: MailSendRecord, settings: Settings) -> Pr
     )
 
 
+# Called with the chosen server's or provider's id and name before the quota is charged; raises
+# (breaker.ServerDown) when its circuit breaker is open, so a message that cannot go out uses none.
+Gate = Callable[[int, str], None]
+
+
 def prepare_mail(
-    engine: Engine, record: MailSendRecord, claimed: Claimed, settings: Settings
+    engine: Engine,
+    record: MailSendRecord,
+    claimed: Claimed,
+    settings: Settings,
+    gate: Gate | None = None,
 ) -> tuple[PreparedMail, Claimed] | None:
     """Prepare, charge the quota (last: a message that cannot go out uses none) and write back.
 
-    Raises PreparationFailed with the marker code; returns None when the write-back lost a
-    version race (someone else moved the record on: stop quietly).
+    Raises PreparationFailed with the marker code, or what ``gate`` raises; returns None when
+    the write-back lost a version race (someone else moved the record on: stop quietly).
     """
     prepared = build_mail(engine, record, settings)
+    if gate is not None:
+        gate(prepared.server_id, prepared.server_name)
     frozen = {
         "rendered_subject": prepared.subject,
         "rendered_html": prepared.html,
@@ -610,11 +622,17 @@ def build_sms(session: Session, record: SmsSendRecord) -> PreparedSms:
 
 
 def prepare_sms(
-    engine: Engine, record: SmsSendRecord, claimed: Claimed, settings: Settings
+    engine: Engine,
+    record: SmsSendRecord,
+    claimed: Claimed,
+    settings: Settings,
+    gate: Gate | None = None,
 ) -> tuple[PreparedSms, Claimed] | None:
     """Prepare, charge the SMS quota (last) and write back by version, as ``prepare_mail``."""
     with Session(reader(engine)) as session:
         prepared = build_sms(session, record)
+    if gate is not None:
+        gate(prepared.provider_id, prepared.provider_name)
     frozen = {
         "rendered_content": prepared.content,
         "provider_config_id": prepared.provider_id,

@@ -2,6 +2,7 @@
 
 from portal.models.audit import AuditAction, AuditEvent, LoginThrottle, add_audit
 from portal.models.base import Base, UTCDateTime, db_now, db_now_plus
+from portal.models.breaker import BreakerState
 from portal.models.chores import ChoreRun
 from portal.models.dead_letters import DeadLetterMessage
 from portal.models.enums import (
@@ -40,6 +41,7 @@ __all__ = [
     "AuditAction",
     "AuditEvent",
     "Base",
+    "BreakerState",
     "Channel",
     "ChoreRun",
     "DeadLetterMessage",

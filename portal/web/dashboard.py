@@ -19,9 +19,18 @@ from flask.typing import ResponseReturnValue
 from sqlalchemy import ColumnElement, func, literal, select
 
 from portal.extensions import db
-from portal.models import Channel, DeadLetterMessage, SendStatus, TriageStatus
+from portal.messaging import breaker
+from portal.models import (
+    Channel,
+    DeadLetterMessage,
+    MailSendServerConfig,
+    SendStatus,
+    SmsProviderConfig,
+    TriageStatus,
+)
+from portal.tenancy import PLATFORM_TENANT_ID
 from portal.web import decisions, explain
-from portal.web.access import Permission, can, requires, viewed_tenant
+from portal.web.access import Permission, can, is_operator, requires, viewed_tenant
 from portal.web.mail_records import MAIL, Kind, tenant_names, wants_fragment
 from portal.web.sms_records import SMS
 
@@ -201,6 +210,55 @@ def age_text(seconds: float) -> str:
     return f"{hours // 24} days"
 
 
+@dataclass
+class Down:
+    """A server or provider whose circuit breaker is open, as the viewer may see it: a tenant
+    sees the platform tier's only as "platform mail service degraded" (no name, no error)."""
+
+    channel: str
+    name: str | None
+    since: datetime | None
+    last_error: str | None
+    next_probe: datetime | None
+
+
+def down_servers(tenant: int | None) -> list[Down]:
+    """Open breakers the viewer should hear about: their tier's servers and providers with
+    details, the platform tier's (which tenants send through) without."""
+    states = breaker.down_states(db.engine)
+    if not states:
+        return []
+    operator = is_operator()
+    shown: list[Down] = []
+    platform_down: set[str] = set()
+    for (channel, config_id), state in sorted(states.items()):
+        config: MailSendServerConfig | SmsProviderConfig | None = (
+            db.session.get(MailSendServerConfig, config_id)
+            if channel == Channel.MAIL.value
+            else db.session.get(SmsProviderConfig, config_id)
+        )
+        if config is None:
+            continue
+        if operator or (tenant is not None and config.tenant_id == tenant):
+            if (
+                operator
+                and tenant is not None
+                and config.tenant_id
+                not in (
+                    tenant,
+                    PLATFORM_TENANT_ID,
+                )
+            ):
+                continue
+            shown.append(
+                Down(channel, config.name, state.down_since, state.last_error, state.next_probe_at)
+            )
+        elif config.tenant_id == PLATFORM_TENANT_ID:
+            platform_down.add(channel)
+    shown += [Down(channel, None, None, None, None) for channel in sorted(platform_down)]
+    return shown
+
+
 def decisions_count(tenant: int | None) -> tuple[int, bool]:
     """Records needing a decision, mail and SMS together (capped per walk, as the counts)."""
     total, capped = 0, False
@@ -226,6 +284,7 @@ def index() -> ResponseReturnValue:
         "refresh": REFRESH,
         "channel_of": {Channel.MAIL.value: MAIL, Channel.SMS.value: SMS},
         "decisions": decisions_count(tenant),
+        "down": down_servers(tenant),
     }
     template = "dashboard/_summary.html" if wants_fragment() else "dashboard/index.html"
     return render_template(template, **context), 200, {"Vary": "HX-Request"}

@@ -13,7 +13,9 @@ from enum import StrEnum
 
 from portal.messaging.classify import (
     CATEGORY_HELP,
+    DEFERRAL_HELP,
     MARKER_HELP,
+    DeferralCode,
     ErrorCategory,
     MarkerCode,
     classify,
@@ -141,7 +143,12 @@ MARKER_LABEL: dict[MarkerCode, str] = {
     MarkerCode.RESOLVED_FAILED: "Resolved as failed by an operator",
 }
 
+DEFERRAL_LABEL: dict[DeferralCode, str] = {
+    DeferralCode.SERVER_UNAVAILABLE: "Waiting for the server to come back",
+}
+
 _MARKERS = frozenset(m.value for m in MarkerCode)
+_DEFERRALS = frozenset(d.value for d in DeferralCode)
 
 # Statuses whose next step is the error's: fix what the code points to (or wait for it).
 CAUSE_DECIDES = frozenset({SendStatus.RETRY, SendStatus.FAILED, SendStatus.DEAD_LETTER})
@@ -184,6 +191,10 @@ def cause_of(code: str | None, message: str | None) -> Cause | None:
         return None
     category = classify(code, message)
     normalised = (code or "").strip().upper()
+    if normalised in _DEFERRALS:
+        deferral = DeferralCode(normalised)
+        happened, todo = DEFERRAL_HELP[deferral]
+        return Cause(DEFERRAL_LABEL[deferral], code, category, happened, todo)
     if normalised in _MARKERS:
         marker = MarkerCode(normalised)
         happened, todo = MARKER_HELP[marker]

@@ -21,8 +21,10 @@ from flask.typing import ResponseReturnValue
 from sqlalchemy import func, or_, select
 
 from portal.extensions import db
+from portal.messaging import breaker
 from portal.messaging.transports.smtp import Security, SmtpServer, test_connection
 from portal.models import (
+    Channel,
     MailSendRecord,
     MailSendServerConfig,
     SendStatus,
@@ -207,7 +209,12 @@ def index() -> str:
     """The viewed tier's mail servers."""
     tier = viewed_tier()
     servers = config_pages.listed(PAGES, tier)
-    return render_template("mail_servers/index.html", servers=servers, tier_name=tier_name(tier))
+    return render_template(
+        "mail_servers/index.html",
+        servers=servers,
+        tier_name=tier_name(tier),
+        down=breaker.down_states(db.engine, Channel.MAIL),
+    )
 
 
 @bp.get("/new")

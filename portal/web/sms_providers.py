@@ -25,9 +25,11 @@ from sqlalchemy import func, select
 
 from portal.extensions import db
 from portal.importer import dedupes, default_uncertain_policy
+from portal.messaging import breaker
 from portal.messaging.transports.sms import twilio, vonage
 from portal.models import (
     AuditAction,
+    Channel,
     SendStatus,
     SmsProviderConfig,
     SmsProviderKind,
@@ -271,6 +273,7 @@ def index() -> str:
         kinds=dict(KIND_OPTIONS),
         dedupes=dedupes,
         policy_text=POLICY_TEXT,
+        down=breaker.down_states(db.engine, Channel.SMS),
     )
 
 

@@ -361,6 +361,8 @@ _OWNER_THROUGH = {
 UNOWNED = {
     "login_throttle": "sign-in attempt counts, keyed by address and client: no tier's data",
     "chore_run": "when each periodic chore (the stuck-send sweep) last ran: no tier's data",
+    "breaker_state": "a server's or provider's circuit breaker (up/down, last connection "
+    "error), keyed by channel and config id; pages read it only for configs the tier lists",
 }
 
 

@@ -173,6 +173,7 @@ class SmtpSendError(Exception):
         *,
         refused: dict[str, tuple[int, str]] | None = None,
         after_data: bool = False,
+        connection: bool = False,
     ) -> None:
         super().__init__(f"{code} {message}")
         self.code = code
@@ -181,6 +182,9 @@ class SmtpSendError(Exception):
         # True when the whole payload was written but no final reply was read: the server may
         # have accepted the mail, so resending risks a duplicate.
         self.after_data = after_data
+        # True when the server failed before it could take any mail (no connection, TLS, a
+        # refusing greeting, EHLO/STARTTLS): its circuit breaker counts these, and only these.
+        self.connection = connection
 
 
 # --- building ------------------------------------------------------------------------------
@@ -630,7 +634,11 @@ def _open(server: SmtpServer) -> smtplib.SMTP:
     except OSError as exc:  # smtplib.SMTPException is an OSError too
         if smtp is not None:
             smtp.close()
-        raise _exception_error(exc, stage) from exc
+        error = _exception_error(exc, stage)
+        # Everything before the login is the server's own state, whoever's mail it is; a
+        # refused login is our credentials (AUTH), never the server being down.
+        error.connection = stage != "auth"
+        raise error from exc
     except UnicodeError as exc:
         # smtplib encodes AUTH credentials as ASCII.
         if smtp is not None:

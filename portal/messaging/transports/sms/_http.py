@@ -23,6 +23,9 @@ from portal.messaging.transports.sms.result import (
 # Statuses whose meaning does not depend on the provider's code: the code goes in the message.
 _STATUS_DECIDES = frozenset({401, 403, 408, 425, 429}) | frozenset(range(500, 600))
 _BODY_EXCERPT_CHARS = 300
+# The provider's front door is down (a gateway or proxy answered for it): without a code of the
+# provider's own, no message was looked at, so the circuit breaker counts it.
+_PROVIDER_DOWN = frozenset({502, 503, 504})
 
 
 def post(
@@ -36,9 +39,13 @@ def post(
     try:
         return client.post(url, **kwargs)
     except httpx.ConnectTimeout as exc:
-        return SmsResult.failed(TIMEOUT, f"{provider}: connect timed out ({exc or 'no detail'})")
+        return SmsResult.failed(
+            TIMEOUT, f"{provider}: connect timed out ({exc or 'no detail'})", connection=True
+        )
     except httpx.ConnectError as exc:
-        return SmsResult.failed(NETWORK_ERROR, f"{provider}: cannot connect ({exc})")
+        return SmsResult.failed(
+            NETWORK_ERROR, f"{provider}: cannot connect ({exc})", connection=True
+        )
     except (httpx.WriteTimeout, httpx.PoolTimeout) as exc:
         return SmsResult.failed(
             TIMEOUT, f"{provider}: timed out before the request was sent ({exc or 'no detail'})"
@@ -130,7 +137,10 @@ def error_result(
     if provider_code is None:
         text = provider_message or excerpt(response)
         return SmsResult.failed(
-            f"HTTP_{status}", f"{provider} answered HTTP {status}: {text}", retry_after_s=wait
+            f"HTTP_{status}",
+            f"{provider} answered HTTP {status}: {text}",
+            retry_after_s=wait,
+            connection=status in _PROVIDER_DOWN,
         )
     message = f"{provider} {provider_code}: {provider_message or '(no message)'} (HTTP {status})"
     if status in _STATUS_DECIDES:

@@ -80,6 +80,9 @@ class SmsResult:
     retry_after_s: float | None = None
     ambiguous: bool = False
     duplicate: bool = False
+    # The provider itself failed, whatever the message (no connection; 502/503/504 without a
+    # per-message code): its circuit breaker counts these, and only these.
+    connection: bool = False
 
     @classmethod
     def sent(cls, provider_message_id: str | None) -> SmsResult:
@@ -101,6 +104,7 @@ class SmsResult:
         *,
         retry_after_s: float | None = None,
         ambiguous: bool = False,
+        connection: bool = False,
     ) -> SmsResult:
         """The attempt failed; ``code`` decides the category."""
         return cls(
@@ -109,4 +113,5 @@ class SmsResult:
             message=message,
             retry_after_s=retry_after_s,
             ambiguous=ambiguous,
+            connection=connection,
         )
