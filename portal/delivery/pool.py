@@ -3,12 +3,20 @@
 A worker that finishes a record claims its own next one at once. An idle worker waits for the
 poller, which every ``POLL_INTERVAL_S`` (or at once, when woken by a NOTIFY) claims one due
 record per idle worker. Either way the claim is one statement (``scan.claim_due``); after a
-send that ends Sent, the worker's next claim is part of the Sent write's statement.
+send that ends Sent, the worker's next claim is part of the Sent write's statement. Both
+take records in the same fair order: transactional first, tenants in turn within a stream.
+
+Broadcast records hold at most ``broadcast_cap`` of the workers (``BROADCAST_MAX_SHARE`` of
+the pool, and never all of them: one worker stays free for transactional work). A claim
+that may return broadcast records first reserves a slot for each under the pool's lock;
+when none is free the worker claims transactional work only (``scan.TRANSACTIONAL_ONLY``),
+and declines the next claim inside the Sent write, which would take either stream.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import queue
 import threading
 import time
@@ -18,9 +26,10 @@ from typing import Any, Protocol
 
 from sqlalchemy import Engine
 
-from portal.messaging.scan import claim_due, claiming_next
+from portal.messaging.scan import ALL_STREAMS, TRANSACTIONAL_ONLY, claim_due, claiming_next
 from portal.models import Channel, MailSendRecord, SmsSendRecord
 from portal.models.direct import holding
+from portal.models.record import Stream
 
 log = logging.getLogger("portal.delivery")
 
@@ -38,6 +47,17 @@ class ChannelSpec:
     concurrency: int
     make_context: Callable[[], Any]
     process: Callable[[Any, Any], None]
+    broadcast_max_share: float = 0.75  # Settings.broadcast_max_share (BROADCAST_MAX_SHARE)
+
+
+def broadcast_cap(workers: int, share: float) -> int:
+    """How many of ``workers`` broadcast records may hold at once: ``share`` of them, rounded
+    down, and at most all but one; at least one (a pool of one worker shares it)."""
+    return max(1, min(math.floor(share * workers), workers - 1))
+
+
+def _is_broadcast(record: Any) -> bool:
+    return getattr(record, "stream", None) == Stream.BROADCAST.value
 
 
 class ChannelPool:
@@ -58,6 +78,9 @@ class ChannelPool:
         self.claimed_with_sent = 0  # of which claimed inside a Sent write
         self._failures = 0
         self._last_report = 0.0
+        self.broadcast_cap = broadcast_cap(spec.concurrency, spec.broadcast_max_share)
+        self._broadcast = 0  # broadcast records held (claimed, not yet done) + reservations
+        self._current = threading.local()  # the record this worker thread works on
 
     # --- life cycle ----------------------------------------------------------------------
 
@@ -88,9 +111,45 @@ class ChannelPool:
 
     # --- claiming ------------------------------------------------------------------------
 
+    @property
+    def broadcast_held(self) -> int:
+        return self._broadcast
+
+    def _reserve(self, k: int, handing_over: bool = False) -> int:
+        """Reserve up to ``k`` broadcast slots (``handing_over``: this thread's broadcast
+        record is about to be done, so its slot counts as free)."""
+        with self._lock:
+            held = self._broadcast - (1 if handing_over else 0)
+            reserved = max(0, min(k, self.broadcast_cap - held))
+            self._broadcast += reserved
+            return reserved
+
+    def _settle(self, reserved: int, records: list[Any]) -> None:
+        """Keep a reserved slot for each broadcast record claimed; free the rest."""
+        used = sum(1 for record in records if _is_broadcast(record))
+        with self._lock:
+            self._broadcast -= reserved - used
+
     def _claim(self, k: int) -> list[Any]:
+        """Up to ``k`` due records in the fair order, broadcast ones only into free slots."""
+        reserved = self._reserve(k)
+        records: list[Any] = []
         try:
-            records = claim_due(self.engine, self.spec.model, k)
+            if reserved < k:
+                # Not enough broadcast slots for all k: transactional first, then broadcast
+                # (or transactional come since) into the slots there are.
+                records = self._claim_streams(k, TRANSACTIONAL_ONLY)
+                if reserved and len(records) < k:
+                    records += self._claim_streams(min(reserved, k - len(records)), ALL_STREAMS)
+            else:
+                records = self._claim_streams(k, ALL_STREAMS)
+        finally:
+            self._settle(reserved, records)
+        return records
+
+    def _claim_streams(self, k: int, streams: tuple[Stream, ...]) -> list[Any]:
+        try:
+            records = claim_due(self.engine, self.spec.model, k, streams)
         except Exception as exc:
             # The database is away (restart, failover): say so, wait, try again. Every
             # thread polls, so an outage would print a traceback per thread per poll: one
@@ -147,6 +206,7 @@ class ChannelPool:
     def _attempt(self, context: Any, record: Any) -> None:
         with self._lock:
             self._in_flight += 1
+        self._current.record = record
         try:
             self.spec.process(context, record)
         except Exception:
@@ -157,15 +217,21 @@ class ChannelPool:
                 extra={"channel": self.spec.channel.value, "record_id": record.id},
             )
         finally:
+            self._current.record = None
             with self._lock:
                 self._in_flight -= 1
+                if _is_broadcast(record):
+                    self._broadcast -= 1
 
     def _attempt_and_next(self, context: Any, record: Any) -> Any:
         """One attempt, then this worker's next record. A send that ends Sent claims the next
         one in its Sent write (``scan.claiming_next``: one statement and one commit fewer per
         record); any other outcome claims it on its own."""
+        self._current.reserved = 0
         with claiming_next(self.spec.model, self._may_claim) as following:
             self._attempt(context, record)
+        reserved, self._current.reserved = self._current.reserved, 0
+        self._settle(reserved, following.records if following.ran else [])
         if not following.ran:
             return self._claim_own()
         with self._lock:
@@ -174,7 +240,15 @@ class ChannelPool:
         return following.records[0] if following.records else None
 
     def _may_claim(self) -> bool:
-        return not self.stop_claiming.is_set()
+        """Asked by the Sent write just before it would claim this worker's next record, of
+        either stream: only with a broadcast slot for it (this record's own counts as free:
+        it is done once the write commits)."""
+        if self.stop_claiming.is_set():
+            return False
+        current = getattr(self._current, "record", None)
+        reserved = self._reserve(1, handing_over=current is not None and _is_broadcast(current))
+        self._current.reserved = reserved
+        return reserved == 1
 
     def _claim_own(self) -> Any:
         """This worker's next record, claimed by itself (None: nothing due, or stopping)."""

@@ -37,7 +37,7 @@ from email_validator.rfc_constants import (
     DOT_ATOM_TEXT,
     EMAIL_MAX_LENGTH,
 )
-from sqlalchemy import Engine, delete, event, select
+from sqlalchemy import Engine, delete, event, or_, select
 from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.orm import Session, SessionTransaction, scoped_session
 
@@ -50,7 +50,9 @@ from portal.models import (
     Scope,
     SendStatus,
     SmsSendRecord,
+    SmsTemplate,
 )
+from portal.models.record import Stream
 from portal.tenancy import PLATFORM_TENANT_ID, current_tenant_id, current_trace_id, new_trace_id
 
 log = logging.getLogger(__name__)
@@ -130,6 +132,77 @@ def _str(data: Mapping[str, Any], name: str, *, max_len: int, required: bool = F
         raise _reject(name, f"{name} is longer than {max_len} characters", "too_large")
     _check_text(name, value)
     return value
+
+
+_STREAMS = frozenset(s.value for s in Stream)
+
+
+def _stream(data: Mapping[str, Any]) -> str | None:
+    """The request's ``stream``: transactional or broadcast; None when not given (then the
+    template's default, else transactional: ``_resolve_streams``)."""
+    value = data.get("stream")
+    if value is None:
+        return None
+    if not isinstance(value, str) or value not in _STREAMS:
+        raise _reject("stream", "stream must be transactional or broadcast")
+    return value
+
+
+def _hashed(req: Any) -> dict[str, Any]:
+    """A request's fields for its hash; ``stream`` only when given, so a request that names
+    none hashes as it did before streams (an idempotent repeat stays a duplicate)."""
+    skip = (
+        ("request_hash", "expires_at", "stream")
+        if req.stream is None
+        else ("request_hash", "expires_at")
+    )
+    return {k: v for k, v in vars(req).items() if k not in skip} | {
+        "expires_at": req.expires_at.isoformat() if req.expires_at else None
+    }
+
+
+def _resolve_streams(
+    session: Session,
+    template: type[MailTemplate] | type[SmsTemplate],
+    requests: Sequence[MailRequest | SmsRequest],
+) -> None:
+    """Fill in the stream of requests that name none: their template's default (one query
+    per owner for the batch's templates), else transactional."""
+    wanted: dict[int, tuple[set[str], set[int]]] = {}
+    for req in requests:
+        template_id = _template_id(req)
+        if req.stream is None and (req.template_code is not None or template_id is not None):
+            codes, ids = wanted.setdefault(req.tenant_id, (set(), set()))
+            if req.template_code is not None:
+                codes.add(req.template_code)
+            if template_id is not None:
+                ids.add(template_id)
+    by_code: dict[tuple[int, str], str] = {}
+    by_id: dict[tuple[int, int], str] = {}
+    for owner, (codes, ids) in wanted.items():
+        named = or_(template.code.in_(codes), template.id.in_(ids))
+        rows = session.execute(
+            select(template.id, template.code, template.stream).where(
+                template.tenant_id == owner, named
+            )
+        )
+        for found_id, code, stream in rows:
+            by_code[(owner, code)] = stream
+            by_id[(owner, found_id)] = stream
+    for req in requests:
+        if req.stream is not None:
+            continue
+        tid = _template_id(req)
+        found = None
+        if req.template_code is not None:
+            found = by_code.get((req.tenant_id, req.template_code))
+        elif tid is not None:
+            found = by_id.get((req.tenant_id, tid))
+        req.stream = found or Stream.TRANSACTIONAL.value
+
+
+def _template_id(req: MailRequest | SmsRequest) -> int | None:
+    return req.template_id if isinstance(req, MailRequest) else None
 
 
 def _check_text(path: str, value: str) -> None:
@@ -368,6 +441,7 @@ MAIL_FIELDS = (
     "businessKey",
     "attachments",
     "expiresAt",
+    "stream",
 )
 _MAIL_FIELD_SET = frozenset(MAIL_FIELDS)
 
@@ -393,6 +467,7 @@ class MailRequest:
     business_key: str | None
     attachments: list[dict[str, Any]] | None
     expires_at: datetime | None
+    stream: str | None = None  # None: not given (resolved before the write)
     request_hash: str = field(default="")
 
 
@@ -424,6 +499,7 @@ def validate_mail(data: Any, settings: Settings, tenant_id: int | None) -> MailR
         business_key=_str(data, "businessKey", max_len=MAX_KEY_CHARS),
         attachments=_attachments(data, settings),
         expires_at=_expires_at(data),
+        stream=_stream(data),
     )
     if req.template_code == "":
         raise _reject("templateCode", "templateCode must not be empty")
@@ -437,10 +513,7 @@ def validate_mail(data: Any, settings: Settings, tenant_id: int | None) -> MailR
             raise _reject("subject", "subject is required when no template is given", "required")
         if not req.html and not req.text:
             raise _reject("html", "html or text is required when no template is given", "required")
-    req.request_hash = _request_hash(
-        {k: v for k, v in vars(req).items() if k not in ("request_hash", "expires_at")}
-        | {"expires_at": req.expires_at.isoformat() if req.expires_at else None}
-    )
+    req.request_hash = _request_hash(_hashed(req))
     return req
 
 
@@ -489,6 +562,7 @@ def _mail_record(req: MailRequest, trace_id: str) -> MailSendRecord:
         priority=req.priority,
         attachments=req.attachments,
         expires_at=req.expires_at,
+        stream=req.stream or Stream.TRANSACTIONAL.value,
     )
     return record
 
@@ -515,6 +589,7 @@ SMS_FIELDS = (
     "scope",
     "businessKey",
     "expiresAt",
+    "stream",
 )
 _SMS_FIELD_SET = frozenset(SMS_FIELDS)
 
@@ -530,6 +605,7 @@ class SmsRequest:
     variables: dict[str, Any] | None
     business_key: str | None
     expires_at: datetime | None
+    stream: str | None = None  # None: not given (resolved before the write)
     request_hash: str = field(default="")
 
 
@@ -571,15 +647,13 @@ def validate_sms(data: Any, settings: Settings, tenant_id: int | None) -> SmsReq
         variables=_variables(data, settings),
         business_key=_str(data, "businessKey", max_len=MAX_KEY_CHARS),
         expires_at=_expires_at(data),
+        stream=_stream(data),
     )
     if req.business_key == "":
         raise _reject("businessKey", "businessKey must not be empty")
     if not req.content and not req.template_code:
         raise _reject("content", "content or templateCode is required", "required")
-    req.request_hash = _request_hash(
-        {k: v for k, v in vars(req).items() if k not in ("request_hash", "expires_at")}
-        | {"expires_at": req.expires_at.isoformat() if req.expires_at else None}
-    )
+    req.request_hash = _request_hash(_hashed(req))
     return req
 
 
@@ -599,6 +673,7 @@ def _sms_record(req: SmsRequest, trace_id: str) -> SmsSendRecord:
         template_code=req.template_code,
         variables=req.variables,
         expires_at=req.expires_at,
+        stream=req.stream or Stream.TRANSACTIONAL.value,
     )
 
 
@@ -742,6 +817,7 @@ _COMMON_COLUMNS = [
     ("template_code", "text"),
     ("variables", "json"),
     ("expires_at", "timestamptz"),
+    ("stream", "text"),
 ]
 _PG_COLUMNS = {
     "mail": [
@@ -814,6 +890,7 @@ def _pg_row(req: MailRequest | SmsRequest, ord_: int, trace_id: str) -> dict[str
         "status": _PENDING,
         "trace_id": trace_id,
         "request_hash": req.request_hash,
+        "stream": req.stream or Stream.TRANSACTIONAL.value,
     }
     optional: dict[str, Any] = {
         "business_key": req.business_key,
@@ -1119,6 +1196,7 @@ def send_mail_batch(
             raise (error if _single else error.at(i)) from None
         requests.append(req)
     _unique_keys(requests)
+    _resolve_streams(session, MailTemplate, requests)
     return _write(session, MailSendRecord, requests, _mail_record, _mail_recipients, "mail")
 
 
@@ -1147,6 +1225,7 @@ def send_sms_batch(
         except AcceptanceError as error:
             raise (error if _single else error.at(i)) from None
     _unique_keys(requests)
+    _resolve_streams(session, SmsTemplate, requests)
     return _write(session, SmsSendRecord, requests, _sms_record, None, "sms")
 
 

@@ -31,11 +31,13 @@ from typing import Any
 from sqlalchemy import (
     Engine,
     and_,
+    bindparam,
     case,
     func,
     literal_column,
     or_,
     select,
+    text,
     union_all,
     update,
 )
@@ -43,6 +45,7 @@ from sqlalchemy.orm import Session
 
 from portal.models import MailSendRecord, SendStatus, SmsSendRecord, db_now
 from portal.models.direct import Direct, Loader
+from portal.models.record import Stream
 
 RecordModel = type[MailSendRecord] | type[SmsSendRecord]
 
@@ -131,47 +134,192 @@ def _sql(value: str | int) -> Any:
     return literal_column(f"'{value}'" if isinstance(value, str) else str(int(value)))
 
 
-class _DueClaim:
-    """The one-statement claim of up to ``k`` due records of one table, built once per ``k``.
+ALL_STREAMS = (Stream.TRANSACTIONAL, Stream.BROADCAST)
+TRANSACTIONAL_ONLY = (Stream.TRANSACTIONAL,)
+_NO_TENANT = -(2**63)  # below every tenant id (the platform's is -1)
 
-    It has no parameters: its statuses and ``k`` are written into the SQL, so PostgreSQL
-    plans it once. With ``status = $1`` it planned the claim anew at every run on a large
-    table (its generic plan looked dearer than the plans for the values), a quarter of the
-    claim's time (bench/claim.py)."""
+
+# Where the tenants' turn goes on from: the tenant of the newest claim (its Sending record,
+# one step back along idx_*_status_updated; none within 10 s: from the lowest tenant id) or,
+# in the Sent write (``claim_statement``), the tenant of the record written Sent (``:rid``).
+_NEWEST_CLAIM = (
+    "SELECT r.tenant_id FROM {table} r WHERE r.status = 'Sending' "
+    "AND r.updated_time > now() - interval '10 seconds' ORDER BY r.updated_time DESC LIMIT 1"
+)
+_SENT_RECORD = "SELECT r.tenant_id FROM {table} r WHERE r.id = :rid"
+
+
+def _fair_sql(table: str, stream: Stream, k: int) -> tuple[str, str]:
+    """PostgreSQL: the CTEs that pick up to ``k`` due records of one stream, fairly, and the
+    name of the one to select ``id`` from in pick order.
+
+    Pending: the tenants with Pending work of this stream take turns, from the tenant after
+    the cursor (CTE ``turn``) in tenant id order, wrapping round once: a recursive skip-scan
+    of ``idx_*_pending_fair`` walks the next ``k + 1`` tenants, and a LATERAL walk takes each
+    one's oldest ``k`` records ``FOR UPDATE SKIP LOCKED`` (a tenant whose records other
+    workers hold gives way to the next). Picked first of every tenant, then second of every
+    tenant, ..., in turn order: with T tenants due, a tenant's next record is at most T
+    claims away, and the work is ``k + 1`` index probes whatever the number of tenants or
+    the size of the history. Retry: the oldest due, along ``idx_*_retry_due``. The two are
+    merged turn by turn (first of each, the older first; then second of each; ...)."""
+    s = stream.value
+    pending = f"r.status = 'Pending' AND r.stream = '{s}'"
+    after = (
+        f"SELECT r.tenant_id FROM {table} r WHERE {pending} AND r.tenant_id > {{x}} "
+        "ORDER BY r.tenant_id LIMIT 1"
+    )
+    first = f"SELECT r.tenant_id FROM {table} r WHERE {pending} ORDER BY r.tenant_id LIMIT 1"
+    walk = f"""
+walk_{s}(tid, lap, n) AS (
+  SELECT f.tid, f.lap, 1
+  FROM turn c
+  CROSS JOIN LATERAL (SELECT ({after.format(x="c.cur")}) AS nxt OFFSET 0) a
+  CROSS JOIN LATERAL (
+    SELECT coalesce(a.nxt, ({first})) AS tid, CASE WHEN a.nxt IS NULL THEN 1 ELSE 0 END AS lap
+  ) f
+  WHERE f.tid IS NOT NULL AND (f.lap = 0 OR f.tid <= c.cur)
+  UNION ALL
+  SELECT f.tid, f.lap, w.n + 1
+  FROM walk_{s} w CROSS JOIN turn c
+  CROSS JOIN LATERAL (SELECT ({after.format(x="w.tid")}) AS nxt OFFSET 0) a
+  CROSS JOIN LATERAL (
+    SELECT coalesce(a.nxt, CASE WHEN w.lap = 0 THEN ({first}) END) AS tid,
+           CASE WHEN a.nxt IS NULL THEN 1 ELSE w.lap END AS lap
+  ) f
+  WHERE w.n <= {k} AND f.tid IS NOT NULL AND (f.lap = 0 OR f.tid <= c.cur)
+),
+retry_{s} AS (
+  SELECT r.id, r.next_retry_at AS due FROM {table} r
+  WHERE r.status = 'Retry' AND r.stream = '{s}' AND r.next_retry_at <= now()
+  ORDER BY r.next_retry_at LIMIT {k} FOR UPDATE SKIP LOCKED
+),"""
+    oldest = f"""
+    SELECT r.id, r.updated_time AS due FROM {table} r
+    WHERE {pending} AND r.tenant_id = w.tid
+    ORDER BY r.updated_time LIMIT {k} FOR UPDATE SKIP LOCKED"""
+    if k == 1:
+        # The first tenant in turn that yields a record; the walk yields in turn order and
+        # the Limit stops it there (the next tenant is looked at only when needed).
+        picks = f"""
+pending_{s} AS (
+  SELECT c.id, c.due FROM walk_{s} w CROSS JOIN LATERAL ({oldest}
+  ) c LIMIT 1
+),
+due_{s} AS (
+  SELECT p.id, p.due, 1 AS seq FROM pending_{s} p
+  UNION ALL
+  SELECT q.id, q.due, 1 AS seq FROM retry_{s} q
+)"""
+    else:
+        picks = f"""
+pending_{s} AS (
+  SELECT c.id, c.due, w.n AS pos,
+         row_number() OVER (PARTITION BY w.n ORDER BY c.due) AS turn
+  FROM walk_{s} w CROSS JOIN LATERAL ({oldest}
+  ) c
+),
+due_{s} AS (
+  SELECT p.id, p.due, row_number() OVER (ORDER BY p.turn, p.pos) AS seq FROM pending_{s} p
+  UNION ALL
+  SELECT q.id, q.due, row_number() OVER (ORDER BY q.due) AS seq FROM retry_{s} q
+)"""
+    return walk + picks, f"due_{s}"
+
+
+def fair_pick_sql(
+    table: str, k: int, streams: tuple[Stream, ...], *, after_sent: bool = False
+) -> str:
+    """PostgreSQL: ``WITH RECURSIVE ... SELECT id`` of up to ``k`` records to claim, every
+    constant written in (``after_sent``: the turn goes on from the record ``:rid``).
+    Transactional first: a later stream's CTEs run only when the earlier ones found fewer
+    than ``k`` (an Append under a Limit stops pulling)."""
+    cursor = (_SENT_RECORD if after_sent else _NEWEST_CLAIM).format(table=table)
+    turn = f"\nturn(cur) AS (SELECT coalesce(({cursor}), {_NO_TENANT}) AS cur),"
+    parts = [_fair_sql(table, stream, k) for stream in streams]
+    ctes = turn + ",".join(sql for sql, _name in parts)
+    selects = [f"(SELECT id FROM {name} ORDER BY seq, due LIMIT {k})" for _sql, name in parts]
+    body = "\nUNION ALL\n".join(selects)
+    if len(selects) > 1:
+        body = f"SELECT id FROM ({body}) picked LIMIT {k}"
+    return f"WITH RECURSIVE {ctes}\n{body}"
+
+
+class _DueClaim:
+    """The one-statement claim of up to ``k`` due records of one table, built once per ``k``
+    and set of streams.
+
+    It has no parameters: its statuses, streams and ``k`` are written into the SQL, so
+    PostgreSQL plans it once. With ``status = $1`` it planned the claim anew at every run on
+    a large table (its generic plan looked dearer than the plans for the values), a quarter
+    of the claim's time (bench/claim.py).
+
+    PostgreSQL runs the fair pick (``fair_pick_sql``); SQLite, one writer at a time and no
+    SKIP LOCKED, the simpler form: the two status walks of the allowed streams merged by
+    stream, then due time (transactional first, oldest first; no turns between tenants)."""
 
     def __init__(self, model: RecordModel):
         self.model = model
         self.loader = Loader(model)
-        self._by_k: dict[int, Direct] = {}
+        self._by_key: dict[tuple[str, int, tuple[Stream, ...]], Direct] = {}
+        self.after_sent = self.statement(1, ALL_STREAMS, "postgresql", after_sent=True)
 
-    def direct(self, k: int) -> Direct:
-        found = self._by_k.get(k)
+    def direct(self, dialect: str, k: int, streams: tuple[Stream, ...] = ALL_STREAMS) -> Direct:
+        key = (dialect, k, streams)
+        found = self._by_key.get(key)
         if found is None:
-            found = self._by_k.setdefault(k, Direct(self.statement(k), self.loader.columns))
+            built = Direct(self.statement(k, streams, dialect), self.loader.columns)
+            found = self._by_key.setdefault(key, built)
         return found
 
-    def statement(self, k: int) -> Any:
-        """The claim as an UPDATE returning the record's columns in mapper order."""
+    def _pick(self, k: int, streams: tuple[Stream, ...], dialect: str, after_sent: bool) -> Any:
         model = self.model
+        if dialect == "postgresql":
+            sql = fair_pick_sql(model.__tablename__, k, streams, after_sent=after_sent)
+            pick = text(sql)
+            if after_sent:
+                pick = pick.bindparams(bindparam("rid", type_=model.id.type))
+            return pick.columns(model.id.label("id"))
+        allowed = model.stream.in_([_sql(s.value) for s in streams])
         pending = (
-            select(model.id.label("id"), model.updated_time.label("due"))
-            .where(model.status == _sql(SendStatus.PENDING.value))
+            select(
+                model.id.label("id"), model.stream.label("stream"), model.updated_time.label("due")
+            )
+            .where(model.status == _sql(SendStatus.PENDING.value), allowed)
             .order_by(model.updated_time)
             .limit(_sql(k))
-            .with_for_update(skip_locked=True)
             .cte("pending")
         )
         retry = (
-            select(model.id.label("id"), model.next_retry_at.label("due"))
-            .where(model.status == _sql(SendStatus.RETRY.value), model.next_retry_at <= db_now())
+            select(
+                model.id.label("id"), model.stream.label("stream"), model.next_retry_at.label("due")
+            )
+            .where(
+                model.status == _sql(SendStatus.RETRY.value),
+                model.next_retry_at <= db_now(),
+                allowed,
+            )
             .order_by(model.next_retry_at)
             .limit(_sql(k))
-            .with_for_update(skip_locked=True)
             .cte("retry")
         )
-        due = union_all(select(pending.c.id, pending.c.due), select(retry.c.id, retry.c.due))
-        merged = due.subquery("due")
-        pick = select(merged.c.id).order_by(merged.c.due).limit(_sql(k)).cte("pick")
+        due = union_all(
+            select(pending.c.id, pending.c.stream, pending.c.due),
+            select(retry.c.id, retry.c.stream, retry.c.due),
+        ).subquery("due")
+        first = case((due.c.stream == _sql(Stream.TRANSACTIONAL.value), _sql(0)), else_=_sql(1))
+        return select(due.c.id).order_by(first, due.c.due).limit(_sql(k))
+
+    def statement(
+        self,
+        k: int,
+        streams: tuple[Stream, ...] = ALL_STREAMS,
+        dialect: str = "postgresql",
+        *,
+        after_sent: bool = False,
+    ) -> Any:
+        """The claim as an UPDATE returning the record's columns in mapper order."""
+        model = self.model
+        pick = self._pick(k, streams, dialect, after_sent).cte("pick")
         return (
             update(model)
             .where(model.id == pick.c.id)
@@ -184,20 +332,25 @@ class _DueClaim:
             .returning(*self.loader.columns)
         )
 
-    def __call__(self, engine: Engine, k: int) -> list[MailSendRecord | SmsSendRecord]:
-        _count, rows = self.direct(k).run(engine)
+    def __call__(
+        self, engine: Engine, k: int, streams: tuple[Stream, ...] = ALL_STREAMS
+    ) -> list[MailSendRecord | SmsSendRecord]:
+        _count, rows = self.direct(engine.dialect.name, k, streams).run(engine)
         return [self.loader.load(row) for row in rows]
 
 
 _CLAIMS = {model: _DueClaim(model) for model in (MailSendRecord, SmsSendRecord)}
 
 
-def claim_due(engine: Engine, model: RecordModel, k: int) -> list[MailSendRecord | SmsSendRecord]:
-    """Claim up to ``k`` due records, longest due first, in one statement of its own; returns
-    them detached, as claimed (status Sending, version bumped)."""
+def claim_due(
+    engine: Engine, model: RecordModel, k: int, streams: tuple[Stream, ...] = ALL_STREAMS
+) -> list[MailSendRecord | SmsSendRecord]:
+    """Claim up to ``k`` due records of ``streams`` in one statement of its own, in the fair
+    order (transactional first; within a stream the tenants take turns; see
+    ``fair_pick_sql``); returns them detached, as claimed (status Sending, version bumped)."""
     if k <= 0:
         return []
-    return _CLAIMS[model](engine, k)
+    return _CLAIMS[model](engine, k, streams)
 
 
 # --- the next claim, in the Sent write's statement ---------------------------------------------
@@ -240,9 +393,12 @@ def next_claim_for(model: RecordModel) -> NextClaim | None:
 
 
 def claim_statement(model: RecordModel) -> Any:
-    """The single-record claim (an UPDATE returning the record's columns in ``loader_for``'s
-    order), to be used as a CTE of another statement."""
-    return _CLAIMS[model].statement(1)
+    """The single-record claim in the fair order, every stream (an UPDATE returning the
+    record's columns in ``loader_for``'s order), to be used as a CTE of the Sent write of
+    record ``:rid`` (PostgreSQL): the tenants' turn goes on from that record's tenant. A
+    pool whose broadcast share is full declines this claim (``NextClaim.wanted``) and claims
+    transactional work on its own instead."""
+    return _CLAIMS[model].after_sent
 
 
 def loader_for(model: RecordModel) -> Loader:

@@ -21,7 +21,13 @@ from sqlalchemy.orm import Mapped, mapped_column
 from portal.models import secretbox
 from portal.models.base import Base, BigId, UTCDateTime, db_now
 from portal.models.enums import SmtpSecurity, UncertainPolicy
-from portal.models.record import SCAN_TABLE_STORAGE, SendRecordMixin
+from portal.models.record import (
+    SCAN_TABLE_STORAGE,
+    STREAM_DEFAULT,
+    SendRecordMixin,
+    Stream,
+    fair_indexes,
+)
 
 
 class MailTemplate(Base):
@@ -38,6 +44,10 @@ class MailTemplate(Base):
     html_body: Mapped[str | None] = mapped_column(Text)
     text_body: Mapped[str | None] = mapped_column(Text)
     enabled: Mapped[bool] = mapped_column(Boolean, default=True, server_default=text("true"))
+    # The stream of a send that names this template and no stream of its own.
+    stream: Mapped[str] = mapped_column(
+        String(16), default=Stream.TRANSACTIONAL.value, server_default=text(STREAM_DEFAULT)
+    )
     priority: Mapped[int | None] = mapped_column(Integer)
     reply_to: Mapped[str | None] = mapped_column(String(320))
     preferred_server_id: Mapped[int | None] = mapped_column(
@@ -110,6 +120,7 @@ class MailSendRecord(SendRecordMixin, Base):
         # The dashboard: per-tenant status counts and the last 24 hours.
         Index("idx_mail_send_tenant_status", "tenant_id", "status", "id"),
         Index("idx_mail_send_created", "created_time"),
+        *fair_indexes("mail_send"),
         UniqueConstraint("tenant_id", "business_key", name="uq_mail_send_business_key"),
         {"postgresql_with": SCAN_TABLE_STORAGE},
     )

@@ -3,13 +3,25 @@
 from __future__ import annotations
 
 from datetime import datetime
+from enum import StrEnum
 from typing import Any
 
-from sqlalchemy import JSON, Boolean, Integer, String, Text, text
+from sqlalchemy import JSON, Boolean, Index, Integer, String, Text, text
 from sqlalchemy.orm import Mapped, mapped_column
 
 from portal.models.base import BigId, UTCDateTime, db_now
 from portal.models.enums import Scope, SendStatus
+
+
+class Stream(StrEnum):
+    """A record's message stream (issue 13, part 2): transactional work is claimed first, and
+    broadcast never takes every worker of a pool while transactional work is due."""
+
+    TRANSACTIONAL = "transactional"
+    BROADCAST = "broadcast"
+
+
+STREAM_DEFAULT = "'transactional'"  # the server default of every ``stream`` column
 
 # Vacuum the queue tables after a fixed number of changes, whatever their size, cleaning the
 # indexes each time: the Pending scan then stays flat after heavy churn (migration 0004).
@@ -25,6 +37,32 @@ SCAN_TABLE_STORAGE = {
 }
 
 
+# The fair claim's indexes (migration 0012). Partial, so a status change out of Pending or
+# Retry adds no entry to either (only acceptance and a move to Retry do), and each stays as
+# small as its backlog. Pending per stream and tenant: the claim walks the tenants with due
+# work and takes each one's oldest. Retry per stream by due time (a partial index, so a
+# claim of one stream never reads through the other's due retries).
+def fair_indexes(prefix: str) -> tuple[Index, Index]:
+    """``idx_<prefix>_pending_fair`` and ``idx_<prefix>_retry_due`` (both partial)."""
+    return (
+        Index(
+            f"idx_{prefix}_pending_fair",
+            "stream",
+            "tenant_id",
+            "updated_time",
+            postgresql_where=text("status = 'Pending'"),
+            sqlite_where=text("status = 'Pending'"),
+        ),
+        Index(
+            f"idx_{prefix}_retry_due",
+            "stream",
+            "next_retry_at",
+            postgresql_where=text("status = 'Retry'"),
+            sqlite_where=text("status = 'Retry'"),
+        ),
+    )
+
+
 class SendRecordMixin:
     """Columns shared by mail_send_record and sms_send_record.
 
@@ -37,6 +75,9 @@ class SendRecordMixin:
     tenant_id: Mapped[int] = mapped_column(BigId)
     scope: Mapped[str] = mapped_column(String(16), default=Scope.TENANT.value)
     status: Mapped[str] = mapped_column(String(16), default=SendStatus.PENDING.value)
+    stream: Mapped[str] = mapped_column(
+        String(16), default=Stream.TRANSACTIONAL.value, server_default=text(STREAM_DEFAULT)
+    )
     version: Mapped[int] = mapped_column(Integer, default=0, server_default=text("0"))
     retry_count: Mapped[int] = mapped_column(Integer, default=0, server_default=text("0"))
     next_retry_at: Mapped[datetime | None] = mapped_column(UTCDateTime)

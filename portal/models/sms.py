@@ -22,7 +22,13 @@ from sqlalchemy.orm import Mapped, mapped_column
 from portal.models import secretbox
 from portal.models.base import Base, BigId, UTCDateTime, db_now
 from portal.models.enums import UncertainPolicy
-from portal.models.record import SCAN_TABLE_STORAGE, SendRecordMixin
+from portal.models.record import (
+    SCAN_TABLE_STORAGE,
+    STREAM_DEFAULT,
+    SendRecordMixin,
+    Stream,
+    fair_indexes,
+)
 
 
 class SmsTemplate(Base):
@@ -37,6 +43,10 @@ class SmsTemplate(Base):
     name: Mapped[str] = mapped_column(String(200), default="")
     content: Mapped[str] = mapped_column(Text, default="")
     enabled: Mapped[bool] = mapped_column(Boolean, default=True, server_default=text("true"))
+    # The stream of a send that names this template and no stream of its own.
+    stream: Mapped[str] = mapped_column(
+        String(16), default=Stream.TRANSACTIONAL.value, server_default=text(STREAM_DEFAULT)
+    )
     version: Mapped[int] = mapped_column(Integer, default=1, server_default=text("1"))
     created_time: Mapped[datetime] = mapped_column(UTCDateTime, server_default=db_now())
     updated_time: Mapped[datetime] = mapped_column(
@@ -159,6 +169,7 @@ class SmsSendRecord(SendRecordMixin, Base):
         Index("idx_sms_send_tenant_created", "tenant_id", "id"),
         Index("idx_sms_send_tenant_status", "tenant_id", "status", "id"),
         Index("idx_sms_send_created", "created_time"),
+        *fair_indexes("sms_send"),
         UniqueConstraint("tenant_id", "business_key", name="uq_sms_send_business_key"),
         {"postgresql_with": SCAN_TABLE_STORAGE},
     )

@@ -252,6 +252,18 @@ _COMMON_RECORD = {
 }
 
 
+_STREAM = {
+    "type": "string",
+    "enum": ["transactional", "broadcast"],
+    "description": (
+        "The message stream. Transactional work (one person's receipt, a password reset) is "
+        "claimed first; broadcast (newsletters, campaigns) never takes every worker while "
+        "transactional work is due. Not given: the template's default when a template is "
+        "named, else transactional. Any other value is refused (422, field stream)."
+    ),
+}
+
+
 def openapi_document() -> dict[str, Any]:
     """The whole document."""
     document = _document()
@@ -338,6 +350,7 @@ def _document() -> dict[str, Any]:
                         "scope": {"type": "string", "enum": ["TENANT", "PLATFORM"]},
                         "businessKey": {"type": "string", "minLength": 1, "maxLength": 200},
                         "expiresAt": {"type": "string", "format": "date-time"},
+                        "stream": _STREAM,
                         "attachments": {
                             "type": "array",
                             "maxItems": 20,
@@ -366,6 +379,7 @@ def _document() -> dict[str, Any]:
                         "scope": {"type": "string", "enum": ["TENANT", "PLATFORM"]},
                         "businessKey": {"type": "string", "minLength": 1, "maxLength": 200},
                         "expiresAt": {"type": "string", "format": "date-time"},
+                        "stream": _STREAM,
                     },
                 },
                 "MailBatch": {

@@ -284,25 +284,59 @@ def test_one_or_query_would_walk_the_history_under_a_generic_plan(
     assert removed >= HISTORY * 0.9 or seq, plan.summary()
 
 
-@pytest.mark.parametrize("channel", list(CHANNELS))
-def test_the_one_statement_claim_walks_the_same_status_indexes(
-    plans_engine: Engine, channel: str
-) -> None:
-    """What the workers run (``claim_due``): the scan folded into the claim. Its two CTEs are
-    the same two index walks, locked with SKIP LOCKED; the UPDATE reaches each picked row by
-    its key. As prepared (its values inline, so its one plan is the generic one), nothing
-    walks or filters the history (EXPLAIN ANALYZE of the UPDATE runs in a transaction that is
-    rolled back)."""
-    model, pending_index, retry_index = CHANNELS[channel]
-    plan_of = _CLAIMS[model].direct(SCAN_N)._plan(plans_engine.dialect)
-    plan = explain_generic(plans_engine, Captured(plan_of.sql, {}), f"claim_{channel}")
-    print(f"\n[{channel} claim_due] {plan.summary()}")
+FAIR = {
+    "mail": ("idx_mail_send_pending_fair", "idx_mail_send_retry_due"),
+    "sms": ("idx_sms_send_pending_fair", "idx_sms_send_retry_due"),
+}
+
+
+def _assert_fair_claim_plan(plan: Plan, channel: str) -> None:
     nodes = list(plan.nodes())
-    walked = {n.get("Index Name") for n in nodes if n["Node Type"] == "Index Scan"}
-    assert {pending_index, retry_index} <= walked, plan.summary()
+    walked = {n.get("Index Name") for n in nodes if "Index" in n["Node Type"]}
+    assert set(FAIR[channel]) <= walked, plan.summary()
     for node in nodes:
         assert node["Node Type"] != "Seq Scan", plan.summary()
         assert node.get("Rows Removed by Filter", 0) <= SMALL, plan.summary()
+        assert node.get("Actual Rows", 0) <= 10 * SMALL, plan.summary()
     locked = [n for n in nodes if n["Node Type"] == "LockRows"]
-    assert len(locked) == 2, plan.summary()  # SKIP LOCKED in each walk
+    assert locked, plan.summary()  # SKIP LOCKED in the walks
+    assert plan.root["Actual Rows"] >= 1, plan.summary()
+
+
+@pytest.mark.parametrize("channel", list(CHANNELS))
+def test_the_one_statement_claim_walks_the_fair_indexes(plans_engine: Engine, channel: str) -> None:
+    """What the workers run (``claim_due``): the scan folded into the fair claim (tenants in
+    turn, streams in order). Its walks are the partial due indexes (Pending per stream and
+    tenant, Retry per stream by due time), locked with SKIP LOCKED; the UPDATE reaches each
+    picked row by its key. As prepared (its values inline, so its one plan is the generic
+    one), nothing walks or filters the history, and no node handles more than a few rows
+    (EXPLAIN ANALYZE of the UPDATE runs in a transaction that is rolled back)."""
+    model = CHANNELS[channel][0]
+    plan_of = _CLAIMS[model].direct("postgresql", SCAN_N)._plan(plans_engine.dialect)
+    assert "%(" not in plan_of.sql  # no parameters: planned once
+    plan = explain_generic(plans_engine, Captured(plan_of.sql, {}), f"claim_{channel}")
+    print(f"\n[{channel} claim_due] {plan.summary()}")
+    _assert_fair_claim_plan(plan, channel)
     assert plan.root["Actual Rows"] == SCAN_N, plan.summary()
+
+
+@pytest.mark.parametrize("channel", list(CHANNELS))
+def test_the_next_claim_in_the_sent_write_walks_the_fair_indexes_too(
+    plans_engine: Engine, channel: str
+) -> None:
+    """The single-record claim the Sent write carries (``claim_statement``), its turn going
+    on from the tenant of record ``:rid``: the same walks, a generic plan."""
+    from sqlalchemy import func
+
+    from portal.messaging.scan import claim_statement
+
+    model = CHANNELS[channel][0]
+    with plans_engine.connect() as conn:
+        rid = conn.execute(
+            select(func.min(model.id)).where(model.status == SendStatus.PENDING.value)
+        ).scalar_one()
+    statement = compiled(claim_statement(model))
+    plan = explain_generic(plans_engine, Captured(statement.sql, {"rid": rid}), f"next_{channel}")
+    print(f"\n[{channel} claim_statement] {plan.summary()}")
+    _assert_fair_claim_plan(plan, channel)
+    assert plan.root["Actual Rows"] == 1, plan.summary()

@@ -1,0 +1,259 @@
+"""Fair claiming (issue 13, part 2): streams, tenants in turn, the broadcast share.
+
+Order, not wall time: a pool of real worker threads runs a no-op attempt that writes each
+record Sent through ``outcomes.record_sent`` (so a busy worker's next claim rides on its Sent
+write, as in production) and notes the order records were taken in. The claim's cost is
+compared in buffers at one tenant and at 1,000 (EXPLAIN ANALYZE, rolled back).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from flask import Flask
+from sqlalchemy import Engine, text
+
+from portal.delivery.pool import ChannelPool, ChannelSpec, broadcast_cap
+from portal.extensions import db
+from portal.messaging import acceptance
+from portal.messaging.acceptance import AcceptanceError
+from portal.messaging.outcomes import Claimed, record_sent
+from portal.messaging.scan import _CLAIMS
+from portal.models import Channel, MailSendRecord, MailTemplate, SmsSendRecord, SmsTemplate
+from portal.tenancy import tenant_context
+from tests.support.delivery import tenant
+
+WORKERS = 4
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def _queue(tenant_id: int, n: int, stream: str = "transactional", age_s: float = 0.0) -> None:
+    """``n`` Pending mail records of one tenant, oldest first, all older than ``age_s``."""
+    db.session.execute(
+        text(
+            "INSERT INTO mail_send_record (tenant_id, scope, status, version, retry_count, "
+            "stream, to_addrs, subject, text_body, created_time, updated_time) "
+            "SELECT :tenant, 'TENANT', 'Pending', 0, 0, :stream, '[\"a@example.com\"]', 'S', "
+            "'T', now() - make_interval(secs => :age + (:n - g) / 1000.0), "
+            "now() - make_interval(secs => :age + (:n - g) / 1000.0) "
+            "FROM generate_series(1, :n) g"
+        ),
+        {"tenant": tenant_id, "n": n, "stream": stream, "age": age_s},
+    )
+    db.session.commit()
+
+
+class Recorder:
+    """The attempt the pool runs: note the record, write it Sent (the next claim rides on
+    the write), and track how many broadcast records are in hand at once."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.order: list[tuple[int, int, str]] = []  # (record id, tenant, stream)
+        self.lock = threading.Lock()
+        self.broadcast_now = 0
+        self.broadcast_most = 0
+
+    def __call__(self, _context: Any, record: Any) -> None:
+        broadcast = record.stream == "broadcast"
+        with self.lock:
+            self.order.append((record.id, record.tenant_id, record.stream))
+            if broadcast:
+                self.broadcast_now += 1
+                self.broadcast_most = max(self.broadcast_most, self.broadcast_now)
+        try:
+            time.sleep(0.001)
+            claimed = Claimed(Channel.MAIL, record.id, record.version, record.tenant_id, 0)
+            record_sent(self.engine, claimed, f"<{record.id}@test>")
+        finally:
+            if broadcast:
+                with self.lock:
+                    self.broadcast_now -= 1
+
+
+class _NoContext:
+    def close(self) -> None:
+        pass
+
+
+@pytest.fixture
+def run_pool(app: Flask) -> Iterator[Any]:
+    pools: list[ChannelPool] = []
+
+    def run(recorder: Recorder, until: Any, share: float = 0.75) -> ChannelPool:
+        spec = ChannelSpec(
+            channel=Channel.MAIL,
+            model=MailSendRecord,
+            concurrency=WORKERS,
+            make_context=_NoContext,
+            process=recorder,
+            broadcast_max_share=share,
+        )
+        pool = ChannelPool(db.engine, spec, poll_interval_s=0.05)
+        pools.append(pool)
+        pool.start()
+        deadline = time.monotonic() + 30
+        while not until() and time.monotonic() < deadline:
+            time.sleep(0.005)
+        pool.stop()
+        assert pool.join(time.monotonic() + 10)
+        return pool
+
+    yield run
+    for pool in pools:
+        pool.stop()
+
+
+def _position(order: list[tuple[int, int, str]], predicate: Any) -> int:
+    return next(i for i, item in enumerate(order) if predicate(item))
+
+
+def test_one_tenants_backlog_does_not_hold_back_another_tenants_mail(
+    app: Flask, run_pool: Any
+) -> None:
+    a, b = tenant("acme").id, tenant("globex").id
+    _queue(a, 2_000, age_s=60)
+    _queue(b, 1)
+    recorder = Recorder(db.engine)
+    run_pool(recorder, lambda: any(t == b for _, t, _s in list(recorder.order)))
+    at = _position(recorder.order, lambda item: item[1] == b)
+    assert at < 2 * WORKERS, at  # not behind A's 2,000
+
+
+def test_tenants_take_turns_record_by_record(app: Flask) -> None:
+    """Claim by claim (each worker's next claim in its Sent write): with three tenants due
+    the turn goes round them, whatever their backlogs."""
+    ids = [tenant(slug).id for slug in ("t1", "t2", "t3")]
+    for n, tenant_id in zip((300, 5, 5), ids, strict=True):
+        _queue(tenant_id, n)
+    (record,) = _CLAIMS[MailSendRecord](db.engine, 1)
+    taken = [record.tenant_id]
+    from portal.messaging.scan import claiming_next
+
+    for _ in range(8):
+        with claiming_next(MailSendRecord, lambda: True) as following:
+            claimed = Claimed(Channel.MAIL, record.id, record.version, record.tenant_id, 0)
+            assert record_sent(db.engine, claimed, f"<{record.id}@test>")
+        assert following.ran
+        (record,) = following.records
+        taken.append(record.tenant_id)
+    # Each window of three claims holds every tenant once.
+    for start in range(0, 9, 3):
+        assert sorted(taken[start : start + 3]) == sorted(ids), taken
+
+
+def test_one_transactional_mail_goes_before_a_broadcast_backlog(app: Flask, run_pool: Any) -> None:
+    a = tenant("acme").id
+    _queue(a, 1_000, stream="broadcast", age_s=60)
+    _queue(a, 1, stream="transactional")
+    recorder = Recorder(db.engine)
+    pool = run_pool(
+        recorder, lambda: any(s == "transactional" for _, _t, s in list(recorder.order))
+    )
+    at = _position(recorder.order, lambda item: item[2] == "transactional")
+    assert at < 2 * WORKERS, at
+    assert recorder.broadcast_most <= pool.broadcast_cap == 3
+    assert pool.broadcast_held == 0  # every slot given back
+
+
+def test_broadcast_never_takes_every_worker(app: Flask, run_pool: Any) -> None:
+    a = tenant("acme").id
+    _queue(a, 400, stream="broadcast")
+    recorder = Recorder(db.engine)
+
+    def done() -> bool:
+        return len(recorder.order) >= 400
+
+    pool = run_pool(recorder, done)
+    assert len(recorder.order) == 400  # all sent, through the broadcast slots alone
+    assert 1 <= recorder.broadcast_most <= WORKERS - 1
+    assert pool.broadcast_held == 0
+
+
+def test_broadcast_cap() -> None:
+    assert [broadcast_cap(n, 0.75) for n in (1, 2, 3, 4, 10)] == [1, 1, 2, 3, 7]
+    assert broadcast_cap(4, 1.0) == 3  # one worker always stays free
+    assert broadcast_cap(4, 0.0) == 1
+
+
+def _claim_buffers() -> int:
+    """Shared buffers the one-record claim touches (EXPLAIN ANALYZE, rolled back)."""
+    sql = _CLAIMS[MailSendRecord].direct("postgresql", 1)._plan(db.engine.dialect).sql
+    with db.engine.connect() as conn:
+        (plan,) = conn.execute(text(f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {sql}")).one()
+        conn.rollback()
+    document = plan[0] if isinstance(plan, list) else json.loads(plan)[0]
+    root = document["Plan"]
+    assert root["Actual Rows"] == 1
+    return int(root["Shared Hit Blocks"] + root.get("Shared Read Blocks", 0))
+
+
+def test_the_claim_costs_about_the_same_with_1000_tenants_due_as_with_one(app: Flask) -> None:
+    one = tenant("acme").id
+    _queue(one, 2_000)
+    db.session.execute(text("ANALYZE mail_send_record"))
+    db.session.commit()
+    alone = min(_claim_buffers() for _ in range(3))
+    db.session.execute(text("DELETE FROM mail_send_record"))
+    db.session.commit()
+    # 1,000 tenant ids (the index walk needs no tenant rows), two records each.
+    db.session.execute(
+        text(
+            "INSERT INTO mail_send_record (tenant_id, scope, status, version, retry_count, "
+            "stream, to_addrs, subject, text_body, created_time, updated_time) "
+            "SELECT 1000 + g % 1000, 'TENANT', 'Pending', 0, 0, 'transactional', "
+            "'[\"a@example.com\"]', 'S', 'T', now() - make_interval(secs => g / 1000.0), "
+            "now() - make_interval(secs => g / 1000.0) FROM generate_series(1, 2000) g"
+        )
+    )
+    db.session.execute(text("ANALYZE mail_send_record"))
+    db.session.commit()
+    many = min(_claim_buffers() for _ in range(3))
+    print(f"claim buffers: 1 tenant {alone}, 1,000 tenants {many}")
+    assert many <= 2 * alone, (alone, many)
+
+
+# --- the stream at acceptance ----------------------------------------------------------------
+
+
+def _accept(app: Flask, tenant_id: int, channel: str, **body: Any) -> Any:
+    settings = app.config["SETTINGS"]
+    with tenant_context(tenant_id):
+        if channel == "mail":
+            request = {"to": ["ann@example.com"], "subject": "Hello", "text": "Hi"} | body
+            result = acceptance.send_mail(db.session, request, settings=settings)
+        else:
+            request = {"phoneNumber": "+447911123456", "content": "Hi"} | body
+            result = acceptance.send_sms(db.session, request, settings=settings)
+    db.session.commit()
+    model = MailSendRecord if channel == "mail" else SmsSendRecord
+    return db.session.get(model, result.id)
+
+
+@pytest.mark.parametrize("channel", ["mail", "sms"])
+def test_stream_at_acceptance_given_defaulted_or_from_the_template(
+    app: Flask, channel: str
+) -> None:
+    acme = tenant("acme").id
+    template_model = MailTemplate if channel == "mail" else SmsTemplate
+    fields = {"subject": "S", "text_body": "T"} if channel == "mail" else {"content": "Hi"}
+    db.session.add(
+        template_model(tenant_id=acme, code="news", name="News", stream="broadcast", **fields)
+    )
+    db.session.commit()
+    assert _accept(app, acme, channel).stream == "transactional"
+    assert _accept(app, acme, channel, stream="broadcast").stream == "broadcast"
+    plain = {"subject": None, "text": None} if channel == "mail" else {"content": None}
+    from_template = _accept(app, acme, channel, templateCode="news", **plain)
+    assert from_template.stream == "broadcast"
+    given = _accept(app, acme, channel, templateCode="news", stream="transactional", **plain)
+    assert given.stream == "transactional"
+    with pytest.raises(AcceptanceError) as refused:
+        _accept(app, acme, channel, stream="bulk")
+    assert (refused.value.status, refused.value.field) == (422, "stream")
