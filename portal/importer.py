@@ -40,6 +40,7 @@ from portal.models import (
     TenantMessageQuota,
     UncertainPolicy,
 )
+from portal.models.record import Stream
 from portal.models.tenant import (
     DEFAULT_API_SCOPES,
     MIN_PASSWORD_CHARS,
@@ -242,8 +243,9 @@ _ALLOWED: dict[str, set[str]] = {
         "priority",
         "replyTo",
         "preferredServer",
+        "stream",
     },
-    "smsTemplates": {"tenant", "code", "name", "content", "enabled"},
+    "smsTemplates": {"tenant", "code", "name", "content", "enabled", "stream"},
     "smsBindings": {
         "tenant",
         "template",
@@ -481,6 +483,7 @@ class _Importer:
                 except TemplateRenderError as exc:
                     raise e.fail(f"{name} does not compile: {exc}") from None
         row.enabled = e.flag("enabled", self.stored(row, "enabled"), True)
+        row.stream = self._stream(e, row)
         row.priority = e.number("priority", lo=1, hi=5)
         row.reply_to = e.email("replyTo")
         server = e.text("preferredServer", max_len=200)
@@ -506,6 +509,12 @@ class _Importer:
         except TemplateRenderError as exc:
             raise e.fail(f"content does not compile: {exc}") from None
         row.enabled = e.flag("enabled", self.stored(row, "enabled"), True)
+        row.stream = self._stream(e, row)
+
+    def _stream(self, e: _Entry, row: MailTemplate | SmsTemplate) -> str:
+        """A template's default stream; omitted, the stored one stays (transactional when new)."""
+        current = self.stored(row, "stream") or Stream.TRANSACTIONAL.value
+        return e.choice("stream", [s.value for s in Stream], default=current)
 
     def _smsBindings(self, e: _Entry) -> None:
         tenant_id = self.tenant_id(e)

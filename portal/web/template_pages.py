@@ -37,6 +37,7 @@ from portal.config import Settings
 from portal.extensions import db
 from portal.messaging import acceptance, templating
 from portal.models import AuditAction, Channel, MailTemplate, Scope, SmsTemplate
+from portal.models.record import Stream
 from portal.redis_store import connect
 from portal.tenancy import PLATFORM_TENANT_ID, new_trace_id, tenant_context
 from portal.web.access import Permission, audit, requires, user
@@ -56,7 +57,14 @@ log = logging.getLogger(__name__)
 T = TypeVar("T", MailTemplate, SmsTemplate)
 
 # The fields every template has; each channel's labels add its own.
-LABELS = {"code": "Code", "name": "Name", "enabled": "Enabled", "variables": "Sample variables"}
+LABELS = {
+    "code": "Code",
+    "name": "Name",
+    "enabled": "Enabled",
+    "stream": "Stream",
+    "variables": "Sample variables",
+}
+STREAMS = [(Stream.TRANSACTIONAL.value, "Transactional"), (Stream.BROADCAST.value, "Broadcast")]
 SAMPLE_TTL_S = 30 * 24 * 3600
 STALE = (
     "This template was saved again since you opened it (in another tab, or by someone else). "
@@ -148,9 +156,16 @@ def read(kind: Kind[T], form: Form, tier: int, template_id: int | None) -> dict[
     return {"code": code, "name": name or code, "enabled": form.flag("enabled"), **own}
 
 
+def read_stream(form: Form) -> str:
+    """The template's default stream (for sends that name none); a field of its own, not of
+    ``read``, whose values a test send compares with the saved template's content."""
+    return form.choice("stream", [value for value, _ in STREAMS], Stream.TRANSACTIONAL.value)
+
+
 def form_of(kind: Kind[T], template: T) -> Form:
-    """The editor's form for a saved template, with the sample variables last saved with it."""
-    values = {name: getattr(template, name) for name in ("code", "name", "enabled", *kind.fields)}
+    common: tuple[str, ...] = ("code", "name", "enabled", "stream")
+    common = ("code", "name", "enabled", "stream")
+    values = {name: getattr(template, name) for name in (*common, *kind.fields)}
     variables = remembered_sample(kind.channel, template.id) or sample_variables(
         *(getattr(template, name) for name in kind.sources)
     )
@@ -301,9 +316,10 @@ def blueprint(kind: Kind[T], import_name: str) -> Blueprint:
         tier = viewed_tier()
         form = Form(request.form, kind.labels)
         values = read(kind, form, tier, None)
-        if values is None:
+        stream = read_stream(form)
+        if values is None or not form.ok:
             return editor(kind, None, form, status=422)
-        template = kind.model(tenant_id=tier, version=1, **values)
+        template = kind.model(tenant_id=tier, version=1, stream=stream, **values)
         db.session.add(template)
         try:
             db.session.flush()  # the audit row names the new template's id
@@ -331,12 +347,14 @@ def blueprint(kind: Kind[T], import_name: str) -> Blueprint:
         template = owned(kind.model, template_id, viewed_tier())
         form = Form(request.form, kind.labels)
         values = read(kind, form, template.tenant_id, template.id)
+        stream = read_stream(form)
         if form.raw("version") != str(template.version):
             form.errors["version"] = STALE
         if values is None or not form.ok:
             return editor(kind, template, form, status=422)
         for key, value in values.items():
             setattr(template, key, value)
+        template.stream = stream
         template.version += 1
         audit_save(kind, template, "saved")
         try:

@@ -101,6 +101,7 @@ PARAMS: dict[str, Param] = {
     "uncertain_policy": enum("retry", "hold"),
     "role": enum("tenant_admin", "support", "platform_operator"),
     "enabled": enum("on", "1", ""),
+    "stream": enum("transactional", "broadcast", "bulk"),
     "is_default": enum("on", ""),
     "verify_tls": enum("on", ""),
     "read_receipt": enum("on", ""),
