@@ -1,9 +1,16 @@
-"""Resolving an Uncertain record by hand (seed 002 "Resolve an uncertain record").
+"""Resolving a record whose outcome is in doubt, by hand (seed 002 "Resolve an uncertain
+record").
 
-An operator who has checked with the provider says what happened: accepted, with the
-provider's message id (one not already assigned to another record on the same route), which
-makes the record Sent and applies any delivery events kept for that id; or failed, with a
-reason. It never resends, and the ambiguity stays recorded (``ambiguous_attempt``).
+Someone who has checked with the provider says what happened: accepted, with the provider's
+message id (one not already assigned to another record on the same route), which makes the
+record Sent and applies any delivery events kept for that id; or failed, with a reason. It never
+resends, and the ambiguity stays recorded (``ambiguous_attempt``).
+
+What can be resolved: an Uncertain record, and a Failed, DeadLetter or Suppressed one with an
+ambiguous attempt not yet resolved (an earlier attempt may have gone out: the "needs a decision"
+list). For the latter, "failed" keeps its status and error (seed 002: a later definitive error
+does not erase the ambiguity; the decision is recorded beside it), and "accepted" makes it Sent;
+its dead-letter archive row stays.
 """
 
 from __future__ import annotations
@@ -64,12 +71,12 @@ def resolve_uncertain(
     )
     if record is None:
         raise ResolveError(404, "not_found", "no such record", "id")
-    if record.status != SendStatus.UNCERTAIN.value:
+    if not resolvable(record):
         raise ResolveError(
             409,
             "not_uncertain",
-            f"record {record_id} is {record.status}, not Uncertain: only an uncertain outcome "
-            "is resolved by hand",
+            f"record {record_id} is {record.status}, with no undecided ambiguous attempt: only "
+            "an uncertain outcome is resolved by hand",
             "id",
         )
     reason = (reason or "").strip() or None
@@ -126,18 +133,20 @@ def resolve_uncertain(
     else:
         if reason is None:
             raise ResolveError(422, "required", "a failed resolution needs a reason", "reason")
-        values |= {
-            "status": SendStatus.FAILED.value,
-            "resolution": "failed",
-            "error_code": RESOLVED_FAILED,
-            "error_message": reason[:MAX_REASON_CHARS],
-        }
+        values |= {"resolution": "failed"}
+        if record.status == SendStatus.UNCERTAIN.value:
+            values |= {
+                "status": SendStatus.FAILED.value,
+                "error_code": RESOLVED_FAILED,
+                "error_message": reason[:MAX_REASON_CHARS],
+            }
     result = session.execute(
         update(model)
         .where(
             model.id == record.id,
             model.version == record.version,
-            model.status == SendStatus.UNCERTAIN.value,
+            model.status == record.status,
+            *([] if record.status == SendStatus.UNCERTAIN.value else [model.resolution.is_(None)]),
         )
         .values(**values)
         .execution_options(synchronize_session=False)
@@ -148,10 +157,34 @@ def resolve_uncertain(
         events.apply_retained(session, channel, record.id)
     return Resolved(
         record.id,
-        values["status"],
+        values.get("status", record.status),
         pid if accepted else record.provider_message_id,
         record.tenant_id,
     )
 
 
-__all__ = ["RESOLVED_FAILED", "ResolveError", "Resolved", "resolve_uncertain"]
+# Not sent, but an earlier attempt may have gone out: decided by a person, once.
+AMBIGUOUS_NOT_SENT = frozenset(
+    {SendStatus.FAILED.value, SendStatus.DEAD_LETTER.value, SendStatus.SUPPRESSED.value}
+)
+
+
+def resolvable(record: MailSendRecord | SmsSendRecord) -> bool:
+    """Whether a person may resolve ``record`` now (the rule of this module's docstring)."""
+    if record.status == SendStatus.UNCERTAIN.value:
+        return True
+    return (
+        record.status in AMBIGUOUS_NOT_SENT
+        and bool(record.ambiguous_attempt)
+        and record.resolution is None
+    )
+
+
+__all__ = [
+    "AMBIGUOUS_NOT_SENT",
+    "RESOLVED_FAILED",
+    "ResolveError",
+    "Resolved",
+    "resolvable",
+    "resolve_uncertain",
+]

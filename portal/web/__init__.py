@@ -64,6 +64,7 @@ def register_blueprints(app: Flask) -> None:
 
 
 def _context(app: Flask) -> None:
+    from portal.messaging.uncertain import resolvable
     from portal.web.access import Permission, can, shown_actor
 
     @app.context_processor
@@ -89,6 +90,7 @@ def _context(app: Flask) -> None:
         return {
             "can": lambda permission: can(Permission(permission)),
             "shown_actor": shown_actor,
+            "resolvable": resolvable,
             "nav_items": nav_items,
             "tenant_choices": tenant_choices,
         }

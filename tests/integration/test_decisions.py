@@ -51,3 +51,63 @@ def test_the_list_holds_what_needs_a_decision_and_nothing_else(
     assert operator.get("/decisions/?channel=fax").status_code == 422
     only_sms = operator.get("/decisions/?channel=sms").text
     assert f'/{listed["failed-mail"]}"' not in only_sms
+
+
+def test_an_ambiguous_record_that_ended_unsent_is_resolved_from_the_list_once(
+    app: Flask, cheap_passwords: None
+) -> None:
+    """Resolve applies to everything the list holds: "not sent" keeps a dead letter's status
+    and error and takes it off the list; "accepted" makes an ambiguous Failed record Sent;
+    a record without an ambiguous attempt, or one decided already, is 409."""
+    from portal.models import MailSendRecord, SmsSendRecord
+    from tests.conftest import make_api_key
+
+    acme = make_tenant("acme").id
+    token = make_api_key(acme)
+    db.session.commit()
+    user("admin@acme.example.com", "tenant_admin", acme)
+    dead = sms(acme, status="DeadLetter", ambiguous_attempt=True, error_code="503")
+    failed = mail(acme, status="Failed", ambiguous_attempt=True, error_code="421")
+    plain = mail(acme, status="Failed", error_code="550")
+    db.session.commit()
+    client, _ = signed_in(app, "admin@acme.example.com")
+    page = client.get(f"/sms-records/{dead}").text
+    assert "It was not sent" in page  # the resolve forms are offered on the record page
+
+    headers = {"Authorization": f"Bearer {token}"}
+    answer = app.test_client().post(
+        f"/api/v1/sms/{dead}/resolve",
+        json={"outcome": "failed", "reason": "not in the provider's log"},
+        headers=headers,
+    )
+    assert answer.status_code == 200, answer.json
+    db.session.expire_all()
+    row = db.session.get(SmsSendRecord, dead)
+    assert row is not None
+    assert (row.status, row.error_code, row.resolution) == ("DeadLetter", "503", "failed")
+    assert row.ambiguous_attempt
+    assert f'/sms-records/{dead}"' not in client.get("/decisions/").text
+    again = app.test_client().post(
+        f"/api/v1/sms/{dead}/resolve",
+        json={"outcome": "failed", "reason": "twice"},
+        headers=headers,
+    )
+    assert again.status_code == 409
+
+    accepted = app.test_client().post(
+        f"/api/v1/mail/{failed}/resolve",
+        json={"outcome": "accepted", "providerMessageId": "pm-77"},
+        headers=headers,
+    )
+    assert accepted.status_code == 200, accepted.json
+    db.session.expire_all()
+    sent = db.session.get(MailSendRecord, failed)
+    assert sent is not None
+    assert (sent.status, sent.provider_message_id, sent.resolution) == ("Sent", "pm-77", "accepted")
+
+    refused = app.test_client().post(
+        f"/api/v1/mail/{plain}/resolve",
+        json={"outcome": "failed", "reason": "x"},
+        headers=headers,
+    )
+    assert refused.status_code == 409
