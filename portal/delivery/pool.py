@@ -11,6 +11,10 @@ the pool, and never all of them: one worker stays free for transactional work). 
 that may return broadcast records first reserves a slot for each under the pool's lock;
 when none is free the worker claims transactional work only (``scan.TRANSACTIONAL_ONLY``),
 and declines the next claim inside the Sent write, which would take either stream.
+
+At most ``pool size - 1`` workers are in flight to any one server or provider: each attempt
+runs inside ``scan.gating_routes(self.routes)``, and the attempt asks ``scan.enter_route``
+once its server or provider is chosen.
 """
 
 from __future__ import annotations
@@ -26,7 +30,14 @@ from typing import Any, Protocol
 
 from sqlalchemy import Engine
 
-from portal.messaging.scan import ALL_STREAMS, TRANSACTIONAL_ONLY, claim_due, claiming_next
+from portal.messaging.scan import (
+    ALL_STREAMS,
+    TRANSACTIONAL_ONLY,
+    RouteGate,
+    claim_due,
+    claiming_next,
+    gating_routes,
+)
 from portal.models import Channel, MailSendRecord, SmsSendRecord
 from portal.models.direct import holding
 from portal.models.record import Stream
@@ -81,6 +92,8 @@ class ChannelPool:
         self.broadcast_cap = broadcast_cap(spec.concurrency, spec.broadcast_max_share)
         self._broadcast = 0  # broadcast records held (claimed, not yet done) + reservations
         self._current = threading.local()  # the record this worker thread works on
+        # At most pool size - 1 workers in flight per server or provider (scan.enter_route).
+        self.routes = RouteGate(spec.concurrency - 1)
 
     # --- life cycle ----------------------------------------------------------------------
 
@@ -208,7 +221,8 @@ class ChannelPool:
             self._in_flight += 1
         self._current.record = record
         try:
-            self.spec.process(context, record)
+            with gating_routes(self.routes):
+                self.spec.process(context, record)
         except Exception:
             # Even the failure write failed (the database is away): the record stays in
             # Sending for the stuck-send sweep; this thread must live on.

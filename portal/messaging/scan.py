@@ -160,7 +160,8 @@ def _fair_sql(table: str, stream: Stream, k: int) -> tuple[str, str]:
     workers hold gives way to the next). Picked first of every tenant, then second of every
     tenant, ..., in turn order: with T tenants due, a tenant's next record is at most T
     claims away, and the work is ``k + 1`` index probes whatever the number of tenants or
-    the size of the history. Retry: the oldest due, along ``idx_*_retry_due``. The two are
+    the size of the history. For ``k = 1`` (every worker's own next claim) the same turn is
+    one ordered walk (below). Retry: the oldest due, along ``idx_*_retry_due``. The two are
     merged turn by turn (first of each, the older first; then second of each; ...)."""
     s = stream.value
     pending = f"r.status = 'Pending' AND r.stream = '{s}'"
@@ -169,6 +170,38 @@ def _fair_sql(table: str, stream: Stream, k: int) -> tuple[str, str]:
         "ORDER BY r.tenant_id LIMIT 1"
     )
     first = f"SELECT r.tenant_id FROM {table} r WHERE {pending} ORDER BY r.tenant_id LIMIT 1"
+    retry = f"""
+retry_{s} AS (
+  SELECT r.id, r.next_retry_at AS due FROM {table} r
+  WHERE r.status = 'Retry' AND r.stream = '{s}' AND r.next_retry_at <= now()
+  ORDER BY r.next_retry_at LIMIT {k} FOR UPDATE SKIP LOCKED
+),"""
+    if k == 1:
+        # The hot path (a worker's own next record). One walk finds the next tenant and its
+        # oldest record it can lock: along (stream, tenant_id, updated_time) from just past
+        # the cursor's tenant; only when nothing is there, from the lowest tenant up to the
+        # cursor's (the second CTE runs only when the first found nothing). A tenant whose
+        # records other workers hold all gives way to the next one.
+        oldest = (
+            f"SELECT r.id, r.updated_time AS due FROM {table} r WHERE {pending} "
+            "AND r.tenant_id {op} (SELECT cur FROM turn) "
+            "ORDER BY r.tenant_id, r.updated_time LIMIT 1 FOR UPDATE SKIP LOCKED"
+        )
+        return (
+            retry
+            + f"""
+next_{s} AS ({oldest.format(op=">")}),
+wrap_{s} AS ({oldest.format(op="<=")}),
+pending_{s} AS (
+  SELECT id, due FROM next_{s} UNION ALL SELECT id, due FROM wrap_{s} LIMIT 1
+),
+due_{s} AS (
+  SELECT p.id, p.due, 1 AS seq FROM pending_{s} p
+  UNION ALL
+  SELECT q.id, q.due, 1 AS seq FROM retry_{s} q
+)""",
+            f"due_{s}",
+        )
     walk = f"""
 walk_{s}(tid, lap, n) AS (
   SELECT f.tid, f.lap, 1
@@ -188,30 +221,12 @@ walk_{s}(tid, lap, n) AS (
   ) f
   WHERE w.n <= {k} AND f.tid IS NOT NULL AND (f.lap = 0 OR f.tid <= c.cur)
 ),
-retry_{s} AS (
-  SELECT r.id, r.next_retry_at AS due FROM {table} r
-  WHERE r.status = 'Retry' AND r.stream = '{s}' AND r.next_retry_at <= now()
-  ORDER BY r.next_retry_at LIMIT {k} FOR UPDATE SKIP LOCKED
-),"""
+"""
     oldest = f"""
     SELECT r.id, r.updated_time AS due FROM {table} r
     WHERE {pending} AND r.tenant_id = w.tid
     ORDER BY r.updated_time LIMIT {k} FOR UPDATE SKIP LOCKED"""
-    if k == 1:
-        # The first tenant in turn that yields a record; the walk yields in turn order and
-        # the Limit stops it there (the next tenant is looked at only when needed).
-        picks = f"""
-pending_{s} AS (
-  SELECT c.id, c.due FROM walk_{s} w CROSS JOIN LATERAL ({oldest}
-  ) c LIMIT 1
-),
-due_{s} AS (
-  SELECT p.id, p.due, 1 AS seq FROM pending_{s} p
-  UNION ALL
-  SELECT q.id, q.due, 1 AS seq FROM retry_{s} q
-)"""
-    else:
-        picks = f"""
+    picks = f"""
 pending_{s} AS (
   SELECT c.id, c.due, w.n AS pos,
          row_number() OVER (PARTITION BY w.n ORDER BY c.due) AS turn
@@ -223,7 +238,7 @@ due_{s} AS (
   UNION ALL
   SELECT q.id, q.due, row_number() OVER (ORDER BY q.due) AS seq FROM retry_{s} q
 )"""
-    return walk + picks, f"due_{s}"
+    return retry + walk + picks, f"due_{s}"
 
 
 def fair_pick_sql(
@@ -404,3 +419,67 @@ def claim_statement(model: RecordModel) -> Any:
 def loader_for(model: RecordModel) -> Loader:
     """Builds a claimed record from the claim's columns (mapper order)."""
     return _CLAIMS[model].loader
+
+
+# --- at most pool size - 1 workers per server or provider ----------------------------------------
+
+
+class RouteGate:
+    """How many of a pool's workers are in flight per server or provider (a route): at most
+    ``limit`` each (the pool's size - 1), so a hanging server cannot hold the whole pool."""
+
+    def __init__(self, limit: int):
+        self.limit = max(1, limit)
+        self._held: dict[Any, int] = {}
+        self._lock = threading.Lock()
+
+    def try_enter(self, route: Any) -> bool:
+        with self._lock:
+            held = self._held.get(route, 0)
+            if held >= self.limit:
+                return False
+            self._held[route] = held + 1
+            return True
+
+    def leave(self, route: Any) -> None:
+        with self._lock:
+            held = self._held.get(route, 0) - 1
+            if held > 0:
+                self._held[route] = held
+            else:
+                self._held.pop(route, None)
+
+    def held(self, route: Any) -> int:
+        return self._held.get(route, 0)
+
+
+_route = threading.local()
+
+
+@contextmanager
+def gating_routes(gate: RouteGate) -> Iterator[None]:
+    """Within the block (one attempt of a pool worker), ``enter_route`` counts against
+    ``gate``; every route entered is left when the block ends."""
+    _route.gate, _route.entered = gate, []
+    try:
+        yield
+    finally:
+        for route in _route.entered:
+            gate.leave(route)
+        _route.gate, _route.entered = None, []
+
+
+def enter_route(route: Any) -> bool:
+    """Called once the attempt's server or provider is chosen (``route``: e.g. ``("mail",
+    config id)``), before anything is charged: False when ``pool size - 1`` workers of this
+    pool are already in flight to it (defer the record without using a retry). Outside a
+    pool (tests, the drain helper) always True."""
+    gate: RouteGate | None = getattr(_route, "gate", None)
+    if gate is None:
+        return True
+    if route in _route.entered:
+        return True
+    if not gate.try_enter(route):
+        return False
+    _route.entered.append(route)
+    return True

@@ -23,7 +23,7 @@ from portal.extensions import db
 from portal.messaging import acceptance
 from portal.messaging.acceptance import AcceptanceError
 from portal.messaging.outcomes import Claimed, record_sent
-from portal.messaging.scan import _CLAIMS
+from portal.messaging.scan import _CLAIMS, RouteGate, enter_route, gating_routes
 from portal.models import Channel, MailSendRecord, MailTemplate, SmsSendRecord, SmsTemplate
 from portal.tenancy import tenant_context
 from tests.support.delivery import tenant
@@ -86,7 +86,7 @@ class _NoContext:
 def run_pool(app: Flask) -> Iterator[Any]:
     pools: list[ChannelPool] = []
 
-    def run(recorder: Recorder, until: Any, share: float = 0.75) -> ChannelPool:
+    def run(recorder: Any, until: Any, share: float = 0.75) -> ChannelPool:
         spec = ChannelSpec(
             channel=Channel.MAIL,
             model=MailSendRecord,
@@ -257,3 +257,56 @@ def test_stream_at_acceptance_given_defaulted_or_from_the_template(
     with pytest.raises(AcceptanceError) as refused:
         _accept(app, acme, channel, stream="bulk")
     assert (refused.value.status, refused.value.field) == (422, "stream")
+
+
+# --- at most pool size - 1 workers per server -------------------------------------------------
+
+
+def test_a_hanging_server_holds_at_most_all_but_one_worker(app: Flask, run_pool: Any) -> None:
+    """Every record goes to one server that hangs (50 ms a send): at most WORKERS - 1 are in
+    flight to it at once; the attempt that finds no room is told so (``enter_route``
+    False: the pipeline defers it) and its worker is free for other work."""
+    a = tenant("acme").id
+    _queue(a, 40)
+    inside = {"now": 0, "most": 0, "refused": 0}
+    lock = threading.Lock()
+    engine = db.engine
+
+    def attempt(_context: Any, record: Any) -> None:
+        if enter_route(("mail", 1)):
+            with lock:
+                inside["now"] += 1
+                inside["most"] = max(inside["most"], inside["now"])
+            time.sleep(0.05)
+            with lock:
+                inside["now"] -= 1
+        else:
+            with lock:
+                inside["refused"] += 1
+        claimed = Claimed(Channel.MAIL, record.id, record.version, record.tenant_id, 0)
+        record_sent(engine, claimed, f"<{record.id}@test>")
+
+    done = {"n": 0}
+
+    def counting(context: Any, record: Any) -> None:
+        attempt(context, record)
+        with lock:
+            done["n"] += 1
+
+    run_pool(counting, lambda: done["n"] >= 40)
+    assert inside["most"] == WORKERS - 1, inside
+    assert inside["refused"] > 0, inside
+
+
+def test_the_route_gate_counts_per_route_and_gives_back_on_leaving() -> None:
+    gate = RouteGate(2)
+    assert gate.try_enter("x")
+    assert gate.try_enter("x")
+    assert not gate.try_enter("x")
+    assert gate.try_enter("y")  # another server: its own count
+    gate.leave("x")
+    assert gate.try_enter("x")
+    with gating_routes(RouteGate(1)):
+        assert enter_route("z")
+        assert enter_route("z")  # the same attempt again: already in
+    assert enter_route("z")  # outside a pool: always
