@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 from flask import Flask
-from sqlalchemy import Engine, text
+from sqlalchemy import Engine, select, text
 
 from portal.delivery.pool import ChannelPool, ChannelSpec, broadcast_cap
 from portal.extensions import db
@@ -310,3 +310,33 @@ def test_the_route_gate_counts_per_route_and_gives_back_on_leaving() -> None:
         assert enter_route("z")
         assert enter_route("z")  # the same attempt again: already in
     assert enter_route("z")  # outside a pool: always
+
+
+def test_import_sets_a_templates_stream_and_keeps_it_when_left_out(
+    app: Flask, tmp_path: Any
+) -> None:
+    runner = app.test_cli_runner()
+    data: dict[str, Any] = {
+        "tenants": [{"slug": "acme", "name": "Acme"}],
+        "mailTemplates": [
+            {"tenant": "acme", "code": "news", "subject": "S", "text": "T", "stream": "broadcast"}
+        ],
+        "smsTemplates": [{"tenant": "acme", "code": "otp", "content": "C", "stream": "broadcast"}],
+    }
+
+    def run(payload: dict[str, Any]) -> Any:
+        path = tmp_path / "config.json"
+        path.write_text(json.dumps(payload))
+        return runner.invoke(args=["import-config", str(path)])
+
+    assert run(data).exit_code == 0
+    for entry in (*data["mailTemplates"], *data["smsTemplates"]):
+        entry.pop("stream")
+    assert run(data).exit_code == 0  # left out: the stored stream stays
+    db.session.expire_all()
+    assert db.session.scalars(select(MailTemplate.stream)).all() == ["broadcast"]
+    assert db.session.scalars(select(SmsTemplate.stream)).all() == ["broadcast"]
+    data["mailTemplates"][0]["stream"] = "bulk"
+    refused = run(data)
+    assert refused.exit_code != 0
+    assert "stream" in refused.output
