@@ -33,6 +33,7 @@ def mail_spec(engine: Engine, settings: Settings) -> ChannelSpec:
         concurrency=settings.mail_send_concurrency,
         make_context=make_context,
         process=process_mail,
+        broadcast_max_share=settings.broadcast_max_share,
     )
 
 
@@ -49,6 +50,7 @@ def sms_spec(engine: Engine, settings: Settings) -> ChannelSpec:
         concurrency=settings.sms_send_concurrency,
         make_context=make_context,
         process=process_sms,
+        broadcast_max_share=settings.broadcast_max_share,
     )
 
 

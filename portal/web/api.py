@@ -308,6 +308,45 @@ def _bad_request(exc: _BadRequest) -> Response:
     return error_response(exc.status, exc.code, exc.message, exc.field)
 
 
+# (method, path pattern, query parameters) of every operation the OpenAPI document describes.
+_QUERY_RULES: list[tuple[str, re.Pattern[str], frozenset[str]]] = []
+
+
+def _documented_query(method: str, path: str) -> frozenset[str] | None:
+    """The query parameters the document gives the operation at ``path`` (None: an operation
+    it does not describe, such as the document itself)."""
+    if not _QUERY_RULES:
+        for template, operations in openapi_document()["paths"].items():
+            pattern = re.compile(re.sub(r"\\\{[^}]+\\\}", "[^/]+", re.escape(template)) + "$")
+            for verb, operation in operations.items():
+                names = frozenset(
+                    p["name"] for p in operation.get("parameters", []) if p.get("in") == "query"
+                )
+                _QUERY_RULES.append((verb.upper(), pattern, names))
+    for verb, pattern, names in _QUERY_RULES:
+        if verb == method and pattern.match(path):
+            return names
+    return None
+
+
+def unknown_query_parameter() -> Response | None:
+    """A query parameter the operation does not take is refused (422 naming it), not ignored:
+    a misspelt ``tenantID`` must not silently act on the caller's own tenant."""
+    allowed = _documented_query(request.method, request.path)
+    if allowed is None:
+        return None
+    for name in request.args:
+        if name not in allowed:
+            takes = ", ".join(sorted(allowed)) or "none"
+            return error_response(
+                422, "invalid", f"unknown query parameter {name!r} (this takes: {takes})", name
+            )
+    return None
+
+
+bp.before_request(unknown_query_parameter)
+
+
 @bp.errorhandler(AcceptanceError)
 def _rejected(exc: AcceptanceError) -> Response:
     db.session.rollback()

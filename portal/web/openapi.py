@@ -227,6 +227,7 @@ _COMMON_RECORD = {
         ],
     },
     "scope": {"type": "string", "enum": ["TENANT", "PLATFORM"]},
+    "stream": {"type": "string", "enum": ["transactional", "broadcast"]},
     "retryCount": {"type": "integer"},
     "nextRetryAt": _NULLABLE_TIME,
     "errorCode": _NULLABLE_STR,

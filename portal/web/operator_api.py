@@ -34,10 +34,12 @@ from portal.web.api import (
     api_key_required,
     audit_records,
     error_response,
+    unknown_query_parameter,
 )
 
 bp = Blueprint("operator_api", __name__)
 csrf.exempt(bp)  # checked by hand below, for session-authenticated requests only
+bp.before_request(unknown_query_parameter)
 
 P = ParamSpec("P")
 

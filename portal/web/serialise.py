@@ -18,6 +18,7 @@ def _common(record: MailSendRecord | SmsSendRecord) -> dict[str, Any]:
         "id": record.id,
         "status": record.status,
         "scope": record.scope,
+        "stream": record.stream,
         "retryCount": record.retry_count,
         "nextRetryAt": _time(record.next_retry_at),
         "errorCode": record.error_code,

@@ -210,3 +210,21 @@ def test_signing_out_clears_the_whole_session(app: Flask, world: dict[str, Any])
     assert client.post("/auth/logout", data={"csrf_token": token}).status_code == 302
     with client.session_transaction() as session:
         assert set(session.keys()) <= {"_remember", "_flashes"}
+
+
+def test_a_query_parameter_the_api_does_not_take_is_refused_naming_it(
+    app: Flask, world: dict[str, Any]
+) -> None:
+    """A misspelt ``tenantID`` must not quietly act on the caller's own tenant."""
+    record = mail_row(world["acme"], None)
+    db.session.commit()
+    client = app.test_client()
+    headers = auth(world["keys"]["platform"])
+    answer = client.get(f"/api/v1/mail/{record.id}?tenantID={world['acme']}", headers=headers)
+    assert answer.status_code == 422
+    assert answer.json["error"]["field"] == "tenantID"  # type: ignore[index]
+    right = client.get(f"/api/v1/mail/{record.id}?tenantId={world['acme']}", headers=headers)
+    assert right.status_code == 200
+    sent = client.post("/api/v1/mail?dryRun=1", json={"to": ["a@example.com"]}, headers=headers)
+    assert sent.status_code == 422
+    assert sent.json["error"]["field"] == "dryRun"  # type: ignore[index]
