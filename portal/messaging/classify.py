@@ -46,6 +46,7 @@ class DeferralCode(StrEnum):
     without using a retry, and never a reason to stop it."""
 
     SERVER_UNAVAILABLE = "SERVER_UNAVAILABLE"  # its server's or provider's breaker is open
+    SERVER_BUSY = "SERVER_BUSY"  # the pool's other workers but one are stuck on its server
 
 
 _RETRYABLE = frozenset({ErrorCategory.TRANSIENT, ErrorCategory.QUOTA, ErrorCategory.UNKNOWN})
@@ -130,6 +131,13 @@ DEFERRAL_HELP: dict[DeferralCode, tuple[str, str]] = {
         "Nothing: it goes out by itself once the server answers again (it is checked with "
         "one message at a time, at growing intervals up to 5 minutes). If it stays down, "
         "check the server or provider, or its address in the configuration.",
+    ),
+    DeferralCode.SERVER_BUSY: (
+        "The mail server or SMS provider is slow: all of this worker's senders but one were "
+        "waiting on it, so this message waited a few seconds instead of taking the last one, "
+        "which stays free for other servers' messages. It used none of its retries.",
+        "Nothing: it is tried again within seconds. If it keeps waiting, the server is slow "
+        "to answer: check it, or its timeouts.",
     ),
 }
 

@@ -23,10 +23,10 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
 from portal.config import Settings
-from portal.messaging import breaker, outcomes, ratelimit
+from portal.messaging import breaker, outcomes, ratelimit, scan
 from portal.messaging.backoff import BackoffPolicy
 from portal.messaging.breaker import Breaker, ServerDown, Verdict
-from portal.messaging.classify import MarkerCode
+from portal.messaging.classify import DeferralCode, MarkerCode
 from portal.messaging.outcomes import Claimed
 from portal.messaging.preparation import (
     SUPPRESSED,
@@ -126,11 +126,27 @@ def _breaker(ctx: MailContext | SmsContext) -> Breaker:
     return ctx.breaker or breaker.shared(ctx.engine, ctx.settings)
 
 
+class _RouteBusy(ServerDown):
+    """All but one of the pool's workers are in flight to this server or provider, and stayed
+    so for ROUTE_WAIT_S (scan.enter_route): it is slow or hanging, so the record waits and
+    the worker is free for other servers' records."""
+
+
+# A healthy server frees a place within milliseconds; one that holds every other worker this
+# long is slow, and its records wait ROUTE_BUSY_DELAY_S (plus jitter) instead.
+ROUTE_WAIT_S = 1.0
+ROUTE_BUSY_DELAY_S = 5.0
+
+
 def _gate(ctx: MailContext | SmsContext, channel: Channel, record_id: int) -> Gate:
-    """The breaker check, run once the server or provider is known (before the quota charge on
-    a first attempt); raises ServerDown when the record must wait for it."""
+    """The checks run once the server or provider is known (before the quota charge on a
+    first attempt): a place among the pool's workers in flight to it (at most pool size - 1),
+    then its breaker; raises ServerDown when the record must wait."""
 
     def gate(config_id: int, name: str) -> None:
+        if not scan.enter_route((channel.value, config_id), ROUTE_WAIT_S):
+            busy = breaker.Check(Verdict.DEFER, wait_s=ROUTE_BUSY_DELAY_S, interval_s=2.0)
+            raise _RouteBusy(busy, config_id, name)
         check = _breaker(ctx).check(channel, config_id, record_id)
         if check.verdict is Verdict.DEFER:
             raise ServerDown(check, config_id, name)
@@ -140,6 +156,16 @@ def _gate(ctx: MailContext | SmsContext, channel: Channel, record_id: int) -> Ga
 
 def _defer(ctx: MailContext | SmsContext, claimed: Claimed, down: ServerDown) -> None:
     """Back to Retry until the next probe (plus jitter), with no retry used."""
+    if isinstance(down, _RouteBusy):
+        outcomes.defer(
+            ctx.engine,
+            replace(claimed, provider=down.name),
+            DeferralCode.SERVER_BUSY.value,
+            f"not attempted yet: every other sender of this worker but one is busy with the "
+            f"slow {_KIND[claimed.channel]} {down.name!r}, so this waits (no retry used)",
+            breaker.defer_delay(down.check),
+        )
+        return
     outcomes.defer(
         ctx.engine,
         replace(claimed, provider=down.name),

@@ -431,14 +431,15 @@ class RouteGate:
     def __init__(self, limit: int):
         self.limit = max(1, limit)
         self._held: dict[Any, int] = {}
-        self._lock = threading.Lock()
+        self._lock = threading.Condition()
 
-    def try_enter(self, route: Any) -> bool:
+    def try_enter(self, route: Any, wait_s: float = 0.0) -> bool:
+        """Take a place on ``route``, waiting up to ``wait_s`` for one to free: a healthy
+        server's sends free theirs in milliseconds, a hanging one's do not."""
         with self._lock:
-            held = self._held.get(route, 0)
-            if held >= self.limit:
+            if not self._lock.wait_for(lambda: self._held.get(route, 0) < self.limit, wait_s):
                 return False
-            self._held[route] = held + 1
+            self._held[route] = self._held.get(route, 0) + 1
             return True
 
     def leave(self, route: Any) -> None:
@@ -448,6 +449,7 @@ class RouteGate:
                 self._held[route] = held
             else:
                 self._held.pop(route, None)
+            self._lock.notify_all()
 
     def held(self, route: Any) -> int:
         return self._held.get(route, 0)
@@ -469,17 +471,17 @@ def gating_routes(gate: RouteGate) -> Iterator[None]:
         _route.gate, _route.entered = None, []
 
 
-def enter_route(route: Any) -> bool:
+def enter_route(route: Any, wait_s: float = 0.0) -> bool:
     """Called once the attempt's server or provider is chosen (``route``: e.g. ``("mail",
     config id)``), before anything is charged: False when ``pool size - 1`` workers of this
-    pool are already in flight to it (defer the record without using a retry). Outside a
-    pool (tests, the drain helper) always True."""
+    pool are still in flight to it after ``wait_s`` (defer the record without using a retry).
+    Outside a pool (tests, the drain helper) always True."""
     gate: RouteGate | None = getattr(_route, "gate", None)
     if gate is None:
         return True
     if route in _route.entered:
         return True
-    if not gate.try_enter(route):
+    if not gate.try_enter(route, wait_s):
         return False
     _route.entered.append(route)
     return True

@@ -145,6 +145,7 @@ MARKER_LABEL: dict[MarkerCode, str] = {
 
 DEFERRAL_LABEL: dict[DeferralCode, str] = {
     DeferralCode.SERVER_UNAVAILABLE: "Waiting for the server to come back",
+    DeferralCode.SERVER_BUSY: "Waiting for a slow server",
 }
 
 _MARKERS = frozenset(m.value for m in MarkerCode)
