@@ -198,6 +198,23 @@ def _observed(
         log.info("breaker closed: %s deferred records due now", released)
 
 
+def _cleared(
+    ctx: MailContext | SmsContext,
+    claimed: Claimed,
+    gate: Gate | None,
+    config: MailSendServerConfig | SmsProviderConfig,
+) -> bool:
+    """The server's gate (a place among the pool's workers, its breaker; None when preparation
+    ran it already) and its rate-limit windows; False when the record was deferred."""
+    if gate is not None:
+        try:
+            gate(config.id, config.name)
+        except ServerDown as down:
+            _defer(ctx, claimed, down)
+            return False
+    return admit(ctx.engine, claimed, config, _limiter(ctx.settings, ctx.limiter), ctx.policy)
+
+
 def admit(
     engine: Engine,
     claimed: Claimed,
@@ -486,13 +503,7 @@ def _attempt(ctx: MailContext, record: MailSendRecord, holding: _Holding) -> Non
         return
     claimed = replace(claimed, provider=config.name)
     holding.claimed = claimed
-    if not gated:
-        try:
-            gate(config.id, config.name)
-        except ServerDown as down:
-            _defer(ctx, claimed, down)
-            return
-    if not admit(ctx.engine, claimed, config, _limiter(ctx.settings, ctx.limiter), ctx.policy):
+    if not _cleared(ctx, claimed, None if gated else gate, config):
         return
     mail = _outgoing(record, prepared, config, skip)
     started = time.perf_counter()
@@ -645,13 +656,7 @@ def _attempt_sms(ctx: SmsContext, record: SmsSendRecord, holding: _Holding) -> N
         ctx.engine, claimed, record, ctx.settings.resend_window_s if window is None else window
     ):
         return
-    if not gated:
-        try:
-            gate(config.id, config.name)
-        except ServerDown as down:
-            _defer(ctx, claimed, down)
-            return
-    if not admit(ctx.engine, claimed, config, _limiter(ctx.settings, ctx.limiter), ctx.policy):
+    if not _cleared(ctx, claimed, None if gated else gate, config):
         return
     outgoing = sms_transport.OutgoingSms(
         record_id=record.id,
