@@ -154,6 +154,13 @@ def _gate(ctx: MailContext | SmsContext, channel: Channel, record_id: int) -> Ga
     return gate
 
 
+def _failed(ctx: MailContext | SmsContext, claimed: Claimed, failure: PreparationFailed) -> None:
+    """Preparation (or choosing the server again) failed with a marker code: the outcome."""
+    outcomes.handle_failure(
+        ctx.engine, claimed, failure.code.value, failure.message, policy=ctx.policy
+    )
+
+
 def _defer(ctx: MailContext | SmsContext, claimed: Claimed, down: ServerDown) -> None:
     """Back to Retry until the next probe (plus jitter), with no retry used."""
     if isinstance(down, _RouteBusy):
@@ -450,9 +457,7 @@ def _attempt(ctx: MailContext, record: MailSendRecord, holding: _Holding) -> Non
         try:
             result = prepare_mail(ctx.engine, record, claimed, ctx.settings, gate)
         except PreparationFailed as failure:
-            outcomes.handle_failure(
-                ctx.engine, claimed, failure.code.value, failure.message, policy=ctx.policy
-            )
+            _failed(ctx, claimed, failure)
             return
         except ServerDown as down:
             _defer(ctx, claimed, down)
@@ -475,9 +480,7 @@ def _attempt(ctx: MailContext, record: MailSendRecord, holding: _Holding) -> Non
             try:
                 chosen = rechoose_server(ctx.engine, record, claimed)
             except PreparationFailed as failure:
-                outcomes.handle_failure(
-                    ctx.engine, claimed, failure.code.value, failure.message, policy=ctx.policy
-                )
+                _failed(ctx, claimed, failure)
                 return
             if chosen is None:
                 return  # lost a version race
@@ -602,9 +605,7 @@ def _attempt_sms(ctx: SmsContext, record: SmsSendRecord, holding: _Holding) -> N
         try:
             result = prepare_sms(ctx.engine, record, claimed, ctx.settings, gate)
         except PreparationFailed as failure:
-            outcomes.handle_failure(
-                ctx.engine, claimed, failure.code.value, failure.message, policy=ctx.policy
-            )
+            _failed(ctx, claimed, failure)
             return
         except ServerDown as down:
             _defer(ctx, claimed, down)
@@ -622,9 +623,7 @@ def _attempt_sms(ctx: SmsContext, record: SmsSendRecord, holding: _Holding) -> N
         try:
             chosen = rechoose_provider(ctx.engine, record, claimed)
         except PreparationFailed as failure:
-            outcomes.handle_failure(
-                ctx.engine, claimed, failure.code.value, failure.message, policy=ctx.policy
-            )
+            _failed(ctx, claimed, failure)
             return
         if chosen is None:
             return  # lost a version race

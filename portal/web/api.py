@@ -329,10 +329,20 @@ def _documented_query(method: str, path: str) -> frozenset[str] | None:
     return None
 
 
+# (method, url rule) -> its documented query parameters: the patterns are matched once per
+# rule, not at every request (acceptance is a hot path).
+_QUERY_BY_RULE: dict[tuple[str, str], frozenset[str] | None] = {}
+
+
 def unknown_query_parameter() -> Response | None:
     """A query parameter the operation does not take is refused (422 naming it), not ignored:
     a misspelt ``tenantID`` must not silently act on the caller's own tenant."""
-    allowed = _documented_query(request.method, request.path)
+    if not request.args:
+        return None
+    rule = (request.method, request.url_rule.rule if request.url_rule else request.path)
+    if rule not in _QUERY_BY_RULE:
+        _QUERY_BY_RULE[rule] = _documented_query(request.method, request.path)
+    allowed = _QUERY_BY_RULE[rule]
     if allowed is None:
         return None
     for name in request.args:
