@@ -52,6 +52,16 @@ def keep_schedules(settings: Settings, stopping: threading.Event) -> None:
             wait = min(settings.schedule_check_s, max(1.0, wait * 2))
 
 
+def _say_unlocked(level: int, message: str) -> None:
+    """Write one log line straight to stderr from a signal handler: a handler may interrupt
+    the main thread inside logging or a stream write, and taking their locks again there can
+    block or raise, so the exit that follows would never come."""
+    record = log.makeRecord(log.name, level, __file__, 0, message, (), None)
+    handlers = logging.getLogger().handlers
+    line = handlers[0].format(record) if handlers else message
+    os.write(2, (line + "\n").encode("utf-8", "replace"))
+
+
 def main() -> int:
     configure_logging(os.environ.get("LOG_LEVEL", "INFO"))
     # The handlers come first: a signal during start-up (building the app can take a second)
@@ -60,7 +70,7 @@ def main() -> int:
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
         if stopping.is_set():
-            log.warning("second signal: exiting at once")
+            _say_unlocked(logging.WARNING, "second signal: exiting at once")
             os._exit(1)
         log.info("signal %s: claiming nothing more, finishing sends in flight", signum)
         stopping.set()
