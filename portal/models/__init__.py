@@ -3,6 +3,7 @@
 from portal.models.audit import AuditAction, AuditEvent, LoginThrottle, add_audit
 from portal.models.base import Base, UTCDateTime, db_now, db_now_plus
 from portal.models.breaker import BreakerState
+from portal.models.callbacks import CallbackDelivery, CallbackEndpoint, DeliveryStatus
 from portal.models.chores import ChoreRun
 from portal.models.dead_letters import DeadLetterMessage
 from portal.models.enums import (
@@ -32,6 +33,7 @@ from portal.models.sms import (
     SmsTemplate,
     SmsTemplateProviderBinding,
 )
+from portal.models.template_version import TemplateBlob, TemplateVersion
 from portal.models.tenant import ApiKey, ApiScope, AppUser, Tenant
 
 __all__ = [
@@ -42,11 +44,14 @@ __all__ = [
     "AuditEvent",
     "Base",
     "BreakerState",
+    "CallbackDelivery",
+    "CallbackEndpoint",
     "Channel",
     "ChoreRun",
     "DeadLetterMessage",
     "DeadLetterSource",
     "DeliveryEvent",
+    "DeliveryStatus",
     "LoginThrottle",
     "MailReceiveConfig",
     "MailReceiveState",
@@ -66,6 +71,8 @@ __all__ = [
     "SmsTemplateProviderBinding",
     "SmtpSecurity",
     "Suppression",
+    "TemplateBlob",
+    "TemplateVersion",
     "Tenant",
     "TenantMessageQuota",
     "TenantMessageUsage",

@@ -91,7 +91,12 @@ class SendRecordMixin:
     template_code: Mapped[str | None] = mapped_column(String(100))
     variables: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
-    # Preparation and delivery.
+    # The caller's own key/values (acceptance ``metadata``), returned on GET and in callbacks.
+    request_metadata: Mapped[dict[str, Any] | None] = mapped_column("metadata", JSON)
+    # A test send from the template editor (issue 15): charged like any send, shown apart.
+    is_test: Mapped[bool] = mapped_column(Boolean, default=False, server_default=text("false"))
+    # Preparation and delivery. ``template_version``: the template version it was prepared with.
+    template_version: Mapped[int | None] = mapped_column(Integer)
     prepared_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     first_claimed_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     sent_at: Mapped[datetime | None] = mapped_column(UTCDateTime)

@@ -47,6 +47,13 @@ class SmsTemplate(Base):
     stream: Mapped[str] = mapped_column(
         String(16), default=Stream.TRANSACTIONAL.value, server_default=text(STREAM_DEFAULT)
     )
+    # Issue 15: a strict template refuses, at acceptance, a send that lacks a variable it
+    # needs; on for new templates, off for those that existed before (migration 0013).
+    strict_variables: Mapped[bool] = mapped_column(
+        Boolean, default=True, server_default=text("false")
+    )
+    # The editor's sample variables (preview, Send test, a dry run with no records yet).
+    sample_variables: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     version: Mapped[int] = mapped_column(Integer, default=1, server_default=text("1"))
     created_time: Mapped[datetime] = mapped_column(UTCDateTime, server_default=db_now())
     updated_time: Mapped[datetime] = mapped_column(
