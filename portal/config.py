@@ -61,6 +61,17 @@ def _share(env: dict[str, str], name: str, default: float) -> float:
     return value
 
 
+def _bool(env: dict[str, str], name: str, default: bool) -> bool:
+    raw = (env.get(name) or "").strip().lower()
+    if not raw:
+        return default
+    if raw in ("1", "true", "yes", "on"):
+        return True
+    if raw in ("0", "false", "no", "off"):
+        return False
+    raise ConfigError(f"{name} must be true or false, got {env.get(name)!r}")
+
+
 def _secret_key(env: dict[str, str], production: bool) -> str:
     key = env.get("SECRET_KEY")
     if key:
@@ -141,6 +152,15 @@ class Settings:
     attachment_max_bytes: int = 5 * 1024 * 1024
     template_max_chars: int = 50_000
     variables_max_bytes: int = 64 * 1024
+    # Status callbacks (issue 16): pool size, private addresses (never in production unless
+    # said), the retry schedule's unit (5 s: 5 s, 30 s, 2 min, ...) and its window (24 h).
+    callback_concurrency: int = 4
+    callback_allow_private: bool = False
+    callback_backoff_base_s: float = 5.0
+    callback_give_up_s: float = 86400.0
+    # Retention (issue 16, part 2): the chore's interval; days kept when a tenant sets none.
+    retention_interval_s: float = 3600.0
+    retention_days_default: int | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
@@ -184,6 +204,12 @@ class Settings:
             mail_monthly_default=_int(env, "MAIL_MONTHLY_DEFAULT", None),
             sms_monthly_default=_int(env, "SMS_MONTHLY_DEFAULT", None),
             worker_metrics_port=_int(env, "WORKER_METRICS_PORT", 9101) or 0,
+            callback_concurrency=_int(env, "CALLBACK_CONCURRENCY", 4) or 0,
+            callback_allow_private=_bool(env, "CALLBACK_ALLOW_PRIVATE", False),
+            callback_backoff_base_s=_float(env, "CALLBACK_BACKOFF_BASE_S", 5.0),
+            callback_give_up_s=_float(env, "CALLBACK_GIVE_UP_S", 86400.0),
+            retention_interval_s=_float(env, "RETENTION_INTERVAL_S", 3600.0),
+            retention_days_default=_retention_days(env),
         )
         settings.warn_about_timeouts()
         return settings
@@ -208,6 +234,13 @@ class Settings:
         values = {f.name: getattr(self, f.name) for f in fields(self)}
         values.update(changes)
         return Settings(**values)
+
+
+def _retention_days(env: dict[str, str]) -> int | None:
+    days = _int(env, "RETENTION_DAYS_DEFAULT", None)
+    if days is not None and days < 2:
+        raise ConfigError("RETENTION_DAYS_DEFAULT must be at least 2 (the resend window)")
+    return days
 
 
 def normalise_database_url(url: str) -> str:

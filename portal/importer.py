@@ -22,10 +22,12 @@ from email_validator import EmailNotValidError, validate_email
 from sqlalchemy import inspect, select
 from sqlalchemy.orm import Session
 
+from portal.config import Settings
 from portal.models import (
     ApiKey,
     ApiScope,
     AppUser,
+    CallbackEndpoint,
     MailReceiveConfig,
     MailSendServerConfig,
     MailTemplate,
@@ -62,6 +64,7 @@ SECTIONS = (
     "smsBindings",
     "quotas",
     "mailReceivers",
+    "callbacks",
 )
 
 M = TypeVar("M")
@@ -255,6 +258,7 @@ _ALLOWED: dict[str, set[str]] = {
         "signature",
     },
     "quotas": {"tenant", "mailMonthlyLimit", "smsMonthlyLimit"},
+    "callbacks": {"tenant", "name", "url", "events", "secret", "enabled"},
     "mailReceivers": {
         "tenant",
         "name",
@@ -553,6 +557,41 @@ class _Importer:
         row.folder = e.text("folder", max_len=200) or "INBOX"
         row.enabled = e.flag("enabled", self.stored(row, "enabled"), True)
 
+    def _callbacks(self, e: _Entry) -> None:
+        """A status-callback endpoint; without ``secret`` a new one gets a generated secret,
+        printed once in the report (an existing one keeps its own)."""
+        from portal.messaging import callbacks
+
+        tenant_id = self.tenant_id(e)
+        row = self._upsert(
+            CallbackEndpoint, "callbacks", tenant_id=tenant_id, name=e.req("name", 200)
+        )
+        url = e.req("url", callbacks.MAX_URL_CHARS)
+        problem = callbacks.check_at_save(url, _settings())
+        if problem:
+            raise e.fail(problem)
+        row.url = url
+        events = e.data.get("events")
+        if (
+            not isinstance(events, list)
+            or not events
+            or any(v not in callbacks.EVENT_TYPES for v in events)
+        ):
+            raise e.fail(f"events must be a non-empty list of {', '.join(callbacks.EVENT_TYPES)}")
+        row.event_list = events
+        row.enabled = e.flag("enabled", self.stored(row, "enabled"), True)
+        secret = e.text("secret", max_len=200)
+        if secret is not None:
+            problem = callbacks.secret_problem(secret)
+            if problem:
+                raise e.fail(f"secret {problem}")
+            if self.stored(row, "secret_encrypted") is None or row.secret != secret:
+                row.secret = secret
+        elif self.stored(row, "secret_encrypted") is None:
+            generated = callbacks.new_secret()
+            row.secret = generated
+            self.report.notes.append(f"{e.where}: signing secret (shown once): {generated}")
+
     def _quotas(self, e: _Entry) -> None:
         tenant_id = self.tenant_id(e)
         row = self._upsert(TenantMessageQuota, "quotas", tenant_id=tenant_id)
@@ -585,3 +624,13 @@ def _country(e: _Entry, name: str, *, required: bool) -> str | None:
     if not re.fullmatch(r"[A-Z]{2}", value):
         raise e.fail(f"{name} must be an ISO 3166 two-letter code such as GB")
     return value
+
+
+def _settings() -> Settings:
+    """The app's settings when there is an app (the CLI), else the defaults' safety rules."""
+    from flask import current_app, has_app_context
+
+    if has_app_context():
+        settings: Settings = current_app.config["SETTINGS"]
+        return settings
+    return Settings(database_url="", redis_url=None, secret_key="")

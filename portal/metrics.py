@@ -37,6 +37,12 @@ SEND_DURATION = Histogram(
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
 )
 
+CALLBACK_ATTEMPTS = Counter(
+    "callback_attempts",
+    "Status callback attempts, by outcome (delivered, retry, dead)",
+    ["outcome"],
+)
+
 BACKLOG_STATUSES = ("Pending", "Retry", "Sending", "Uncertain")
 
 

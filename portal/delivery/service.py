@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from sqlalchemy import Engine
 
 from portal.config import Settings
+from portal.delivery.callback_pool import CallbackPool
 from portal.delivery.pool import ChannelPool, ChannelSpec
 from portal.delivery.wakeups import Listener
 from portal.messaging.backoff import BackoffPolicy
@@ -115,6 +116,7 @@ class DeliveryService:
                 self.engine, {c.value: pool.wake for c, pool in self.pools.items()}
             )
         self.sweep_watch = SweepWatch(self.engine, self.settings)
+        self.callbacks = CallbackPool(self.engine, self.settings)
 
     def start(self) -> None:
         for pool in self.pools.values():
@@ -122,6 +124,7 @@ class DeliveryService:
         if self.listener is not None:
             self.listener.start()
         self.sweep_watch.start()
+        self.callbacks.start()
         log.info(
             "delivery started",
             extra={"pools": {c.value: p.spec.concurrency for c, p in self.pools.items()}},
@@ -134,11 +137,13 @@ class DeliveryService:
         if self.listener is not None:
             self.listener.close()
         self.sweep_watch.stop()
+        self.callbacks.stop()
 
     def wait(self, grace_s: float) -> bool:
         """Wait at most ``grace_s`` for sends in flight; True when all finished."""
         deadline = time.monotonic() + grace_s
         done = all(pool.join(deadline) for pool in self.pools.values())
+        done = self.callbacks.join(deadline) and done
         if not done:
             left = sum(pool.in_flight for pool in self.pools.values())
             log.warning(

@@ -156,6 +156,8 @@ def _hashed(req: Any) -> dict[str, Any]:
         if req.stream is None
         else ("request_hash", "expires_at")
     )
+    if req.metadata is None:  # likewise metadata (issue 16)
+        skip = (*skip, "metadata")
     return {k: v for k, v in vars(req).items() if k not in skip} | {
         "expires_at": req.expires_at.isoformat() if req.expires_at else None
     }
@@ -304,6 +306,26 @@ def _variables(data: Mapping[str, Any], settings: Settings) -> dict[str, Any] | 
     return value
 
 
+METADATA_MAX_KEYS = 20
+METADATA_MAX_BYTES = 2048
+
+
+def _metadata(data: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The caller's ``metadata``: a JSON object of at most 20 keys and 2 KB, returned on GET
+    and in status callbacks."""
+    value = data.get("metadata")
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise _reject("metadata", "metadata must be an object")
+    if len(value) > METADATA_MAX_KEYS:
+        raise _reject("metadata", f"metadata has more than {METADATA_MAX_KEYS} keys", "too_large")
+    _check_json_like(value, "metadata", depth=0)
+    if len(json.dumps(value, separators=(",", ":")).encode()) > METADATA_MAX_BYTES:
+        raise _reject("metadata", f"metadata exceeds {METADATA_MAX_BYTES} bytes", "too_large")
+    return value
+
+
 def _check_json_like(value: Any, path: str, depth: int) -> None:
     if depth > 20:
         raise _reject(path, "variables are nested too deeply (over 20 levels)")
@@ -442,6 +464,7 @@ MAIL_FIELDS = (
     "attachments",
     "expiresAt",
     "stream",
+    "metadata",
 )
 _MAIL_FIELD_SET = frozenset(MAIL_FIELDS)
 
@@ -468,6 +491,7 @@ class MailRequest:
     attachments: list[dict[str, Any]] | None
     expires_at: datetime | None
     stream: str | None = None  # None: not given (resolved before the write)
+    metadata: dict[str, Any] | None = None
     request_hash: str = field(default="")
 
 
@@ -500,6 +524,7 @@ def validate_mail(data: Any, settings: Settings, tenant_id: int | None) -> MailR
         attachments=_attachments(data, settings),
         expires_at=_expires_at(data),
         stream=_stream(data),
+        metadata=_metadata(data),
     )
     if req.template_code == "":
         raise _reject("templateCode", "templateCode must not be empty")
@@ -563,6 +588,7 @@ def _mail_record(req: MailRequest, trace_id: str) -> MailSendRecord:
         attachments=req.attachments,
         expires_at=req.expires_at,
         stream=req.stream or Stream.TRANSACTIONAL.value,
+        request_metadata=req.metadata,
     )
     return record
 
@@ -590,6 +616,7 @@ SMS_FIELDS = (
     "businessKey",
     "expiresAt",
     "stream",
+    "metadata",
 )
 _SMS_FIELD_SET = frozenset(SMS_FIELDS)
 
@@ -606,6 +633,7 @@ class SmsRequest:
     business_key: str | None
     expires_at: datetime | None
     stream: str | None = None  # None: not given (resolved before the write)
+    metadata: dict[str, Any] | None = None
     request_hash: str = field(default="")
 
 
@@ -648,6 +676,7 @@ def validate_sms(data: Any, settings: Settings, tenant_id: int | None) -> SmsReq
         business_key=_str(data, "businessKey", max_len=MAX_KEY_CHARS),
         expires_at=_expires_at(data),
         stream=_stream(data),
+        metadata=_metadata(data),
     )
     if req.business_key == "":
         raise _reject("businessKey", "businessKey must not be empty")
@@ -674,6 +703,7 @@ def _sms_record(req: SmsRequest, trace_id: str) -> SmsSendRecord:
         variables=req.variables,
         expires_at=req.expires_at,
         stream=req.stream or Stream.TRANSACTIONAL.value,
+        request_metadata=req.metadata,
     )
 
 
@@ -818,6 +848,7 @@ _COMMON_COLUMNS = [
     ("variables", "json"),
     ("expires_at", "timestamptz"),
     ("stream", "text"),
+    ("metadata", "json"),
 ]
 _PG_COLUMNS = {
     "mail": [
@@ -897,6 +928,7 @@ def _pg_row(req: MailRequest | SmsRequest, ord_: int, trace_id: str) -> dict[str
         "template_code": req.template_code,
         "variables": req.variables,
         "expires_at": req.expires_at.isoformat() if req.expires_at else None,
+        "metadata": req.metadata,
     }
     if isinstance(req, MailRequest):
         row["to_addrs"] = req.to

@@ -31,6 +31,7 @@ PAGES: list[tuple[str, str, str]] = [
     ("dead_letters", "Dead letters", "dead_letters"),
     ("suppressions", "Suppression list", "suppression"),
     ("api_keys", "API keys", "api_keys"),
+    ("callbacks", "Status callbacks", "api_keys"),
     ("users", "Users", "manage_users"),
     ("audit", "Audit log", "view_audit"),
 ]

@@ -239,6 +239,7 @@ _COMMON_RECORD = {
     "preparedAt": _NULLABLE_TIME,
     "sentAt": _NULLABLE_TIME,
     "expiresAt": _NULLABLE_TIME,
+    "metadata": {"type": "object", "nullable": True},
     "ambiguous": {
         "type": "boolean",
         "description": (
@@ -252,6 +253,15 @@ _COMMON_RECORD = {
     "updatedTime": {"type": "string", "format": "date-time"},
 }
 
+
+_METADATA = {
+    "type": "object",
+    "maxProperties": 20,
+    "description": (
+        "Your own key/values (at most 20 keys and 2 KB as JSON), returned on GET and in "
+        "status callbacks."
+    ),
+}
 
 _STREAM = {
     "type": "string",
@@ -352,6 +362,7 @@ def _document() -> dict[str, Any]:
                         "businessKey": {"type": "string", "minLength": 1, "maxLength": 200},
                         "expiresAt": {"type": "string", "format": "date-time"},
                         "stream": _STREAM,
+                        "metadata": _METADATA,
                         "attachments": {
                             "type": "array",
                             "maxItems": 20,
@@ -381,6 +392,7 @@ def _document() -> dict[str, Any]:
                         "businessKey": {"type": "string", "minLength": 1, "maxLength": 200},
                         "expiresAt": {"type": "string", "format": "date-time"},
                         "stream": _STREAM,
+                        "metadata": _METADATA,
                     },
                 },
                 "MailBatch": {

@@ -30,6 +30,7 @@ def _common(record: MailSendRecord | SmsSendRecord) -> dict[str, Any]:
         "preparedAt": _time(record.prepared_at),
         "sentAt": _time(record.sent_at),
         "expiresAt": _time(record.expires_at),
+        "metadata": record.request_metadata,
         # Seed 002: an ambiguous attempt is never erased, whatever the status says now.
         "ambiguous": bool(record.ambiguous_attempt),
         "createdTime": _time(record.created_time),
