@@ -42,6 +42,10 @@ ADMIN_URL = os.environ.get(
     "BENCH_PG_ADMIN_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
 )
 REDIS_URL = os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/14")
+# Every bench database is named "<prefix>_<bench>": several people (or sessions) sharing one
+# PostgreSQL server each pass their own prefix, so one run never drops another's database.
+DEFAULT_DB_PREFIX = "postroom_bench"
+DB_PREFIX = os.environ.get("BENCH_DB_PREFIX", DEFAULT_DB_PREFIX)
 SECRET_KEY = "bench-secret-key-not-for-production"
 
 # --- arguments and printing --------------------------------------------------------------------
@@ -52,9 +56,28 @@ def parse_args(doc: str | None, extra: Any = None) -> argparse.Namespace:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawTextHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="small sizes: a smoke run (< 1 min)")
+    parser.add_argument(
+        "--db-prefix",
+        default=DB_PREFIX,
+        help="name prefix of the bench databases (default: $BENCH_DB_PREFIX or "
+        f"{DEFAULT_DB_PREFIX}); give your own on a shared server",
+    )
+    parser.add_argument(
+        "--redis-url",
+        default=REDIS_URL,
+        help="Redis of the product under test (default: $BENCH_REDIS_URL or db 14)",
+    )
     if extra is not None:
         extra(parser)
-    return parser.parse_args()
+    args = parser.parse_args()
+    use_names(args.db_prefix, args.redis_url)
+    return args
+
+
+def use_names(db_prefix: str, redis_url: str) -> None:
+    """Where this run's databases and Redis keys go (see --db-prefix, --redis-url)."""
+    global DB_PREFIX, REDIS_URL
+    DB_PREFIX, REDIS_URL = db_prefix, redis_url
 
 
 def say(message: str) -> None:
@@ -159,9 +182,19 @@ def database_url(name: str, admin_url: str = ADMIN_URL) -> str:
     return make_url(admin_url).set(database=name).render_as_string(hide_password=False)
 
 
+def db_name(name: str) -> str:
+    """``name`` (``postroom_bench_<bench>``) under this run's --db-prefix."""
+    if name.startswith(DEFAULT_DB_PREFIX):
+        return DB_PREFIX + name[len(DEFAULT_DB_PREFIX) :]
+    return f"{DB_PREFIX}_{name}"
+
+
 @contextlib.contextmanager
 def bench_database(name: str, admin_url: str = ADMIN_URL) -> Iterator[str]:
-    """A fresh, empty database ``name`` (dropped first if a crashed run left it); dropped after."""
+    """A fresh, empty database ``name`` (dropped first if a crashed run left it); dropped after.
+
+    ``name`` is given as ``postroom_bench_<bench>``; --db-prefix replaces that prefix."""
+    name = db_name(name)
     admin = create_engine(admin_url, isolation_level="AUTOCOMMIT")
     try:
         with admin.connect() as conn:
@@ -357,7 +390,7 @@ class Sink:
     as a subprocess (``mode="subprocess"``: its own process, as a real server would be) or on a
     thread of this process (``mode="inproc"``: sharing our GIL)."""
 
-    mode: str
+    mode: str  # "subprocess", "inproc", or "external": one already listening on ``port``
     host: str = "127.0.0.1"
     port: int = 0
 
@@ -369,6 +402,9 @@ class Sink:
         self._controller: Any = None
 
     def start(self) -> Sink:
+        if self.mode == "external":
+            wait_port(self.host, self.port)
+            return self
         self.port = free_port()
         if self.mode == "subprocess":
             self._process = subprocess.Popen(
@@ -410,7 +446,10 @@ class Sink:
         with open(os.devnull, "w") as null, contextlib.redirect_stdout(null):
             yield
 
-    def kept(self) -> int:
+    def kept(self) -> int | None:
+        """Mails the sink kept (None: an external sink, which tells nobody)."""
+        if self.mode == "external":
+            return None
         return sum(1 for _ in Path(self._dir.name).iterdir())
 
     def clear(self) -> None:
