@@ -351,6 +351,111 @@ def run_bare(app: Any, dsn: str, provider: Provider, tenant_id: int, n: int, sha
     return Run(int(row[0]), float(row[2] or "nan"), cpu, pcpu, int(row[1]))
 
 
+# --- what ours does per SMS ------------------------------------------------------------------
+
+
+def breakdown(app: Any, dsn: str, tenant_id: int, n: int) -> None:
+    """One worker in this thread (claim_due + process_sms, as a pool worker runs them):
+    round trips per SMS by kind of statement, and a cProfile of this thread's CPU time."""
+    import cProfile
+    import io
+    import pstats
+    from collections import Counter
+
+    from sqlalchemy import event
+
+    from portal.extensions import db
+    from portal.messaging.backoff import BackoffPolicy
+    from portal.messaging.pipeline import SmsContext, process_sms
+    from portal.messaging.scan import claim_due
+    from portal.models import SmsSendRecord
+
+    accept(app, tenant_id, n)
+    settings = app.config["SETTINGS"]
+    with app.app_context():
+        engine = db.engine
+    kinds: Counter[str] = Counter()
+    counts = {"begin": 0, "commit": 0, "checkout": 0}
+
+    # Every statement, whether through SQLAlchemy or straight on the driver (models/direct).
+    original = psycopg.Cursor.execute
+
+    def counted(self: Any, query: Any, *a: Any, **k: Any) -> Any:
+        text = (
+            query
+            if isinstance(query, str)
+            else str(getattr(query, "as_string", lambda _: query)(None))
+        )
+        words = text.split()
+        head = " ".join(words[:1]).upper() if words else "?"
+        table = next(
+            (
+                w.strip('"(),')
+                for w in words
+                if w.strip('"(),').endswith(
+                    ("_record", "_config", "suppression", "_quota", "_state", "_usage")
+                )
+            ),
+            "",
+        )
+        kinds[f"{head} {table}"] += 1
+        return original(self, query, *a, **k)
+
+    def bump(name: str) -> Any:
+        def listener(*_: Any) -> None:
+            counts[name] += 1
+
+        return listener
+
+    listeners = [
+        (engine, "begin", bump("begin")),
+        (engine, "commit", bump("commit")),
+        (engine.pool, "checkout", bump("checkout")),
+    ]
+    for target, name, fn in listeners:
+        event.listen(target, name, fn)
+    ctx = SmsContext(engine=engine, settings=settings, policy=BackoffPolicy.from_settings(settings))
+    done = 0
+    profiler = cProfile.Profile(time.thread_time)
+    began = time.perf_counter()
+    psycopg.Cursor.execute = counted  # type: ignore[method-assign]
+    profiler.enable()
+    while done < n:
+        claimed = claim_due(engine, SmsSendRecord, 1)
+        if not claimed:
+            break
+        process_sms(ctx, claimed[0])  # type: ignore[arg-type]
+        done += 1
+    profiler.disable()
+    psycopg.Cursor.execute = original  # type: ignore[method-assign]
+    elapsed = time.perf_counter() - began
+    for target, name, fn in listeners:
+        event.remove(target, name, fn)
+    per = max(done, 1)
+    c.say(
+        f"\nBreakdown of ours: 1 worker in this thread, {done:,} SMS, under cProfile: "
+        f"{elapsed / per * 1e6:,.0f} us wall per SMS; per SMS: "
+        f"{sum(kinds.values()) / per:.1f} statements on the driver (of which SQLAlchemy "
+        f"began {counts['begin'] / per:.1f} and committed {counts['commit'] / per:.1f} "
+        "transactions), "
+        f"{counts['checkout'] / per:.1f} pool checkouts; the bare loop: 2 statements"
+    )
+    for kind, count in kinds.most_common(12):
+        c.say(f"    {count / per:5.2f}  {kind}")
+    out = io.StringIO()
+    pstats.Stats(profiler, stream=out).sort_stats("cumulative").print_stats(
+        r"portal/|psycopg/cursor\.py:\d+\(execute\)|orm/session\.py:\d+\((get|execute|commit)\)"
+        r"|httpx/_client\.py:\d+\(post\)|secretbox|cache_key\.py:\d+|logging/__init__\.py:\d+\(info\)"
+    )
+    c.say("  cProfile, cumulative CPU of selected steps (per SMS: divide by the count):")
+    for line in out.getvalue().splitlines()[7:45]:
+        if line.strip():
+            c.say(
+                "    "
+                + line.replace(str(c.ROOT) + "/.venv/lib/python3.11/site-packages/", "")[:150]
+            )
+
+
 # --- the comparison -------------------------------------------------------------------------
 
 
@@ -423,6 +528,9 @@ def main() -> int:
             p.add_argument(
                 "--json", action="store_true", help="also JSON lines (peers' PEERS_OWN)"
             ),
+            p.add_argument(
+                "--breakdown", action="store_true", help="only the profile of one worker"
+            ),
         ),
     )
     counts = [int(x) for x in args.workers.split(",")]
@@ -439,9 +547,13 @@ def main() -> int:
             c.worker_logging(args.log)
             dsn = c.conninfo(url)
             tenant_id = tenant_with_provider(app, provider.url)
+            if args.breakdown:
+                breakdown(app, dsn, tenant_id, 300 if args.quick else 2_000)
+                shapes = []
             # A warm-up of each side (imports, plans, the provider's first threads): not counted.
-            run_bare(app, dsn, provider, tenant_id, 200, Shape(1, 1))
-            run_ours(app, url, dsn, provider, tenant_id, 200, Shape(1, 1, args.log))
+            if shapes:
+                run_bare(app, dsn, provider, tenant_id, 200, Shape(1, 1))
+                run_ours(app, url, dsn, provider, tenant_id, 200, Shape(1, 1, args.log))
             last: dict[tuple[str, Shape], float] = {}
             for shape in shapes:
                 c.say(f"\n{shape.label}(s), runs of about {args.seconds:.0f} s, {ORDER}:")
@@ -473,6 +585,8 @@ def main() -> int:
                 db.engine.dispose()
     finally:
         provider.stop()
+    if not shapes:
+        return 0
     report(results, shapes, top)
     if args.json:
         for shape in shapes:
