@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any, assert_never
 
+import psycopg
 from sqlalchemy import Boolean, Engine, bindparam, exists, func, select, true, update
 from sqlalchemy.orm import Session
 
@@ -62,9 +63,12 @@ def _extra(claimed: Claimed, **more: Any) -> dict[str, Any]:
     return {"record_id": claimed.id, "channel": claimed.channel.value} | more
 
 
-def _sent_update(channel: Channel, with_refused: bool, meet_events: bool) -> Any:
+def _sent_update(
+    channel: Channel, with_refused: bool, meet_events: bool, with_tenant: bool = False
+) -> Any:
     """Sent, by version, as an UPDATE; with ``meet_events`` (PostgreSQL), it also returns
-    whether delivery events for the record's route and provider id wait unmatched."""
+    whether delivery events for the record's route and provider id wait unmatched (and with
+    ``with_tenant`` the record's tenant, where the next claim's turn goes on from)."""
     model = MODELS[channel]
     values: dict[str, Any] = {
         "status": SendStatus.SENT.value,
@@ -94,7 +98,10 @@ def _sent_update(channel: Channel, with_refused: bool, meet_events: bool) -> Any
     waiting = func.postroom_waiting_events(
         channel.value, route, model.provider_message_id, type_=Boolean
     ).label("waiting")
-    return statement.where(locked.is_(True)).returning(waiting)
+    statement = statement.where(locked.is_(True))
+    if with_tenant:
+        return statement.returning(waiting, model.tenant_id)
+    return statement.returning(waiting)
 
 
 def _sent_statement(channel: Channel, with_refused: bool, meet_events: bool) -> Direct:
@@ -105,8 +112,15 @@ def _sent_statement(channel: Channel, with_refused: bool, meet_events: bool) -> 
 def _sent_and_claim_statement(channel: Channel, with_refused: bool) -> Direct:
     """PostgreSQL: Sent as above and the claim of the worker's next record, in one statement
     (data-modifying CTEs; the two touch different rows: this one is Sending, the claim takes
-    Pending or Retry). One row: (written, waiting, the claimed record's columns or NULLs)."""
-    sent = _sent_update(channel, with_refused, meet_events=True).cte("sent")
+    Pending or Retry). One row: (written, waiting, the claimed record's columns or NULLs).
+
+    The order is by construction, not by the planner's choice: every scan of the claim that
+    locks rows starts from the tenants' turn, which reads the ``sent`` CTE's ``tenant_id``,
+    so the Sent write has run (and waited for any lock it needed) before the claim locks
+    anything; the claim itself never waits (SKIP LOCKED)."""
+    sent = _sent_update(channel, with_refused, meet_events=True, with_tenant=True).cte(
+        scan.SENT_CTE
+    )
     claimed = scan.claim_statement(MODELS[channel]).cte("claimed")
     outcome = select(
         func.count().label("written"), func.bool_or(sent.c.waiting).label("waiting")
@@ -203,7 +217,16 @@ def _sent_and_claimed(
 ) -> tuple[int, list[Sequence[Any]]]:
     """The Sent write with the worker's next claim (``scan.claiming_next``); hands the claimed
     record to the request and returns what the Sent statement alone would."""
-    _n, rows = _SENT_AND_CLAIM[(claimed.channel, with_refused)].run(engine, **params)
+    try:
+        _n, rows = _SENT_AND_CLAIM[(claimed.channel, with_refused)].run(engine, **params)
+    except psycopg.errors.DeadlockDetected:
+        # Not expected (see _sent_and_claim_statement), and never an error if it happens:
+        # the statement was rolled back whole, so it is a lost race for the claim; the Sent
+        # write runs again on its own.
+        log.warning(
+            "the Sent write with the next claim deadlocked; written alone", extra=_extra(claimed)
+        )
+        return _SENT[(claimed.channel, with_refused, True)].run(engine, **params)
     written, waiting, *record = rows[0]
     request.ran = True
     loader = scan.loader_for(request.model)

@@ -31,7 +31,6 @@ from typing import Any
 from sqlalchemy import (
     Engine,
     and_,
-    bindparam,
     case,
     func,
     literal_column,
@@ -141,12 +140,21 @@ _NO_TENANT = -(2**63)  # below every tenant id (the platform's is -1)
 
 # Where the tenants' turn goes on from: the tenant of the newest claim (its Sending record,
 # one step back along idx_*_status_updated; none within 10 s: from the lowest tenant id) or,
-# in the Sent write (``claim_statement``), the tenant of the record written Sent (``:rid``).
+# in the Sent write (``claim_statement``), the tenant of the record written Sent, read from
+# the Sent write's own CTE (``SENT_CTE``, which returns ``tenant_id``).
 _NEWEST_CLAIM = (
     "SELECT r.tenant_id FROM {table} r WHERE r.status = 'Sending' "
     "AND r.updated_time > now() - interval '10 seconds' ORDER BY r.updated_time DESC LIMIT 1"
 )
-_SENT_RECORD = "SELECT r.tenant_id FROM {table} r WHERE r.id = :rid"
+SENT_CTE = "sent"
+_SENT_RECORD = f"SELECT s.tenant_id FROM {SENT_CTE} s"
+# Every scan that locks rows is gated on the turn (its index walks start from the turn; the
+# Retry walk has this one-time filter), so in the Sent write no claim can lock a row before
+# the Sent write has run: the turn reads the Sent write's result. The claim never holds a
+# lock while the Sent write waits for one, which is what made a claim-first statement
+# deadlock under 8 threads (PostgreSQL promises no order for data-modifying CTEs; the data
+# dependency does).
+_AFTER_TURN = "(SELECT cur FROM turn) IS NOT NULL"
 
 
 def _fair_sql(table: str, stream: Stream, k: int) -> tuple[str, str]:
@@ -172,8 +180,9 @@ def _fair_sql(table: str, stream: Stream, k: int) -> tuple[str, str]:
     first = f"SELECT r.tenant_id FROM {table} r WHERE {pending} ORDER BY r.tenant_id LIMIT 1"
     retry = f"""
 retry_{s} AS (
-  SELECT r.id, r.next_retry_at AS due FROM {table} r
+  SELECT r.id, r.next_retry_at AS due, r.tenant_id AS tid FROM {table} r
   WHERE r.status = 'Retry' AND r.stream = '{s}' AND r.next_retry_at <= now()
+    AND {_AFTER_TURN}
   ORDER BY r.next_retry_at LIMIT {k} FOR UPDATE SKIP LOCKED
 ),"""
     if k == 1:
@@ -183,7 +192,8 @@ retry_{s} AS (
         # cursor's (the second CTE runs only when the first found nothing). A tenant whose
         # records other workers hold all gives way to the next one.
         oldest = (
-            f"SELECT r.id, r.updated_time AS due FROM {table} r WHERE {pending} "
+            f"SELECT r.id, r.updated_time AS due, r.tenant_id AS tid FROM {table} r "
+            f"WHERE {pending} "
             "AND r.tenant_id {op} (SELECT cur FROM turn) "
             "ORDER BY r.tenant_id, r.updated_time LIMIT 1 FOR UPDATE SKIP LOCKED"
         )
@@ -193,12 +203,12 @@ retry_{s} AS (
 next_{s} AS ({oldest.format(op=">")}),
 wrap_{s} AS ({oldest.format(op="<=")}),
 pending_{s} AS (
-  SELECT id, due FROM next_{s} UNION ALL SELECT id, due FROM wrap_{s} LIMIT 1
+  SELECT id, due, tid FROM next_{s} UNION ALL SELECT id, due, tid FROM wrap_{s} LIMIT 1
 ),
 due_{s} AS (
-  SELECT p.id, p.due, 1 AS seq FROM pending_{s} p
+  SELECT p.id, p.due, p.tid, 1 AS seq FROM pending_{s} p
   UNION ALL
-  SELECT q.id, q.due, 1 AS seq FROM retry_{s} q
+  SELECT q.id, q.due, q.tid, 1 AS seq FROM retry_{s} q
 )""",
             f"due_{s}",
         )
@@ -223,20 +233,21 @@ walk_{s}(tid, lap, n) AS (
 ),
 """
     oldest = f"""
-    SELECT r.id, r.updated_time AS due FROM {table} r
+    SELECT r.id, r.updated_time AS due, r.tenant_id AS tid FROM {table} r
     WHERE {pending} AND r.tenant_id = w.tid
     ORDER BY r.updated_time LIMIT {k} FOR UPDATE SKIP LOCKED"""
     picks = f"""
 pending_{s} AS (
-  SELECT c.id, c.due, w.n AS pos,
+  SELECT c.id, c.due, c.tid, w.n AS pos,
          row_number() OVER (PARTITION BY w.n ORDER BY c.due) AS turn
   FROM walk_{s} w CROSS JOIN LATERAL ({oldest}
   ) c
 ),
 due_{s} AS (
-  SELECT p.id, p.due, row_number() OVER (ORDER BY p.turn, p.pos) AS seq FROM pending_{s} p
+  SELECT p.id, p.due, p.tid, row_number() OVER (ORDER BY p.turn, p.pos) AS seq
+  FROM pending_{s} p
   UNION ALL
-  SELECT q.id, q.due, row_number() OVER (ORDER BY q.due) AS seq FROM retry_{s} q
+  SELECT q.id, q.due, q.tid, row_number() OVER (ORDER BY q.due) AS seq FROM retry_{s} q
 )"""
     return retry + walk + picks, f"due_{s}"
 
@@ -245,14 +256,20 @@ def fair_pick_sql(
     table: str, k: int, streams: tuple[Stream, ...], *, after_sent: bool = False
 ) -> str:
     """PostgreSQL: ``WITH RECURSIVE ... SELECT id`` of up to ``k`` records to claim, every
-    constant written in (``after_sent``: the turn goes on from the record ``:rid``).
+    constant written in (``after_sent``: the turn goes on from the tenant of the record the
+    enclosing statement's ``SENT_CTE`` wrote Sent).
     Transactional first: a later stream's CTEs run only when the earlier ones found fewer
     than ``k`` (an Append under a Limit stops pulling)."""
     cursor = (_SENT_RECORD if after_sent else _NEWEST_CLAIM).format(table=table)
     turn = f"\nturn(cur) AS (SELECT coalesce(({cursor}), {_NO_TENANT}) AS cur),"
     parts = [_fair_sql(table, stream, k) for stream in streams]
     ctes = turn + ",".join(sql for sql, _name in parts)
-    selects = [f"(SELECT id FROM {name} ORDER BY seq, due LIMIT {k})" for _sql, name in parts]
+    # First of each (the Pending turn's, the oldest due Retry), then second of each, ...;
+    # between a Pending and a Retry record of one rank, the tenant whose turn comes first
+    # after the cursor (a tenant's retry backlog never holds up another's new mail), then the
+    # longer due.
+    order = "seq, tid <= (SELECT cur FROM turn), tid, due"
+    selects = [f"(SELECT id FROM {name} ORDER BY {order} LIMIT {k})" for _sql, name in parts]
     body = "\nUNION ALL\n".join(selects)
     if len(selects) > 1:
         body = f"SELECT id FROM ({body}) picked LIMIT {k}"
@@ -290,10 +307,7 @@ class _DueClaim:
         model = self.model
         if dialect == "postgresql":
             sql = fair_pick_sql(model.__tablename__, k, streams, after_sent=after_sent)
-            pick = text(sql)
-            if after_sent:
-                pick = pick.bindparams(bindparam("rid", type_=model.id.type))
-            return pick.columns(model.id.label("id"))
+            return text(sql).columns(model.id.label("id"))
         allowed = model.stream.in_([_sql(s.value) for s in streams])
         pending = (
             select(
@@ -409,8 +423,9 @@ def next_claim_for(model: RecordModel) -> NextClaim | None:
 
 def claim_statement(model: RecordModel) -> Any:
     """The single-record claim in the fair order, every stream (an UPDATE returning the
-    record's columns in ``loader_for``'s order), to be used as a CTE of the Sent write of
-    record ``:rid`` (PostgreSQL): the tenants' turn goes on from that record's tenant. A
+    record's columns in ``loader_for``'s order), to be used after a CTE named ``SENT_CTE``
+    that writes a record Sent and returns its ``tenant_id`` (PostgreSQL): the tenants' turn
+    goes on from that record's tenant, and nothing is locked before that write ran. A
     pool whose broadcast share is full declines this claim (``NextClaim.wanted``) and claims
     transactional work on its own instead."""
     return _CLAIMS[model].after_sent

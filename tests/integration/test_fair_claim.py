@@ -126,6 +126,41 @@ def test_one_tenants_backlog_does_not_hold_back_another_tenants_mail(
     assert at < 2 * WORKERS, at  # not behind A's 2,000
 
 
+def _queue_retry(tenant_id: int, n: int, age_s: float = 60.0) -> None:
+    """``n`` Retry mail records of one tenant, all due ``age_s`` ago (an outage's backlog)."""
+    db.session.execute(
+        text(
+            "INSERT INTO mail_send_record (tenant_id, scope, status, version, retry_count, "
+            "stream, to_addrs, subject, text_body, next_retry_at, created_time, updated_time) "
+            "SELECT :tenant, 'TENANT', 'Retry', 2, 1, 'transactional', '[\"a@example.com\"]', "
+            "'S', 'T', now() - make_interval(secs => :age + (:n - g) / 1000.0), "
+            "now() - interval '1 hour', now() - make_interval(secs => :age) "
+            "FROM generate_series(1, :n) g"
+        ),
+        {"tenant": tenant_id, "n": n, "age": age_s},
+    )
+    db.session.commit()
+
+
+def test_one_tenants_retry_backlog_does_not_hold_back_another_tenants_new_mail(
+    app: Flask, run_pool: Any
+) -> None:
+    """A's 2,000 records came due long ago (a server back after an outage): B's new mail
+    still goes within the next few claims (a Pending and a Retry record of one rank go in
+    the tenants' turn, not by age), and A's backlog is not starved either."""
+    a, b = tenant("acme").id, tenant("globex").id
+    _queue_retry(a, 2_000, age_s=120)
+    _queue(b, 3)
+    recorder = Recorder(db.engine)
+    run_pool(recorder, lambda: sum(item[1] == b for item in list(recorder.order)) == 3)
+    taken = [item[1] for item in recorder.order]
+    assert _position(recorder.order, lambda item: item[1] == b) < 2 * WORKERS, taken
+    # B's three went while A's were being drained, not after them.
+    last_b = max(i for i, t in enumerate(taken) if t == b)
+    assert last_b < 6 * WORKERS, taken
+    assert taken.count(a) >= 3, taken
+
+
 def test_tenants_take_turns_record_by_record(app: Flask) -> None:
     """Claim by claim (each worker's next claim in its Sent write): with three tenants due
     the turn goes round them, whatever their backlogs."""

@@ -324,19 +324,40 @@ def test_the_one_statement_claim_walks_the_fair_indexes(plans_engine: Engine, ch
 def test_the_next_claim_in_the_sent_write_walks_the_fair_indexes_too(
     plans_engine: Engine, channel: str
 ) -> None:
-    """The single-record claim the Sent write carries (``claim_statement``), its turn going
-    on from the tenant of record ``:rid``: the same walks, a generic plan."""
-    from sqlalchemy import func
-
-    from portal.messaging.scan import claim_statement
+    """The Sent write with the single-record claim it carries (``claim_statement``), its
+    turn going on from the tenant of the record written Sent: the same walks, a generic
+    plan. Every walk that locks rows hangs under the turn, whose one input is the Sent
+    write's CTE: PostgreSQL cannot lock a candidate before the Sent write has run (a claim
+    that held a lock while its Sent write waited could deadlock with another worker)."""
+    from portal.messaging import outcomes
+    from portal.models import Channel
 
     model = CHANNELS[channel][0]
     with plans_engine.connect() as conn:
-        rid = conn.execute(
-            select(func.min(model.id)).where(model.status == SendStatus.PENDING.value)
-        ).scalar_one()
-    statement = compiled(claim_statement(model))
-    plan = explain_generic(plans_engine, Captured(statement.sql, {"rid": rid}), f"next_{channel}")
-    print(f"\n[{channel} claim_statement] {plan.summary()}")
+        rid, ver = conn.execute(
+            select(model.id, model.version)
+            .where(model.status == SendStatus.PENDING.value)
+            .order_by(model.id)
+            .limit(1)
+        ).one()
+    direct = outcomes._SENT_AND_CLAIM[(Channel(channel), False)]
+    statement = compiled(direct.statement)
+    params = {**statement.params, "rid": rid, "ver": ver, "pmid": "<plan@test>"}
+    plan = explain_generic(plans_engine, Captured(statement.sql, params), f"next_{channel}")
+    print(f"\n[{channel} sent + claim_statement] {plan.summary()}")
     _assert_fair_claim_plan(plan, channel)
+    # The record was Pending, so the Sent write matched nothing (version or status do not
+    # matter to the plan) and the claim still ran: one row with the claimed record.
     assert plan.root["Actual Rows"] == 1, plan.summary()
+    text_plan = json.dumps(plan.root)
+    for walk in FAIR[channel]:
+        assert walk in text_plan
+    # Each locking walk's scan needs the turn (an InitPlan's $n): its Index Cond reads it,
+    # or a One-Time Filter on it gates the scan.
+    for node in plan.nodes():
+        if node["Node Type"] == "LockRows":
+            gates = [
+                str(n.get("Index Cond", "")) + str(n.get("One-Time Filter", ""))
+                for n in Plan(node, 0).nodes()
+            ]
+            assert any("$" in gate for gate in gates), json.dumps(node)[:2000]
