@@ -27,6 +27,7 @@ from portal.messaging import breaker, outcomes, ratelimit, scan
 from portal.messaging.backoff import BackoffPolicy
 from portal.messaging.breaker import Breaker, ServerDown, Verdict
 from portal.messaging.classify import DeferralCode, MarkerCode
+from portal.messaging.configcache import CONFIGS
 from portal.messaging.outcomes import Claimed
 from portal.messaging.preparation import (
     SUPPRESSED,
@@ -423,7 +424,7 @@ def _run(
             retry_count=record.retry_count,
         )
     )
-    with tenant_context(record.tenant_id, record.trace_id):
+    with tenant_context(record.tenant_id, record.trace_id), CONFIGS.attempt():
         try:
             attempt(holding)
         except Exception as exc:  # an unexpected error must not kill the worker
@@ -472,7 +473,8 @@ def _attempt(ctx: MailContext, record: MailSendRecord, holding: _Holding) -> Non
     config = prepared.server
     problem = "the mail server this record was prepared for no longer exists"
     if config is None:  # a retry: the server as it is now (a saved change applies)
-        config = _SERVER.first(ctx.engine, id=prepared.server_id)
+        server_id = prepared.server_id
+        config = CONFIGS.get(("server", server_id), lambda: _SERVER.first(ctx.engine, id=server_id))
         if config is not None and not config.enabled:
             problem = f"the mail server {config.name!r} this record was prepared for is disabled"
         if (config is None or not config.enabled) and requeued_after_unusable_route(record):
@@ -495,7 +497,13 @@ def _attempt(ctx: MailContext, record: MailSendRecord, holding: _Holding) -> Non
             )
     try:
         usable = config is not None and config.enabled
-        server = _server(config, ctx.settings) if config is not None and usable else None
+        server = (
+            CONFIGS.get(
+                ("smtp", config.id, config.config_version), lambda: _server(config, ctx.settings)
+            )
+            if config is not None and usable
+            else None
+        )
     except SecretUnavailable as exc:
         server = None
         problem = str(exc)
@@ -578,6 +586,12 @@ def _usable_provider(
 ) -> tuple[SmsProviderConfig | None, sms_transport.ProviderAccount | None, str]:
     """The provider row, its account when it can send (enabled, secret readable), and what
     is wrong with it otherwise."""
+    return CONFIGS.get(("sms_provider", provider_id), lambda: _read_provider(ctx, provider_id))
+
+
+def _read_provider(
+    ctx: SmsContext, provider_id: int
+) -> tuple[SmsProviderConfig | None, sms_transport.ProviderAccount | None, str]:
     account: sms_transport.ProviderAccount | None = None
     problem = "the SMS provider this record was prepared for no longer exists"
     with Session(reader(ctx.engine)) as session:

@@ -13,16 +13,28 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from email_validator import EmailNotValidError, validate_email
-from sqlalchemy import Engine, Update, bindparam, exists, func, select, update
+from sqlalchemy import (
+    Engine,
+    Update,
+    and_,
+    bindparam,
+    exists,
+    func,
+    literal_column,
+    select,
+    update,
+)
 from sqlalchemy.orm import Session
 
 from portal.config import Settings
-from portal.messaging import quota, suppression, templating
+from portal.messaging import quota, suppression, template_checks, templating
 from portal.messaging.acceptance import MAX_SMS_CHARS
 from portal.messaging.classify import MarkerCode
+from portal.messaging.configcache import CONFIGS
 from portal.messaging.outcomes import Claimed
 from portal.models import (
     Channel,
+    ConfigEpoch,
     MailSendRecord,
     MailSendServerConfig,
     MailTemplate,
@@ -42,7 +54,15 @@ SUPPRESSED = MarkerCode.SUPPRESSED.value  # the error code of a record the list 
 
 
 def _suppression_statement(size: int) -> Direct:
-    """Active suppressions of one tenant and channel among ``size`` addresses."""
+    """Active suppressions of one tenant and channel among ``size`` addresses, each row led
+    by the configuration epoch (``configcache``); one row of NULLs after it when there are
+    none, so the epoch rides on this lookup without a round trip of its own."""
+    epoch = (
+        select(ConfigEpoch.epoch)
+        .where(ConfigEpoch.id == literal_column("1"))
+        .scalar_subquery()
+        .label("epoch")
+    )
     columns = (
         Suppression.address,
         Suppression.reason,
@@ -50,13 +70,15 @@ def _suppression_statement(size: int) -> Direct:
         Suppression.created_by,
         Suppression.detail,
     )
-    statement = select(*columns).where(
+    one = select(literal_column("1").label("one")).subquery("one")
+    found = and_(
         Suppression.tenant_id == bindparam("tenant"),
         Suppression.channel == bindparam("channel"),
         Suppression.address.in_([bindparam(f"v{i}") for i in range(size)]),
         Suppression.removed_at.is_(None),
     )
-    return Direct(statement, columns)
+    statement = select(epoch, *columns).select_from(one.outerjoin(Suppression, found))
+    return Direct(statement, (epoch, *columns))
 
 
 _SUPPRESSION_STATEMENTS: dict[int, Direct] = {}
@@ -86,13 +108,18 @@ def suppressed_recipients(
         except suppression.InvalidAddress:
             continue
     if not wanted:
+        CONFIGS.seen(None)
         return {}, len(set(raw))
     statement, addresses = padded(list(wanted), _SUPPRESSION_STATEMENTS, _suppression_statement)
     _count, rows = statement.run(
         engine, tenant=record.tenant_id, channel=channel.value, **addresses
     )
+    # The configs this attempt reads next may come from the cache while this epoch holds.
+    CONFIGS.seen(rows[0][0] if rows and engine.dialect.name == "postgresql" else None)
     blocked: dict[str, str] = {}
-    for address, reason, created, created_by, detail in rows:
+    for _epoch, address, reason, created, created_by, detail in rows:
+        if address is None:
+            continue
         when = created.strftime("%Y-%m-%d %H:%M UTC") if created else "?"
         why = f"{reason.replace('_', ' ')} since {when}"
         if created_by:
@@ -127,6 +154,7 @@ class PreparedMail:
     # The server row as preparation read it (detached), so the first attempt sends through
     # it without reading it again; None when replayed from the record.
     server: MailSendServerConfig | None = field(default=None, compare=False, repr=False)
+    template_version: int | None = None  # the template version it was prepared with
 
 
 def message_id_for(record_id: int, from_address: str | None) -> str:
@@ -172,7 +200,9 @@ _DEFAULT_SERVER = Lookup(
 
 
 def _default_server(engine: Engine, tenant_id: int) -> MailSendServerConfig | None:
-    found: MailSendServerConfig | None = _DEFAULT_SERVER.first(engine, tier=tenant_id)
+    found: MailSendServerConfig | None = CONFIGS.get(
+        ("default_server", tenant_id), lambda: _DEFAULT_SERVER.first(engine, tier=tenant_id)
+    )
     return found
 
 
@@ -182,7 +212,10 @@ def _choose_server(
     tier = _tier(record)
     wanted = record.server_id or (template.preferred_server_id if template else None)
     if wanted is not None:
-        server: MailSendServerConfig | None = _SERVER_BY_ID.first(engine, id=wanted, tier=tier)
+        server: MailSendServerConfig | None = CONFIGS.get(
+            ("server_in", wanted, tier),
+            lambda: _SERVER_BY_ID.first(engine, id=wanted, tier=tier),
+        )
         if server is None or not server.enabled:
             raise PreparationFailed(
                 MarkerCode.CONFIG_NOT_RESOLVABLE,
@@ -215,6 +248,20 @@ def _render(source: str | None, variables: dict[str, Any], *, html: bool, what: 
         ) from None
 
 
+def _check_needs(
+    template: MailTemplate | SmsTemplate, variables: dict[str, Any], *, subject: bool, body: bool
+) -> None:
+    """A strict template's version saved after acceptance may need a variable the request
+    lacks (issue 15): fail naming it; a Retry after fixing the template prepares afresh."""
+    missing = template_checks.unmet(template, variables, subject=subject, body=body)
+    if missing:
+        raise PreparationFailed(
+            MarkerCode.TEMPLATE_NOT_RESOLVABLE,
+            f"template {template.code!r} version {template.version} needs variables the "
+            f"request does not give: {', '.join(missing)}",
+        )
+
+
 def _mail_template_of(engine: Engine, record: MailSendRecord) -> MailTemplate | None:
     """The record's template (None when it names none); PreparationFailed when it is gone."""
     if record.template_id is None and record.template_code is None:
@@ -241,6 +288,9 @@ def build_mail(engine: Engine, record: MailSendRecord, settings: Settings) -> Pr
     html = record.html_body
     text = record.text_body
     if template is not None:
+        _check_needs(
+            template, variables, subject=subject is None, body=html is None and text is None
+        )
         if subject is None:
             subject = _render(template.subject, variables, html=False, what="subject")
         if html is None and text is None:
@@ -280,6 +330,7 @@ def build_mail(engine: Engine, record: MailSendRecord, settings: Settings) -> Pr
         read_receipt=server.read_receipt,
         message_id=message_id_for(record.id, server.from_address),
         server=server,
+        template_version=template.version if template else None,
     )
 
 
@@ -313,6 +364,7 @@ def prepare_mail(
         "server_config_id": prepared.server_id,
         "read_receipt": prepared.read_receipt,
         "message_id_header": prepared.message_id,
+        "template_version": prepared.template_version,
     }
     if not _charge_and_freeze(engine, MailSendRecord, _tier(record), claimed, settings, frozen):
         return None
@@ -330,6 +382,7 @@ _FROZEN_COLUMNS: dict[type[MailSendRecord] | type[SmsSendRecord], tuple[str, ...
         "server_config_id",
         "read_receipt",
         "message_id_header",
+        "template_version",
     ),
     SmsSendRecord: (
         "rendered_content",
@@ -338,6 +391,7 @@ _FROZEN_COLUMNS: dict[type[MailSendRecord] | type[SmsSendRecord], tuple[str, ...
         "external_template_id",
         "signature",
         "frozen_variables",
+        "template_version",
     ),
 }
 
@@ -430,6 +484,7 @@ class PreparedSms:
     external_template_id: str | None
     signature: str | None
     variables: dict[str, Any] | None
+    template_version: int | None = None  # the template version it was prepared with
 
 
 def _find_sms_template(session: Session, record: SmsSendRecord) -> SmsTemplate | None:
@@ -533,12 +588,15 @@ def _bound_provider(
 ) -> tuple[SmsProviderConfig, SmsTemplateProviderBinding | None]:
     """The first candidate the template is bound to (with its binding), or the first candidate
     when the template has no bindings at all."""
-    bindings = list(
-        session.scalars(
-            select(SmsTemplateProviderBinding)
-            .where(SmsTemplateProviderBinding.template_id == template.id)
-            .order_by(SmsTemplateProviderBinding.id)
-        )
+    bindings: list[SmsTemplateProviderBinding] = CONFIGS.get(
+        ("sms_bindings", template.id),
+        lambda: list(
+            session.scalars(
+                select(SmsTemplateProviderBinding)
+                .where(SmsTemplateProviderBinding.template_id == template.id)
+                .order_by(SmsTemplateProviderBinding.id)
+            )
+        ),
     )
     if not bindings:
         return candidates[0], None
@@ -565,7 +623,10 @@ def _choose_provider(
 ) -> tuple[SmsProviderConfig, SmsTemplateProviderBinding | None]:
     """Step 4 for SMS: the provider, and the template's binding to it."""
     country = (record.country_code or "").upper() or None
-    candidates = sms_candidates(session, record)
+    candidates: list[SmsProviderConfig] = CONFIGS.get(
+        ("sms_candidates", record.scope, _tier(record), country),
+        lambda: sms_candidates(session, record),
+    )
     if not candidates:
         raise PreparationFailed(
             MarkerCode.CONFIG_NOT_RESOLVABLE,
@@ -600,6 +661,7 @@ def build_sms(session: Session, record: SmsSendRecord) -> PreparedSms:
     variables = record.variables or {}
     content = record.content
     if not content and template is not None:
+        _check_needs(template, variables, subject=False, body=True)
         content = _render(template.content, variables, html=False, what="content")
     content = (content or "").strip()
     if not content:
@@ -618,6 +680,7 @@ def build_sms(session: Session, record: SmsSendRecord) -> PreparedSms:
         external_template_id=binding.external_template_id if binding else None,
         signature=binding.signature if binding else None,
         variables=record.variables,
+        template_version=template.version if template else None,
     )
 
 
@@ -640,6 +703,7 @@ def prepare_sms(
         "external_template_id": prepared.external_template_id,
         "signature": prepared.signature,
         "frozen_variables": prepared.variables,
+        "template_version": prepared.template_version,
     }
     if not _charge_and_freeze(engine, SmsSendRecord, _tier(record), claimed, settings, frozen):
         return None

@@ -4,7 +4,7 @@ from portal.models.audit import AuditAction, AuditEvent, LoginThrottle, add_audi
 from portal.models.base import Base, UTCDateTime, db_now, db_now_plus
 from portal.models.breaker import BreakerState
 from portal.models.callbacks import CallbackDelivery, CallbackEndpoint, DeliveryStatus
-from portal.models.chores import ChoreRun
+from portal.models.chores import ChoreRun, ConfigEpoch
 from portal.models.dead_letters import DeadLetterMessage
 from portal.models.enums import (
     Channel,
@@ -25,6 +25,7 @@ from portal.models.events import (
     Suppression,
 )
 from portal.models.mail import MailSendRecipient, MailSendRecord, MailSendServerConfig, MailTemplate
+from portal.models.notifications import Notification, NotificationRead
 from portal.models.quota import TenantMessageQuota, TenantMessageUsage
 from portal.models.sms import (
     SmsProviderConfig,
@@ -48,6 +49,7 @@ __all__ = [
     "CallbackEndpoint",
     "Channel",
     "ChoreRun",
+    "ConfigEpoch",
     "DeadLetterMessage",
     "DeadLetterSource",
     "DeliveryEvent",
@@ -59,6 +61,8 @@ __all__ = [
     "MailSendRecord",
     "MailSendServerConfig",
     "MailTemplate",
+    "Notification",
+    "NotificationRead",
     "ReceivedMail",
     "Role",
     "Scope",

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import String
+from sqlalchemy import BigInteger, Integer, String
 from sqlalchemy.orm import Mapped, mapped_column
 
 from portal.models.base import Base, UTCDateTime
@@ -22,3 +22,14 @@ class ChoreRun(Base):
 
     name: Mapped[str] = mapped_column(String(100), primary_key=True)
     last_run_at: Mapped[datetime] = mapped_column(UTCDateTime, nullable=False)
+
+
+class ConfigEpoch(Base):
+    """One row (id 1): a value that changes with every change to the configs a delivery
+    worker reads at each send (servers, providers, routes, bindings; PostgreSQL triggers of
+    migration 0030). Workers cache those configs while it stays the same."""
+
+    __tablename__ = "config_epoch"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    epoch: Mapped[int] = mapped_column(BigInteger, nullable=False)
