@@ -42,6 +42,7 @@ from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.orm import Session, SessionTransaction, scoped_session
 
 from portal.config import Settings
+from portal.messaging import template_checks
 from portal.models import (
     MailSendRecipient,
     MailSendRecord,
@@ -92,6 +93,27 @@ class AcceptanceError(Exception):
         if self.index is not None:
             body["index"] = self.index
         return body
+
+
+class MissingVariables(AcceptanceError):
+    """A strict template needs variables the request does not give (issue 15): 422
+    ``missing_variables`` naming ``variables``, with the names in ``missing``."""
+
+    def __init__(self, missing: Sequence[str], index: int | None = None, prefix: str = ""):
+        self.missing = list(missing)
+        names = ", ".join(self.missing)
+        super().__init__(
+            "missing_variables",
+            "variables",
+            f"{prefix}the template needs variables the request does not give: {names}",
+            index,
+        )
+
+    def at(self, index: int) -> AcceptanceError:
+        return MissingVariables(self.missing, index, f"item {index}: ")
+
+    def as_dict(self) -> dict[str, Any]:
+        return super().as_dict() | {"missing": self.missing}
 
 
 class BusinessKeyConflict(AcceptanceError):
@@ -205,6 +227,79 @@ def _resolve_streams(
 
 def _template_id(req: MailRequest | SmsRequest) -> int | None:
     return req.template_id if isinstance(req, MailRequest) else None
+
+
+def _session_fetch(session: Session) -> template_checks.Fetch:
+    """Template look-ups on the session's connection (in its transaction: a template the
+    caller added and has not committed is seen)."""
+    if session.new or session.dirty or session.deleted:
+        session.flush()
+    connection = session.connection()
+    qmark = connection.dialect.paramstyle == "qmark"
+
+    def fetch(sql: str, params: tuple[Any, ...]) -> tuple[Any, ...] | None:
+        row = connection.exec_driver_sql(sql.replace("%s", "?") if qmark else sql, params)
+        found = row.fetchone()
+        return None if found is None else tuple(found)
+
+    return fetch
+
+
+def _fetcher(session: Session) -> Callable[[], template_checks.Fetch]:
+    """``_session_fetch`` made at the first template look-up (none for plain sends)."""
+    made: list[template_checks.Fetch] = []
+
+    def fetcher() -> template_checks.Fetch:
+        if not made:
+            made.append(_session_fetch(session))
+        return made[0]
+
+    return fetcher
+
+
+def _check_template(
+    fetcher: Callable[[], template_checks.Fetch], req: MailRequest | SmsRequest
+) -> None:
+    """The request's template as it would be used now (issue 15): by code an enabled one in
+    the scope's tier (else 422 naming templateCode), by id any of the tier's (else 422 naming
+    templateId: a test send of a disabled template stays possible); a strict template's
+    needed variables given (else 422 missing_variables). Sets the request's stream from the
+    template when it names none. ``fetcher`` gives the look-up, called only when needed."""
+    template_id = _template_id(req)
+    code = req.template_code
+    if template_id is None and code is None:
+        return
+    fetch = fetcher()
+    mail = isinstance(req, MailRequest)
+    channel = "mail" if mail else "sms"
+    if template_id is not None:
+        facts = template_checks.by_id(fetch, channel, req.tenant_id, template_id)
+        if facts is None:
+            raise AcceptanceError("not_found", "templateId", "no such template")
+    else:
+        assert code is not None
+        facts = template_checks.by_code(fetch, channel, req.tenant_id, code)
+        if facts is None or not facts.enabled:
+            where = "the platform tier" if req.tenant_id == PLATFORM_TENANT_ID else "this tenant"
+            raise AcceptanceError(
+                "not_found",
+                "templateCode",
+                f"no enabled {'mail' if mail else 'SMS'} template with code {code!r} in {where}",
+            )
+    if req.stream is None:
+        req.stream = facts.stream
+    if not facts.strict:
+        return
+    if isinstance(req, MailRequest):
+        missing = facts.missing(
+            req.variables,
+            subject=req.subject is None,
+            body=req.html is None and req.text is None,
+        )
+    else:
+        missing = facts.missing(req.variables, subject=False, body=not req.content)
+    if missing:
+        raise MissingVariables(missing)
 
 
 def _check_text(path: str, value: str) -> None:
@@ -543,15 +638,8 @@ def validate_mail(data: Any, settings: Settings, tenant_id: int | None) -> MailR
 
 
 def _check_mail_references(session: Session, req: MailRequest, prefix: str = "") -> None:
-    """A templateId or serverId must exist in the send scope's tier (else: as if it did not)."""
-    if req.template_id is not None:
-        found = session.scalar(
-            select(MailTemplate.id).where(
-                MailTemplate.id == req.template_id, MailTemplate.tenant_id == req.tenant_id
-            )
-        )
-        if found is None:
-            raise AcceptanceError("not_found", "templateId", "no such template")
+    """A serverId must exist in the send scope's tier (else: as if it did not); the template
+    is checked by ``_check_template``."""
     if req.server_id is not None:
         found = session.scalar(
             select(MailSendServerConfig.id).where(
@@ -1220,10 +1308,12 @@ def send_mail_batch(
     tenant_id = current_tenant_id()
     items = list(items) if _single else _check_batch(items)
     requests = []
+    fetcher = _fetcher(session)
     for i, item in enumerate(items):
         try:
             req = validate_mail(item, cfg, tenant_id)
             _check_mail_references(session, req)
+            _check_template(fetcher, req)
         except AcceptanceError as error:
             raise (error if _single else error.at(i)) from None
         requests.append(req)
@@ -1251,11 +1341,14 @@ def send_sms_batch(
     tenant_id = current_tenant_id()
     items = list(items) if _single else _check_batch(items)
     requests = []
+    fetcher = _fetcher(session)
     for i, item in enumerate(items):
         try:
-            requests.append(validate_sms(item, cfg, tenant_id))
+            req = validate_sms(item, cfg, tenant_id)
+            _check_template(fetcher, req)
         except AcceptanceError as error:
             raise (error if _single else error.at(i)) from None
+        requests.append(req)
     _unique_keys(requests)
     _resolve_streams(session, SmsTemplate, requests)
     return _write(session, SmsSendRecord, requests, _sms_record, None, "sms")
@@ -1280,6 +1373,7 @@ def send_mail_committed(
     if engine is not None:
         return _accept_now(engine, "mail", req)
     _check_mail_references(session, req)
+    _check_template(_fetcher(session), req)
     (result,) = _write(session, MailSendRecord, [req], _mail_record, _mail_recipients, "mail")
     session.commit()
     return result
@@ -1294,6 +1388,7 @@ def send_sms_committed(
     engine = _autocommit_engine(session)
     if engine is not None:
         return _accept_now(engine, "sms", req)
+    _check_template(_fetcher(session), req)
     (result,) = _write(session, SmsSendRecord, [req], _sms_record, None, "sms")
     session.commit()
     return result
@@ -1309,7 +1404,6 @@ def _autocommit_engine(session: Session | scoped_session[Session]) -> Engine | N
 
 
 _REFERENCE_SQL = {
-    "templateId": ("SELECT 1 FROM mail_template WHERE id = %s AND tenant_id = %s", "template"),
     "serverId": (
         "SELECT 1 FROM mail_send_server_config WHERE id = %s AND tenant_id = %s",
         "mail server",
@@ -1347,12 +1441,16 @@ def _accept_on(
     raw: psycopg.Connection[Any], channel: str, req: MailRequest | SmsRequest, trace_id: str
 ) -> Accepted:
     with raw.cursor() as cursor:
-        if isinstance(req, MailRequest):
-            for name, value in (("templateId", req.template_id), ("serverId", req.server_id)):
-                if value is not None:
-                    sql, what = _REFERENCE_SQL[name]
-                    if cursor.execute(sql, (value, req.tenant_id)).fetchone() is None:
-                        raise AcceptanceError("not_found", name, f"no such {what}")
+        if isinstance(req, MailRequest) and req.server_id is not None:
+            sql, what = _REFERENCE_SQL["serverId"]
+            if cursor.execute(sql, (req.server_id, req.tenant_id)).fetchone() is None:
+                raise AcceptanceError("not_found", "serverId", f"no such {what}")
+
+        def fetch(sql: str, params: tuple[Any, ...]) -> tuple[Any, ...] | None:
+            row = cursor.execute(sql, params).fetchone()
+            return None if row is None else tuple(row)
+
+        _check_template(lambda: fetch, req)
         document = json.dumps([_pg_row(req, 0, trace_id)])
         for _attempt in range(3):
             row = cursor.execute(_PG_SQL[channel], (document,)).fetchone()

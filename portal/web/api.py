@@ -360,7 +360,10 @@ bp.before_request(unknown_query_parameter)
 @bp.errorhandler(AcceptanceError)
 def _rejected(exc: AcceptanceError) -> Response:
     db.session.rollback()
-    return error_response(exc.status, exc.code, exc.message, exc.field, exc.index)
+    # as_dict: an error may carry more than the common fields (missing_variables: missing).
+    response = jsonify({"error": exc.as_dict()})
+    response.status_code = exc.status
+    return response
 
 
 def _accepted(channel: str, results: list[acceptance.Accepted]) -> list[dict[str, Any]]:

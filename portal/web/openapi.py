@@ -235,6 +235,16 @@ _COMMON_RECORD = {
     "traceId": _NULLABLE_STR,
     "businessKey": _NULLABLE_STR,
     "templateCode": _NULLABLE_STR,
+    "templateVersion": {
+        "type": "integer",
+        "nullable": True,
+        "description": "The version of the template the message was prepared with (null "
+        "before preparation, or when no template is used).",
+    },
+    "test": {
+        "type": "boolean",
+        "description": "A test send from the template editor (charged like any send).",
+    },
     "providerMessageId": _NULLABLE_STR,
     "preparedAt": _NULLABLE_TIME,
     "sentAt": _NULLABLE_TIME,
@@ -567,6 +577,14 @@ def _document() -> dict[str, Any]:
                                 "field": {"type": "string", "nullable": True},
                                 "message": {"type": "string"},
                                 "index": {"type": "integer"},
+                                "missing": {
+                                    "type": "array",
+                                    "items": {"type": "string"},
+                                    "description": (
+                                        "missing_variables: the variables the template needs "
+                                        "that the request does not give"
+                                    ),
+                                },
                             },
                         }
                     },

@@ -26,6 +26,8 @@ def _common(record: MailSendRecord | SmsSendRecord) -> dict[str, Any]:
         "traceId": record.trace_id,
         "businessKey": record.business_key,
         "templateCode": record.template_code,
+        "templateVersion": record.template_version,
+        "test": bool(record.is_test),
         "providerMessageId": record.provider_message_id,
         "preparedAt": _time(record.prepared_at),
         "sentAt": _time(record.sent_at),

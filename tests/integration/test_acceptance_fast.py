@@ -27,6 +27,7 @@ from portal.models import (
     ApiKey,
     MailSendRecipient,
     MailSendRecord,
+    MailTemplate,
     SendStatus,
     SmsSendRecord,
     Tenant,
@@ -118,6 +119,9 @@ def acme(app: Flask) -> int:
 
 def test_pg_statement_writes_what_the_orm_path_writes(app: Flask, acme: int) -> None:
     """The one-statement insert and the ORM path store the same columns and recipients."""
+    # Issue 15: a send by templateCode needs an enabled template with that code.
+    db.session.add(MailTemplate(tenant_id=acme, code="order", subject="Order", text_body="x"))
+    db.session.commit()
     with tenant_context(acme, trace_id="trace0001"):
         req = acceptance.validate_mail(FULL_MAIL, cfg(app), acme)
         sms = acceptance.validate_sms(SMS | {"businessKey": "s1"}, cfg(app), acme)

@@ -12,6 +12,7 @@ from flask import Flask
 from sqlalchemy import func, select
 
 from portal.extensions import db
+from portal.messaging.acceptance import AcceptanceError
 from portal.messaging.backoff import BackoffPolicy
 from portal.messaging.retry import retry_records
 from portal.models import (
@@ -91,8 +92,10 @@ def test_tenant_uses_own_templates_and_server_else_the_platform_default_server(
     sent = accept_mail(
         app, globex.id, subject=None, text=None, templateCode="welcome", variables={"name": "G"}
     )
-    # A tenant never sees the platform tier's templates.
-    hidden = accept_mail(app, acme.id, subject=None, text=None, templateCode="shared")
+    # A tenant never sees the platform tier's templates: refused at acceptance (issue 15).
+    with pytest.raises(AcceptanceError) as hidden:
+        accept_mail(app, acme.id, subject=None, text=None, templateCode="shared")
+    assert (hidden.value.code, hidden.value.field) == ("not_found", "templateCode")
     own = accept_mail(app, acme.id)
     drain(app)
     assert record(sent).status == "Sent"
@@ -100,10 +103,6 @@ def test_tenant_uses_own_templates_and_server_else_the_platform_default_server(
     # order of acceptance: find Globex's by its Message-ID.
     (globex_mail,) = [m for m in smtp.messages if m.message_id == record(sent).provider_message_id]
     assert globex_mail.mail_from == "sender@platform-smtp.test"
-    assert (record(hidden).status, record(hidden).error_code) == (
-        "Failed",
-        "TEMPLATE_NOT_RESOLVABLE",
-    )
     assert record(own).status == "Sent"
     assert {m.mail_from for m in smtp.messages} == {
         "sender@platform-smtp.test",
@@ -172,12 +171,16 @@ def test_preparation_failures_fail_with_their_marker_then_retry_prepares_afresh(
         template(acme, html_body="{% if nothing %}x{% endif %}")
     if setup == "broken_template":
         template(acme, html_body="{{ name | no_such_filter }}")
-    if setup in ("missing_server", "quota_used_up"):
+    if setup in ("missing_server", "quota_used_up", "missing_template"):
         template(acme)
     db.session.commit()
     rid = accept_mail(
         app, acme, subject=None, text=None, templateCode="welcome", variables={"name": "Ann"}
     )
+    if setup == "missing_template":
+        # Issue 15: an unknown code is refused at acceptance; one deleted after it fails here.
+        db.session.execute(MailTemplate.__table__.delete())
+        db.session.commit()
     with caplog.at_level(logging.ERROR, logger="portal.delivery"):
         drain(app)
     row = record(rid)
@@ -245,13 +248,33 @@ def test_template_id_sends_a_disabled_template_but_code_finds_enabled_only(
     by_id = accept_mail(
         app, acme, subject=None, text=None, templateId=disabled.id, variables={"name": "A"}
     )
-    by_code = accept_mail(app, acme, subject=None, text=None, templateCode="draft")
+    # By code only an enabled template is found: refused at acceptance (issue 15).
+    with pytest.raises(AcceptanceError) as by_code:
+        accept_mail(app, acme, subject=None, text=None, templateCode="draft")
+    assert (by_code.value.code, by_code.value.field) == ("not_found", "templateCode")
     drain(app)
     assert record(by_id).status == "Sent"
-    assert (record(by_code).status, record(by_code).error_code) == (
-        "Failed",
-        "TEMPLATE_NOT_RESOLVABLE",
+
+
+def test_a_template_disabled_after_acceptance_fails_then_retry_after_enabling_sends(
+    app: Flask, smtp: ScriptedSmtpServer, acme: int
+) -> None:
+    """Seed 000's test point, still reachable (issue 15): disabled after acceptance, the
+    record fails TEMPLATE_NOT_RESOLVABLE at preparation; Retry once it is enabled sends."""
+    row = template(acme, "later")
+    rid = accept_mail(
+        app, acme, subject=None, text=None, templateCode="later", variables={"name": "A"}
     )
+    row.enabled = False
+    db.session.commit()
+    drain(app)
+    assert (record(rid).status, record(rid).error_code) == ("Failed", "TEMPLATE_NOT_RESOLVABLE")
+    row.enabled = True
+    db.session.commit()
+    assert retry_records(db.session, MailSendRecord, [rid], acme).requeued == [rid]
+    db.session.commit()
+    drain(app)
+    assert record(rid).status == "Sent"
 
 
 def test_temporary_errors_back_off_then_dead_letter(

@@ -17,7 +17,7 @@ from sqlalchemy import select
 
 from portal.extensions import db
 from portal.messaging.backoff import BackoffPolicy
-from portal.models import MailSendRecord
+from portal.models import MailSendRecord, MailTemplate
 from tests.support.delivery import accept_mail, drain, mail_server, tenant
 from tests.support.smtp_server import ScriptedSmtpServer
 from tests.support.workers import (
@@ -238,9 +238,21 @@ def test_worker_logs_are_json_lines_with_record_tenant_and_trace(
     with worker_group(tmp_path, app.config["SETTINGS"].secret_key, **WORKER_ENV) as group:
         worker = start_worker(app, group)
         ids = deliver_mixed(app, acme)
-        # A marker-code failure: no such template (Failed before any send).
+        # A marker-code failure: a template that does not render (Failed before any send;
+        # an unknown code is refused at acceptance since issue 15).
+        broken = MailTemplate(
+            tenant_id=acme, code="broken", subject="Hi", text_body="{{ x | no_such_filter }}"
+        )
+        db.session.add(broken)
+        db.session.commit()
         ids["marker"] = accept_mail(
-            app, acme, to=["t@example.com"], subject=None, text=None, templateCode="missing"
+            app,
+            acme,
+            to=["t@example.com"],
+            subject=None,
+            text=None,
+            templateCode="broken",
+            variables={"x": 1},
         )
         settle(list(ids.values()), worker)
         stop([worker])

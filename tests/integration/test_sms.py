@@ -18,6 +18,7 @@ from prometheus_client import REGISTRY
 from sqlalchemy import func, select, update
 
 from portal.extensions import db
+from portal.messaging.acceptance import AcceptanceError
 from portal.messaging.backoff import BackoffPolicy
 from portal.messaging.retry import retry_records
 from portal.models import (
@@ -185,18 +186,23 @@ def test_preparation_failures_fail_with_their_marker_then_retry_prepares_afresh(
 ) -> None:
     if setup != "no_provider":
         provider(acme, "http_json", server)
-    if setup == "disabled_template":
-        sms_template(acme, enabled=False)
-    elif setup == "broken_template":
+    if setup == "broken_template":
         sms_template(acme, content="{{ code | no_such_filter }}")
     elif setup == "empty_render":
         sms_template(acme, content="{% if nothing %}x{% endif %}  ")
-    elif setup != "missing_template":
+    else:
         sms_template(acme)
     if setup == "quota_used_up":
         db.session.add(TenantMessageQuota(tenant_id=acme, sms_monthly_limit=0))
     db.session.commit()
     rid = accept_sms(app, acme, content=None, templateCode="otp", variables={"code": "9"})
+    # Issue 15: an unknown or disabled code is refused at acceptance; a template deleted or
+    # disabled after it fails at preparation.
+    if setup == "missing_template":
+        db.session.execute(SmsTemplate.__table__.delete())
+    elif setup == "disabled_template":
+        db.session.execute(update(SmsTemplate).values(enabled=False))
+    db.session.commit()
     with caplog.at_level(logging.ERROR, logger="portal.delivery"):
         drain_sms(app)
     row = sms_record(rid)
@@ -288,7 +294,10 @@ def test_tiers_tenant_without_providers_uses_the_platforms_platform_scope_never_
     borrowed = accept_sms(app, globex)  # globex has no provider: the platform's carries it
     owned = accept_sms(app, acme)
     platform_send = accept_sms(app, None, scope="PLATFORM", content=None, templateCode="shared")
-    hidden = accept_sms(app, acme, content=None, templateCode="shared")  # not acme's template
+    # Not acme's template: refused at acceptance (issue 15).
+    with pytest.raises(AcceptanceError) as hidden:
+        accept_sms(app, acme, content=None, templateCode="shared")
+    assert (hidden.value.code, hidden.value.field) == ("not_found", "templateCode")
     drain_sms(app)
     assert sms_record(borrowed).provider_config_id == platform.id
     assert sms_record(owned).provider_config_id == own.id
@@ -297,10 +306,6 @@ def test_tiers_tenant_without_providers_uses_the_platforms_platform_scope_never_
         "Sent",
         platform.id,
         "platform text",
-    )
-    assert (sms_record(hidden).status, sms_record(hidden).error_code) == (
-        "Failed",
-        "TEMPLATE_NOT_RESOLVABLE",
     )
     charged = dict(
         db.session.execute(select(TenantMessageUsage.tenant_id, TenantMessageUsage.sms_count)).all()

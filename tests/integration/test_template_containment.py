@@ -50,6 +50,9 @@ def stored_template(tenant_id: int, code: str, html_body: str, text_body: str | 
             html_body=html_body,
             text_body=text_body,
             enabled=True,
+            # Saved before issue 15 too: not strict (migration 0013), so sends that leave out
+            # what these shapes output are accepted, as they were.
+            strict_variables=False,
         )
     )
 
