@@ -196,7 +196,7 @@ def import_config(session: Session, data: Any) -> ImportReport:
 
 
 _ALLOWED: dict[str, set[str]] = {
-    "tenants": {"slug", "name", "active"},
+    "tenants": {"slug", "name", "active", "mailRetentionDays", "smsRetentionDays"},
     "users": {"email", "name", "password", "role", "tenant", "active"},
     "apiKeys": {"tenant", "name", "token", "scopes"},
     "mailServers": {
@@ -324,6 +324,13 @@ class _Importer:
         row = self._upsert(Tenant, "tenants", slug=slug)
         row.name = e.req("name", 200)
         row.is_active = e.flag("active", self.stored(row, "is_active"), True)
+        # Retention (issue 16): omitted keeps what is stored; null keeps records forever.
+        for name, attribute in (
+            ("mailRetentionDays", "mail_retention_days"),
+            ("smsRetentionDays", "sms_retention_days"),
+        ):
+            if name in e.data:
+                setattr(row, attribute, e.number(name, lo=2, hi=36500))
 
     def _users(self, e: _Entry) -> None:
         email = e.email("email", required=True)

@@ -43,6 +43,12 @@ CALLBACK_ATTEMPTS = Counter(
     ["outcome"],
 )
 
+RETENTION_DELETED = Counter(
+    "retention_deleted",
+    "Rows the retention chore deleted, by kind (mail_records, events, callbacks, ...)",
+    ["kind"],
+)
+
 BACKLOG_STATUSES = ("Pending", "Retry", "Sending", "Uncertain")
 
 

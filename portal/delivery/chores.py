@@ -25,6 +25,7 @@ QUEUE = "postroom-chores"
 PREFIX = "postroom-"  # rq job ids allow letters, digits, "_" and "-" only
 FETCH_MAIL_INTERVAL_S = 60
 MATCH_EVENTS_INTERVAL_S = 300
+NOTICES_INTERVAL_S = 60
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,18 @@ def schedules(settings: Settings) -> list[Schedule]:
             func="portal.delivery.chores.fetch_mail_job",
             interval_s=FETCH_MAIL_INTERVAL_S,
             description="Read the bounce mailboxes: DSN bounces and read receipts",
+        ),
+        Schedule(
+            id=f"{PREFIX}retention",
+            func="portal.delivery.chores.retention_job",
+            interval_s=max(1, round(settings.retention_interval_s)),
+            description="Delete records past their tenant's retention, in small batches",
+        ),
+        Schedule(
+            id=f"{PREFIX}notices",
+            func="portal.delivery.chores.notices_job",
+            interval_s=NOTICES_INTERVAL_S,
+            description="Write inbox notices: quotas, outages, dead letters, decisions, mailboxes",
         ),
         Schedule(
             id=f"{PREFIX}match-events",
@@ -157,3 +170,19 @@ def match_events_job() -> dict[str, Any]:
     engine, _settings = _engine_and_settings()
     report = match_waiting(engine)
     return {"looked": report.looked, "applied": report.applied}
+
+
+def retention_job() -> dict[str, int]:
+    """The retention chore (issue 16, part 2), as an rq job."""
+    from portal.messaging.retention import purge
+
+    engine, settings = _engine_and_settings()
+    return purge(engine, settings).as_dict()
+
+
+def notices_job() -> int:
+    """The inbox scan (issue 16, part 3), as an rq job: the number of new notices."""
+    from portal.messaging.notices import scan
+
+    engine, _settings = _engine_and_settings()
+    return scan(engine)

@@ -1,11 +1,365 @@
-"""The inbox (issue 16, part 3): notices for tenant admins and platform operators."""
+"""The inbox (issue 16, part 3): notices for tenant admins and platform operators.
+
+A notice belongs to a tier (tenant id, or -1 for platform operators) and carries a
+``dedup_key`` unique within it: each occurrence (a quota threshold in a month, a server's
+outage that began at a time, an hour's new dead letters) is written once however often it is
+seen. ``scan`` looks for the conditions that live in tables (quota, breakers, dead letters,
+records needing a decision, bounce mailboxes) and runs as a chore; a callback endpoint's pause
+or a dead delivery is told by the callback pool as it happens (``callback_trouble``).
+
+A notice never causes a notice: nothing here sends mail or writes a record.
+"""
 
 from __future__ import annotations
 
-from sqlalchemy import Engine
+import logging
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from sqlalchemy import Engine, func, or_, select
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.orm import Session
+
+from portal.models import (
+    BreakerState,
+    CallbackEndpoint,
+    DeadLetterMessage,
+    MailReceiveConfig,
+    MailReceiveState,
+    MailSendRecord,
+    MailSendServerConfig,
+    Notification,
+    SendStatus,
+    SmsProviderConfig,
+    SmsSendRecord,
+    Tenant,
+    TenantMessageQuota,
+    TenantMessageUsage,
+    TriageStatus,
+    db_now,
+)
+from portal.tenancy import PLATFORM_TENANT_ID
+
+log = logging.getLogger("portal.notices")
+
+THRESHOLDS = (80, 90, 100)
+MAILBOX_FAILING_S = 15 * 60
+SCAN_INTERVAL_S = 60
+
+
+@dataclass(frozen=True)
+class Notice:
+    tenant_id: int
+    kind: str
+    key: str
+    title: str
+    body: str | None = None
+    link: str | None = None
+
+
+def notify(session: Session, notice: Notice) -> bool:
+    """Write ``notice`` unless its key is there already; True when it was new."""
+    insert = pg_insert if session.get_bind().dialect.name == "postgresql" else sqlite_insert
+    result = session.execute(
+        insert(Notification)
+        .values(
+            tenant_id=notice.tenant_id,
+            kind=notice.kind,
+            dedup_key=notice.key[:200],
+            title=notice.title,
+            body=notice.body,
+            link=notice.link,
+        )
+        .on_conflict_do_nothing(index_elements=["tenant_id", "dedup_key"])
+        .returning(Notification.id)
+    )
+    return result.scalar() is not None
+
+
+# --- what the scan finds ---------------------------------------------------------------------
+
+
+def _quota(session: Session, month: str) -> list[Notice]:
+    out = []
+    rows = session.execute(
+        select(
+            TenantMessageQuota.tenant_id,
+            TenantMessageQuota.mail_monthly_limit,
+            TenantMessageQuota.sms_monthly_limit,
+            TenantMessageUsage.mail_count,
+            TenantMessageUsage.sms_count,
+        ).join(
+            TenantMessageUsage,
+            (TenantMessageUsage.tenant_id == TenantMessageQuota.tenant_id)
+            & (TenantMessageUsage.month == month),
+        )
+    ).all()
+    for tenant_id, mail_limit, sms_limit, mail_used, sms_used in rows:
+        for channel, limit, used in (("mail", mail_limit, mail_used), ("sms", sms_limit, sms_used)):
+            if not limit:
+                continue
+            share = used * 100 / limit
+            for threshold in THRESHOLDS:
+                if share >= threshold:
+                    out.append(
+                        Notice(
+                            tenant_id,
+                            "quota",
+                            f"quota:{channel}:{month}:{threshold}",
+                            f"{channel.upper()} quota {threshold} % used this month",
+                            f"{used:,} of {limit:,} {channel} messages in {month}."
+                            + (" Further sends wait until next month." if threshold == 100 else ""),
+                            "/quotas/",
+                        )
+                    )
+    return out
+
+
+def _breakers(session: Session) -> list[Notice]:
+    """A server or provider down (and back up: a down notice whose breaker has closed)."""
+    out = []
+    configs = {
+        "mail": {
+            i: (t, n)
+            for i, t, n in session.execute(
+                select(
+                    MailSendServerConfig.id,
+                    MailSendServerConfig.tenant_id,
+                    MailSendServerConfig.name,
+                )
+            )
+        },
+        "sms": {
+            i: (t, n)
+            for i, t, n in session.execute(
+                select(SmsProviderConfig.id, SmsProviderConfig.tenant_id, SmsProviderConfig.name)
+            )
+        },
+    }
+    tenants = list(session.scalars(select(Tenant.id).where(Tenant.id > 0, Tenant.is_active)))
+    down = {
+        (r.channel, r.config_id): r.down_since
+        for r in session.scalars(select(BreakerState).where(BreakerState.down_since.is_not(None)))
+    }
+    for (channel, config_id), since in down.items():
+        owner, name = configs.get(channel, {}).get(config_id, (None, None))
+        if owner is None or since is None:
+            continue
+        stamp = since.strftime("%Y%m%dT%H%M%S")
+        noun = "mail server" if channel == "mail" else "SMS provider"
+        link = "/mail-servers/" if channel == "mail" else "/sms-providers/"
+        key = f"down:{channel}:{config_id}:{stamp}"
+        out.append(
+            Notice(owner, "server_down", key, f"{noun.capitalize()} {name} is down", None, link)
+        )
+        if owner == PLATFORM_TENANT_ID:  # tenants hear of the platform's service, unnamed
+            service = "mail" if channel == "mail" else "SMS"
+            for tenant_id in tenants:
+                out.append(
+                    Notice(
+                        tenant_id,
+                        "server_down",
+                        key,
+                        f"The platform's {service} service is degraded",
+                        "Sends through it wait and go out when it answers again.",
+                        "/dashboard/",
+                    )
+                )
+    # Back up: every down notice whose breaker is no longer open.
+    for tenant_id, key, title in session.execute(
+        select(Notification.tenant_id, Notification.dedup_key, Notification.title).where(
+            Notification.kind == "server_down"
+        )
+    ):
+        _, kind, config, _stamp = key.split(":", 3)
+        if (kind, int(config)) in down:
+            continue
+        up_title = title.replace("is down", "is back up").replace(
+            "is degraded", "is back to normal"
+        )
+        out.append(Notice(tenant_id, "server_up", "up" + key[4:], up_title, None, None))
+    return out
+
+
+def _hour(now: datetime) -> tuple[datetime, str]:
+    start = now.replace(minute=0, second=0, microsecond=0)
+    return start, start.strftime("%Y%m%dT%H")
+
+
+def _dead_letters(session: Session, now: datetime) -> list[Notice]:
+    start, hour = _hour(now)
+    out = []
+    counts = session.execute(
+        select(DeadLetterMessage.tenant_id, func.count())
+        .where(
+            DeadLetterMessage.created_time >= start,
+            DeadLetterMessage.status == TriageStatus.PENDING.value,
+        )
+        .group_by(DeadLetterMessage.tenant_id)
+    ).all()
+    total = 0
+    for tenant_id, n in counts:
+        total += n
+        out.append(
+            Notice(
+                tenant_id,
+                "dead_letters",
+                f"dead-letters:{hour}",
+                "New dead letters this hour",
+                f"Records used up their retries since {start:%H:%M} UTC; triage them.",
+                "/dead-letters/",
+            )
+        )
+    if total and not any(t == PLATFORM_TENANT_ID for t, _ in counts):
+        out.append(
+            Notice(
+                PLATFORM_TENANT_ID,
+                "dead_letters",
+                f"dead-letters:{hour}",
+                "New dead letters this hour",
+                f"Dead letters in {len(counts)} tier(s) since {start:%H:%M} UTC.",
+                "/dead-letters/",
+            )
+        )
+    return out
+
+
+def _decisions(session: Session, now: datetime) -> list[Notice]:
+    start, hour = _hour(now)
+    out = []
+    seen: set[int] = set()
+    for model in (MailSendRecord, SmsSendRecord):
+        for (tenant_id,) in session.execute(
+            select(model.tenant_id)
+            .where(
+                model.updated_time >= start,
+                or_(
+                    model.status == SendStatus.UNCERTAIN.value,
+                    (model.ambiguous_attempt.is_(True)) & (model.resolution.is_(None)),
+                ),
+            )
+            .distinct()
+        ):
+            seen.add(tenant_id)
+    for tenant_id in sorted(seen):
+        out.append(
+            Notice(
+                tenant_id,
+                "decision",
+                f"decisions:{hour}",
+                "Records need a decision",
+                "An attempt may or may not have gone out: say whether to send again.",
+                "/decisions/",
+            )
+        )
+    return out
+
+
+def _mailboxes(session: Session, now: datetime) -> list[Notice]:
+    out = []
+    rows = session.execute(
+        select(
+            MailReceiveConfig.tenant_id,
+            MailReceiveConfig.id,
+            MailReceiveConfig.name,
+            MailReceiveState.last_error_at,
+            MailReceiveState.last_error,
+        )
+        .join(MailReceiveState, MailReceiveState.config_id == MailReceiveConfig.id)
+        .where(
+            MailReceiveConfig.enabled.is_(True),
+            MailReceiveState.last_error.is_not(None),
+            MailReceiveState.last_error_at < now - timedelta(seconds=MAILBOX_FAILING_S),
+        )
+    ).all()
+    for tenant_id, config_id, name, since, error in rows:
+        out.append(
+            Notice(
+                tenant_id,
+                "mailbox",
+                f"mailbox:{config_id}:{since:%Y%m%dT%H%M%S}",
+                f"Bounce mailbox {name} cannot be read",
+                f"Failing since {since:%Y-%m-%d %H:%M} UTC: {error}"[:1000],
+                "/mail-receivers/",
+            )
+        )
+    return out
+
+
+def scan(engine: Engine) -> int:
+    """Write every notice due now; the number of new ones."""
+    new = 0
+    with Session(engine) as session, session.begin():
+        now = session.scalar(select(db_now()))
+        assert now is not None
+        found = [
+            *_quota(session, now.strftime("%Y-%m")),
+            *_breakers(session),
+            *_dead_letters(session, now),
+            *_decisions(session, now),
+            *_mailboxes(session, now),
+        ]
+        for notice in found:
+            new += notify(session, notice)
+    if new:
+        log.info("notices written", extra={"new": new})
+    return new
 
 
 def callback_trouble(
     engine: Engine, endpoint_id: int, delivery_id: int | None, paused: bool
 ) -> None:
-    """A callback endpoint paused, or one of its deliveries dead (filled in by part 3)."""
+    """A callback endpoint paused, or one of its deliveries dead (grouped per hour)."""
+    with Session(engine) as session, session.begin():
+        endpoint = session.get(CallbackEndpoint, endpoint_id)
+        if endpoint is None:
+            return
+        now = session.scalar(select(db_now()))
+        assert now is not None
+        link = f"/callbacks/{endpoint.id}"
+        if paused:
+            notice = Notice(
+                endpoint.tenant_id,
+                "callback_paused",
+                f"callback-paused:{endpoint.id}:{now:%Y%m%dT%H%M%S}",
+                f"Callback endpoint {endpoint.name} paused",
+                "20 deliveries in a row failed; it is tried again in 5 minutes.",
+                link,
+            )
+        else:
+            _, hour = _hour(now)
+            notice = Notice(
+                endpoint.tenant_id,
+                "callback_dead",
+                f"callback-dead:{endpoint.id}:{hour}",
+                f"Callbacks to {endpoint.name} given up",
+                "Deliveries were retried for 24 hours without a 2xx answer; resend them "
+                "from the delivery log once the endpoint works.",
+                link,
+            )
+        notify(session, notice)
+
+
+# --- reading ----------------------------------------------------------------------------------
+
+
+def unread_count(session: Session, tenant_id: int, user_id: int) -> int:
+    from portal.models import NotificationRead
+
+    return int(
+        session.scalar(
+            select(func.count())
+            .select_from(Notification)
+            .where(
+                Notification.tenant_id == tenant_id,
+                ~select(NotificationRead.notification_id)
+                .where(
+                    NotificationRead.notification_id == Notification.id,
+                    NotificationRead.user_id == user_id,
+                )
+                .exists(),
+            )
+        )
+        or 0
+    )

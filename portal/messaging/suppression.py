@@ -50,6 +50,11 @@ def normalise(channel: Channel | str, address: str) -> str:
     return value.lower()
 
 
+def hashed(address: str) -> str:
+    """A forgotten recipient's suppression keeps this instead of the address (issue 16)."""
+    return "sha256:" + hashlib.sha256(address.encode()).hexdigest()
+
+
 def active(
     session: Session, tenant_id: int, channel: Channel | str, address: str
 ) -> Suppression | None:
@@ -59,7 +64,9 @@ def active(
         .where(
             Suppression.tenant_id == tenant_id,
             Suppression.channel == Channel(channel).value,
-            Suppression.address == normalise(channel, address),
+            Suppression.address.in_(
+                [normalise(channel, address), hashed(normalise(channel, address))]
+            ),
             Suppression.removed_at.is_(None),
         )
         .order_by(Suppression.id)

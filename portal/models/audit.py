@@ -36,6 +36,8 @@ class AuditAction(StrEnum):
     RESOLVE = "resolve"
     DEAD_LETTER_TRIAGE = "dead_letter_triage"
     QUOTA_CHANGE = "quota_change"
+    RETENTION_CHANGE = "retention_change"
+    RECIPIENT_FORGET = "recipient_forget"
 
 
 AUDIT_ACTION_TEXT: dict[AuditAction, str] = {
@@ -61,6 +63,8 @@ AUDIT_ACTION_TEXT: dict[AuditAction, str] = {
     AuditAction.RESOLVE: "Uncertain record resolved",
     AuditAction.DEAD_LETTER_TRIAGE: "Dead letter triaged",
     AuditAction.QUOTA_CHANGE: "Quota changed",
+    AuditAction.RETENTION_CHANGE: "Retention changed",
+    AuditAction.RECIPIENT_FORGET: "Recipient forgotten (erasure)",
 }
 
 

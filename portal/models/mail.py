@@ -129,7 +129,9 @@ class MailSendRecord(SendRecordMixin, Base):
         Index("idx_mail_send_created", "created_time"),
         *fair_indexes("mail_send"),
         UniqueConstraint("tenant_id", "business_key", name="uq_mail_send_business_key"),
-        {"postgresql_with": SCAN_TABLE_STORAGE},
+        # Ids are never reused (Message-IDs and idempotency keys are built from them), also on
+        # SQLite after retention purged the newest records (migration 0031).
+        {"postgresql_with": SCAN_TABLE_STORAGE, "sqlite_autoincrement": True},
     )
 
     # The caller's request.
@@ -167,7 +169,10 @@ class MailSendRecipient(Base):
     """
 
     __tablename__ = "mail_send_recipient"
-    __table_args__ = (Index("idx_mail_recipient_search", "tenant_id", "address", "record_id"),)
+    __table_args__ = (
+        Index("idx_mail_recipient_search", "tenant_id", "address", "record_id"),
+        {"sqlite_autoincrement": True},
+    )
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True)
     record_id: Mapped[int] = mapped_column(

@@ -178,7 +178,9 @@ class SmsSendRecord(SendRecordMixin, Base):
         Index("idx_sms_send_created", "created_time"),
         *fair_indexes("sms_send"),
         UniqueConstraint("tenant_id", "business_key", name="uq_sms_send_business_key"),
-        {"postgresql_with": SCAN_TABLE_STORAGE},
+        # Ids are never reused (Message-IDs and idempotency keys are built from them), also on
+        # SQLite after retention purged the newest records (migration 0031).
+        {"postgresql_with": SCAN_TABLE_STORAGE, "sqlite_autoincrement": True},
     )
 
     phone_number: Mapped[str] = mapped_column(String(20))  # E.164

@@ -14,6 +14,7 @@ from sqlalchemy import (
     CheckConstraint,
     ForeignKey,
     Index,
+    Integer,
     String,
     text,
 )
@@ -52,6 +53,10 @@ class Tenant(Base):
     slug: Mapped[str] = mapped_column(String(64), unique=True)
     name: Mapped[str] = mapped_column(String(200))
     is_active: Mapped[bool] = mapped_column(Boolean, default=True, server_default=text("true"))
+    # Days a settled record is kept after its last change (issue 16); None: forever, unless
+    # RETENTION_DAYS_DEFAULT says otherwise. At least 2, past the resend window.
+    mail_retention_days: Mapped[int | None] = mapped_column(Integer)
+    sms_retention_days: Mapped[int | None] = mapped_column(Integer)
     created_time: Mapped[datetime] = mapped_column(UTCDateTime, server_default=db_now())
     updated_time: Mapped[datetime] = mapped_column(
         UTCDateTime, server_default=db_now(), onupdate=db_now()

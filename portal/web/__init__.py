@@ -32,10 +32,11 @@ PAGES: list[tuple[str, str, str]] = [
     ("suppressions", "Suppression list", "suppression"),
     ("api_keys", "API keys", "api_keys"),
     ("callbacks", "Status callbacks", "api_keys"),
+    ("retention", "Retention", "edit_config"),
     ("users", "Users", "manage_users"),
     ("audit", "Audit log", "view_audit"),
 ]
-MACHINE = ["api", "operator_api", "health", "metrics", "auth", "tenants", "webhooks"]
+MACHINE = ["api", "operator_api", "health", "metrics", "auth", "tenants", "webhooks", "inbox"]
 
 
 @dataclass(frozen=True)

@@ -124,6 +124,7 @@ PARAMS: dict[str, Param] = {
     "providerMessageId": TEXT,
     "businessKey": TEXT,
     "variables": text('{"name": "walker"}'),
+    "metadata": text('{"order": "walker"}'),
     "from": text("2020-01-01"),
     "to": text("walker@example.com"),
     "cc": text("walker@example.com"),
@@ -161,9 +162,20 @@ PARAMS: dict[str, Param] = {
     "settings": text("{}"),
     "country": text("GB"),
     "version": text("1"),  # a template's version as the editor loaded it (a stale save is 409)
+    "strict_variables": enum("on", ""),
+    # two template versions to compare (issue 15)
+    "a": text("1"),
+    "b": text("1"),
     "current_password": text("wrong-password-1"),
     # a preview's slot: a random token naming one editor's last preview in the session
     "preview_slot": text("walker"),
+    # status callbacks: an endpoint's URL (nothing listens there), events, a replay's start
+    "url": text("http://127.0.0.1:1/walker"),
+    "events": enum("mail.sent", "sms.queued", "mail.accepted"),
+    "since": text("2020-01-01T00:00"),
+    # retention: days kept per channel
+    "mail_days": text("30"),
+    "sms_days": text("30"),
     # the machinery
     "csrf_token": Param("csrf"),
     "next": Param("next"),
@@ -185,8 +197,12 @@ PATH_PARAMS: dict[str, Param] = {
     "suppression_id": ids_of("suppression"),
     "user_id": ids_of("user"),
     "event_id": ids_of("event"),
+    "endpoint_id": ids_of("callback_endpoint"),
+    "delivery_id": ids_of("callback_delivery"),
+    "notification_id": ids_of("notification"),
     "tenant_id": Param("tenant"),
     "index": Param("index"),
+    "number": text("1"),  # a template's version number (issue 15)
     "channel": enum("mail", "sms"),
     "kind": enum("MailSendRecord", "SmsSendRecord"),
     "provider": enum("generic", "http_json", "test", "twilio", "vonage"),

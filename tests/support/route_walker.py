@@ -37,6 +37,8 @@ from portal.models import (
     AppUser,
     AuditEvent,
     Base,
+    CallbackDelivery,
+    CallbackEndpoint,
     DeadLetterMessage,
     DeliveryEvent,
     MailReceiveConfig,
@@ -45,6 +47,7 @@ from portal.models import (
     MailSendRecord,
     MailSendServerConfig,
     MailTemplate,
+    Notification,
     ReceivedMail,
     SmsProviderConfig,
     SmsProviderRegion,
@@ -240,6 +243,24 @@ def seed_tier(session: Session, tenant_id: int, tier: str, port: int, roles: Ite
         "binding",
     )
 
+    # A status-callback endpoint before the records: their inserts write its deliveries.
+    endpoint = CallbackEndpoint(
+        tenant_id=tenant_id, url=f"http://127.0.0.1:{port}/{marker(tier)}", events=",mail.sent,"
+    )
+    endpoint.secret = "whsec_" + base64.b64encode(marker(tier).encode().ljust(24, b"x")).decode()
+    add(endpoint, "callback_endpoint")
+    add(
+        CallbackDelivery(
+            tenant_id=tenant_id,
+            endpoint_id=endpoint.id,
+            event_type="test",
+            status="dead",
+            payload={"id": None, "metadata": {"tier": marker(tier)}},
+        ),
+        "callback_delivery",
+    )
+    add(Notification(tenant_id=tenant_id, kind="quota", dedup_key=marker(tier)), "notification")
+
     scope = "PLATFORM" if tenant_id < 0 else "TENANT"
     for status in ("Failed", "Pending", "Uncertain", "Sent", "DeadLetter", "Retry"):
         email = f"{marker(tier)}@example.com"
@@ -356,6 +377,7 @@ def seed_tier(session: Session, tenant_id: int, tier: str, port: int, roles: Ite
 # Tables whose rows belong to a tier through a parent row rather than their own tenant_id.
 _OWNER_THROUGH = {
     "mail_receive_state": ("config_id", "mail_receive_config"),
+    "notification_read": ("notification_id", "notification"),
 }
 # Tables that belong to no tenant: sign-in throttling counts per address and client.
 UNOWNED = {

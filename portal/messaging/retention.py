@@ -1,0 +1,285 @@
+"""Retention (issue 16, part 2): settled records past their tenant's retention are deleted
+with everything that hangs off them, in short batches; a recipient can be forgotten on request.
+
+What is kept whatever the retention says: records still in the delivery loop (Pending, Retry,
+Sending) or waiting for a person (Uncertain), records with an untriaged dead letter or a
+callback not yet delivered, records whose ``expiresAt`` or resend window is still ahead (so
+business-key deduplication outlives any resend), ``tenant_message_usage`` (seed 000: never
+deleted) and the suppression list. Each batch of at most BATCH records is one short
+transaction that takes its rows with SKIP LOCKED: a worker holding a record is never waited
+for, and no lock outlives the batch.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import Engine, String, and_, cast, delete, exists, func, select, update
+from sqlalchemy.orm import Session
+
+from portal.config import Settings
+from portal.messaging import suppression
+from portal.models import (
+    CallbackDelivery,
+    Channel,
+    DeadLetterMessage,
+    DeliveryEvent,
+    MailSendRecipient,
+    MailSendRecord,
+    ReceivedMail,
+    SendStatus,
+    SmsSendRecord,
+    Suppression,
+    Tenant,
+    TriageStatus,
+    db_now,
+)
+
+log = logging.getLogger("portal.retention")
+
+BATCH = 1000
+MIN_DAYS = 2
+EARLY_EVENT_DAYS = 7  # an event that never met its record is dropped after this
+SETTLED = (
+    SendStatus.SENT.value,
+    SendStatus.FAILED.value,
+    SendStatus.DEAD_LETTER.value,
+    SendStatus.CANCELLED.value,
+    SendStatus.SUPPRESSED.value,
+)
+MODELS: dict[Channel, type[MailSendRecord] | type[SmsSendRecord]] = {
+    Channel.MAIL: MailSendRecord,
+    Channel.SMS: SmsSendRecord,
+}
+
+
+def retention_days(tenant: Tenant, channel: Channel, settings: Settings) -> int | None:
+    """The retention in force for one tenant and channel (None: kept forever)."""
+    own = tenant.mail_retention_days if channel is Channel.MAIL else tenant.sms_retention_days
+    return own if own is not None else settings.retention_days_default
+
+
+def days_problem(value: int | None) -> str | None:
+    if value is not None and value < MIN_DAYS:
+        return f"must be at least {MIN_DAYS} days (deduplication must outlive the resend window)"
+    return None
+
+
+@dataclass
+class Report:
+    deleted: Counter[str] = field(default_factory=Counter)
+
+    def as_dict(self) -> dict[str, int]:
+        return dict(self.deleted)
+
+
+def _purgeable(
+    model: type[MailSendRecord] | type[SmsSendRecord],
+    channel: Channel,
+    tenant_id: int,
+    cutoff: datetime,
+    now: datetime,
+    window_start: datetime,
+) -> Any:
+    """The conditions under which a record of ``tenant_id`` may go."""
+    return and_(
+        model.tenant_id == tenant_id,
+        model.status.in_(SETTLED),
+        model.updated_time < cutoff,
+        (model.expires_at.is_(None)) | (model.expires_at < now),
+        (model.first_claimed_at.is_(None)) | (model.first_claimed_at < window_start),
+        ~exists().where(
+            DeadLetterMessage.channel == channel.value,
+            DeadLetterMessage.event_id == cast(model.id, String),
+            DeadLetterMessage.status == TriageStatus.PENDING.value,
+        ),
+        ~exists().where(
+            CallbackDelivery.channel == channel.value,
+            CallbackDelivery.record_id == model.id,
+            CallbackDelivery.status.in_(["pending", "sending"]),
+        ),
+    )
+
+
+def count_purgeable(
+    session: Session, tenant_id: int, channel: Channel, days: int, settings: Settings
+) -> int:
+    """How many records a run would delete now with a retention of ``days``."""
+    now = session.scalar(select(db_now()))
+    assert now is not None
+    model = MODELS[channel]
+    where = _purgeable(
+        model,
+        channel,
+        tenant_id,
+        now - timedelta(days=days),
+        now,
+        now - timedelta(seconds=settings.resend_window_s),
+    )
+    return int(session.scalar(select(func.count()).select_from(model).where(where)) or 0)
+
+
+def delete_records(session: Session, channel: Channel, ids: list[int]) -> Counter[str]:
+    """Delete records ``ids`` of one channel with their recipients, events, callback
+    deliveries, bounce mails and dead letters (the caller chose them and commits)."""
+    out: Counter[str] = Counter()
+    if not ids:
+        return out
+    model = MODELS[channel]
+    text_ids = [str(i) for i in ids]
+
+    def gone(statement: Any) -> int:
+        return _rowcount(session.execute(statement))
+
+    if channel is Channel.MAIL:
+        out["recipients"] += gone(
+            delete(MailSendRecipient).where(MailSendRecipient.record_id.in_(ids))
+        )
+        out["bounce_mails"] += gone(delete(ReceivedMail).where(ReceivedMail.record_id.in_(ids)))
+    out["events"] += gone(
+        delete(DeliveryEvent).where(
+            DeliveryEvent.channel == channel.value, DeliveryEvent.record_id.in_(ids)
+        )
+    )
+    out["callbacks"] += gone(
+        delete(CallbackDelivery).where(
+            CallbackDelivery.channel == channel.value, CallbackDelivery.record_id.in_(ids)
+        )
+    )
+    out["dead_letters"] += gone(
+        delete(DeadLetterMessage).where(
+            DeadLetterMessage.channel == channel.value, DeadLetterMessage.event_id.in_(text_ids)
+        )
+    )
+    out[f"{channel.value}_records"] += gone(delete(model).where(model.id.in_(ids)))
+    return out
+
+
+def purge(engine: Engine, settings: Settings, batch: int = BATCH) -> Report:
+    """One run of the retention chore over every tenant with a retention in force."""
+    from portal.metrics import RETENTION_DELETED
+
+    report = Report()
+    with Session(engine) as session:
+        tenants = list(session.scalars(select(Tenant)))
+        session.expunge_all()
+    for tenant in tenants:
+        for channel, model in MODELS.items():
+            days = retention_days(tenant, channel, settings)
+            if days is None:
+                continue
+            while True:
+                with Session(engine) as session, session.begin():
+                    now = session.scalar(select(db_now()))
+                    assert now is not None
+                    where = _purgeable(
+                        model,
+                        channel,
+                        tenant.id,
+                        now - timedelta(days=max(days, MIN_DAYS)),
+                        now,
+                        now - timedelta(seconds=settings.resend_window_s),
+                    )
+                    ids = list(
+                        session.scalars(
+                            select(model.id)
+                            .where(where)
+                            .order_by(model.id)
+                            .limit(batch)
+                            .with_for_update(skip_locked=True)
+                        )
+                    )
+                    report.deleted.update(delete_records(session, channel, ids))
+                if len(ids) < batch:
+                    break
+    while True:  # events that never met their record
+        with Session(engine) as session, session.begin():
+            now = session.scalar(select(db_now()))
+            assert now is not None
+            early = list(
+                session.scalars(
+                    select(DeliveryEvent.id)
+                    .where(
+                        DeliveryEvent.record_id.is_(None),
+                        DeliveryEvent.received_at < now - timedelta(days=EARLY_EVENT_DAYS),
+                    )
+                    .limit(batch)
+                )
+            )
+            if early:
+                report.deleted["early_events"] += _rowcount(
+                    session.execute(delete(DeliveryEvent).where(DeliveryEvent.id.in_(early)))
+                )
+        if len(early) < batch:
+            break
+    for kind, n in report.deleted.items():
+        RETENTION_DELETED.labels(kind=kind).inc(n)
+    if report.deleted:
+        log.info("retention run", extra={"deleted": report.as_dict()})
+    return report
+
+
+def oldest_kept(session: Session, tenant_id: int, channel: Channel) -> datetime | None:
+    """When the tenant's oldest record of ``channel`` still kept was created."""
+    model = MODELS[channel]
+    first = session.scalar(select(func.min(model.id)).where(model.tenant_id == tenant_id))
+    if first is None:
+        return None
+    return session.scalar(select(model.created_time).where(model.id == first))
+
+
+# --- forget this recipient ------------------------------------------------------------------
+
+
+def forget_ids(session: Session, tenant_id: int, channel: Channel, address: str) -> list[int]:
+    """The records of ``tenant_id`` addressed to ``address`` (normalised), every status."""
+    if channel is Channel.MAIL:
+        query = select(MailSendRecipient.record_id).where(
+            MailSendRecipient.tenant_id == tenant_id, MailSendRecipient.address == address
+        )
+    else:
+        query = select(SmsSendRecord.id).where(
+            SmsSendRecord.tenant_id == tenant_id, SmsSendRecord.phone_number == address
+        )
+    return sorted(set(session.scalars(query)))
+
+
+def forget(session: Session, tenant_id: int, channel: Channel, raw: str) -> Counter[str]:
+    """Erase a recipient from one tenant: every record to it (with recipients, events and
+    callbacks), its unmatched events; an existing suppression stays, by hash only. The caller
+    writes the audit row and commits. Raises suppression.InvalidAddress."""
+    address = suppression.normalise(channel, raw)
+    out: Counter[str] = Counter()
+    ids = forget_ids(session, tenant_id, channel, address)
+    for start in range(0, len(ids), BATCH):
+        out.update(delete_records(session, channel, ids[start : start + BATCH]))
+    out["events"] += _rowcount(
+        session.execute(
+            delete(DeliveryEvent).where(
+                DeliveryEvent.tenant_id == tenant_id,
+                DeliveryEvent.channel == channel.value,
+                func.lower(DeliveryEvent.recipient) == address.lower(),
+            )
+        )
+    )
+    out["suppressions_hashed"] += _rowcount(
+        session.execute(
+            update(Suppression)
+            .where(
+                Suppression.tenant_id == tenant_id,
+                Suppression.channel == channel.value,
+                Suppression.address == address,
+            )
+            .values(address=suppression.hashed(address), detail=None)
+            .execution_options(synchronize_session=False)
+        )
+    )
+    return out
+
+
+def _rowcount(result: Any) -> int:
+    return int(result.rowcount)
