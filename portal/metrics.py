@@ -140,6 +140,52 @@ class ServerUpCollector(Collector):
         yield up
 
 
+class OperationsCollector(Collector):
+    """What the alert rules of deploy/ watch besides the backlog (issue 16, part 4): how long
+    ago each chore last ran (``chore_last_run_age_seconds{chore}``, from chore_run) and the
+    status callbacks still owed (``callback_backlog``, ``callback_oldest_due_age_seconds``,
+    along the partial index of due deliveries)."""
+
+    def __init__(self, engine: Engine):
+        self.engine = engine
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        from portal.models import CallbackDelivery, ChoreRun, db_now
+
+        chores = GaugeMetricFamily(
+            "chore_last_run_age_seconds",
+            "Seconds since each periodic chore (the stuck-send sweep) last ran",
+            labels=["chore"],
+        )
+        backlog = GaugeMetricFamily(
+            "callback_backlog", "Status callback deliveries not yet delivered nor dead"
+        )
+        oldest = GaugeMetricFamily(
+            "callback_oldest_due_age_seconds",
+            "How long the longest-due status callback delivery has been due",
+        )
+        try:
+            with Session(self.engine) as session:
+                now = session.scalar(select(db_now()))
+                assert now is not None
+                for name, last in session.execute(select(ChoreRun.name, ChoreRun.last_run_at)):
+                    chores.add_metric([name], max(0.0, (now - last).total_seconds()))
+                due = CallbackDelivery.status.in_(["pending", "sending"])
+                backlog.add_metric([], session.scalar(select(func.count()).where(due)) or 0)
+                first = session.scalar(
+                    select(func.min(CallbackDelivery.next_attempt_at)).where(
+                        due, CallbackDelivery.next_attempt_at <= db_now()
+                    )
+                )
+                oldest.add_metric([], max(0.0, (now - first).total_seconds()) if first else 0.0)
+        except Exception as exc:  # a scrape must not fail because the database is away
+            log.warning("operations metrics unavailable: %s", exc)
+            return
+        yield chores
+        yield backlog
+        yield oldest
+
+
 def registry_for(engine: Engine) -> CollectorRegistry:
     """The registry to expose: this process's (or all gunicorn workers') metrics + backlog."""
     from prometheus_client import REGISTRY, multiprocess
@@ -153,6 +199,7 @@ def registry_for(engine: Engine) -> CollectorRegistry:
             registry.register(collector)
     registry.register(BacklogCollector(engine))
     registry.register(ServerUpCollector(engine))
+    registry.register(OperationsCollector(engine))
     return registry
 
 

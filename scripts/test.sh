@@ -19,6 +19,8 @@ command -v redis-server >/dev/null || need_debs+=(redis-server)
 [ -x /usr/bin/chromium ] || need_debs+=(chromium)
 # Bounce mailbox tests run their own Dovecot (tests/support/imap_server.py), never the system's.
 { [ -x /usr/sbin/dovecot ] && [ -x /usr/lib/dovecot/imap ]; } || need_debs+=(dovecot-core dovecot-imapd)
+# deploy/'s alert rules are checked and unit-tested with promtool (Debian's prometheus package).
+command -v promtool >/dev/null || need_debs+=(prometheus)
 if [ ${#need_debs[@]} -gt 0 ]; then
   log "installing Debian packages: ${need_debs[*]}"
   apt-get update -qq

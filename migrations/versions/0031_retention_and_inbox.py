@@ -7,6 +7,7 @@
   (and their recipients) are rebuilt with AUTOINCREMENT, the sequence starting past today's
   largest id; the callback triggers of 0015 go with the old table and are made again.
   PostgreSQL's sequences never go back: nothing to do there.
+- ``idx_received_mail_record``: retention deletes a record's bounce mails with it.
 - ``notification`` (one row per occurrence, deduplicated by key within a tier) and
   ``notification_read`` (who has read it).
 
@@ -76,6 +77,8 @@ def upgrade():
         sa.UniqueConstraint("tenant_id", "dedup_key", name="uq_notification_key"),
     )
     op.create_index("idx_notification_tenant", "notification", ["tenant_id", "id"])
+    # Retention deletes a record's bounce mails with it: find them by index.
+    op.create_index("idx_received_mail_record", "received_mail", ["record_id"])
     op.create_table(
         "notification_read",
         sa.Column("notification_id", BIG, nullable=False),
@@ -103,6 +106,7 @@ def downgrade():
     bind = op.get_bind()
     if bind.dialect.name == "sqlite":
         _sqlite_autoincrement(False)
+    op.drop_index("idx_received_mail_record", table_name="received_mail")
     op.drop_table("notification_read")
     op.drop_index("idx_notification_tenant", table_name="notification")
     op.drop_table("notification")

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Engine, String, and_, cast, delete, exists, func, select, update
+from sqlalchemy import Engine, String, and_, cast, delete, exists, func, select, text, update
 from sqlalchemy.orm import Session
 
 from portal.config import Settings
@@ -123,6 +123,27 @@ def count_purgeable(
     return int(session.scalar(select(func.count()).select_from(model).where(where)) or 0)
 
 
+# PostgreSQL: every delete of a batch in one statement (data-modifying CTEs), the ids as one
+# array parameter: one round trip and one plan per batch instead of six IN lists of 1,000.
+_PG_DELETE = """
+WITH recipients AS (DELETE FROM mail_send_recipient WHERE :mail AND record_id = ANY(:ids)
+                    RETURNING 1),
+     bounce_mails AS (DELETE FROM received_mail WHERE :mail AND record_id = ANY(:ids)
+                      RETURNING 1),
+     events AS (DELETE FROM delivery_event WHERE channel = :channel AND record_id = ANY(:ids)
+                RETURNING 1),
+     callbacks AS (DELETE FROM callback_delivery
+                   WHERE channel = :channel AND record_id = ANY(:ids) RETURNING 1),
+     dead_letters AS (DELETE FROM dead_letter_message
+                      WHERE channel = :channel AND event_id = ANY(:text_ids) RETURNING 1),
+     records AS (DELETE FROM {table} WHERE id = ANY(:ids) RETURNING 1)
+SELECT (SELECT count(*) FROM recipients), (SELECT count(*) FROM bounce_mails),
+       (SELECT count(*) FROM events), (SELECT count(*) FROM callbacks),
+       (SELECT count(*) FROM dead_letters), (SELECT count(*) FROM records)
+"""
+_PG_KINDS = ("recipients", "bounce_mails", "events", "callbacks", "dead_letters")
+
+
 def delete_records(session: Session, channel: Channel, ids: list[int]) -> Counter[str]:
     """Delete records ``ids`` of one channel with their recipients, events, callback
     deliveries, bounce mails and dead letters (the caller chose them and commits)."""
@@ -131,6 +152,19 @@ def delete_records(session: Session, channel: Channel, ids: list[int]) -> Counte
         return out
     model = MODELS[channel]
     text_ids = [str(i) for i in ids]
+    if session.get_bind().dialect.name == "postgresql":
+        row = session.execute(
+            text(_PG_DELETE.format(table=model.__tablename__)),
+            {
+                "ids": ids,
+                "text_ids": text_ids,
+                "channel": channel.value,
+                "mail": channel is Channel.MAIL,
+            },
+        ).one()
+        out.update(dict(zip(_PG_KINDS, row[:5], strict=True)))
+        out[f"{channel.value}_records"] += row[5]
+        return +out  # only the kinds that deleted something
 
     def gone(statement: Any) -> int:
         return _rowcount(session.execute(statement))
@@ -156,7 +190,7 @@ def delete_records(session: Session, channel: Channel, ids: list[int]) -> Counte
         )
     )
     out[f"{channel.value}_records"] += gone(delete(model).where(model.id.in_(ids)))
-    return out
+    return +out
 
 
 def purge(engine: Engine, settings: Settings, batch: int = BATCH) -> Report:
@@ -172,10 +206,12 @@ def purge(engine: Engine, settings: Settings, batch: int = BATCH) -> Report:
             days = retention_days(tenant, channel, settings)
             if days is None:
                 continue
+            now: datetime | None = None
             while True:
                 with Session(engine) as session, session.begin():
-                    now = session.scalar(select(db_now()))
-                    assert now is not None
+                    if now is None:  # one cutoff per run: later batches never reach further
+                        now = session.scalar(select(db_now()))
+                        assert now is not None
                     where = _purgeable(
                         model,
                         channel,

@@ -144,7 +144,11 @@ class ReceivedMail(Base):
     """One message read from a mailbox, stored once per config (Message-ID or content hash)."""
 
     __tablename__ = "received_mail"
-    __table_args__ = (UniqueConstraint("config_id", "dedup_key", name="uq_received_mail_dedup"),)
+    __table_args__ = (
+        UniqueConstraint("config_id", "dedup_key", name="uq_received_mail_dedup"),
+        # Retention and erasure delete a record's bounce mails with it (migration 0031).
+        Index("idx_received_mail_record", "record_id"),
+    )
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True)
     tenant_id: Mapped[int] = mapped_column(BigId)

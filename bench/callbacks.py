@@ -1,0 +1,171 @@
+"""What the status-callback triggers (migration 0015) cost on the delivery hot path.
+
+Three states of the same database, taken in turns (ABC CBA ...) within one run:
+
+none   the callback triggers disabled (ALTER TABLE ... DISABLE TRIGGER): the code before
+       issue 16;
+0 ep   the triggers on, no endpoint anywhere: every Sent write evaluates the trigger's WHEN
+       and calls the function, which finds no endpoint (one index probe);
+1 ep   the triggers on, one enabled endpoint of the records' tenant subscribed to every event:
+       every Sent write also inserts a callback_delivery row (the callback pool is off, so
+       nothing is posted).
+
+claim  bench/claim.py's ``ours`` body (record_sent + the next claim in one statement, no-op
+       sender) on PostgreSQL with history rows, 1 and 8 threads, in time slices.
+smtp   bench/smtp.py's ``ours`` (DeliveryService over a local SMTP sink in its own process),
+       1 and 4 threads, whole runs of N mails.
+
+Figures are ratios against ``none`` in the same run (the machine is shared).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import _common as c  # first: puts the repository root on sys.path
+import claim as cl
+import psycopg
+import smtp as sm
+
+from portal.extensions import db
+from portal.messaging import callbacks
+from portal.models import CallbackEndpoint
+
+DB_NAME = "postroom_bench_callbacks"
+STATES = ("none", "0 ep", "1 ep")
+ORDER = STATES + tuple(reversed(STATES))
+TRIGGERS = ("callback_change", "callback_insert")
+
+
+def set_state(app: Any, dsn: str, state: str, tenant_ids: list[int]) -> None:
+    verb = "DISABLE" if state == "none" else "ENABLE"
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for table in ("mail_send_record", "sms_send_record"):
+            for suffix in TRIGGERS:
+                conn.execute(f"ALTER TABLE {table} {verb} TRIGGER {table}_{suffix}")
+        conn.execute("DELETE FROM callback_delivery")
+        conn.execute("DELETE FROM callback_endpoint")
+    if state == "1 ep":
+        with app.app_context():
+            for tenant_id in tenant_ids:
+                row = CallbackEndpoint(
+                    tenant_id=tenant_id, name="bench", url="https://hooks.example/bench"
+                )
+                row.event_list = list(callbacks.EVENT_TYPES)
+                row.secret = callbacks.new_secret()
+                db.session.add(row)
+            db.session.commit()
+
+
+def bench_claim(app: Any, dsn: str, quick: bool) -> list[list[Any]]:
+    history = 100_000 if quick else 1_000_000
+    slice_s = 0.5 if quick else 2.0
+    rounds = 2 if quick else 4
+    backlog = (6_000, 10_000) if quick else (40_000, 60_000)
+    with app.app_context():
+        engine = db.engine
+    c.say(f"\nclaim: filling {history:,} history rows ...")
+    with psycopg.connect(dsn) as conn:
+        c.fill_history(conn, history)
+    rows = []
+    for threads in (1, 8):
+        totals = {s: [0.0, 0.0] for s in STATES}
+        for r in range(rounds):
+            cl.top_up(dsn, *backlog)
+            line = []
+            for state in ORDER:
+                set_state(app, dsn, state, [1])
+                elapsed, run = cl.drive(threads, slice_s, cl.ours_body(engine))
+                totals[state][0] += run.done
+                totals[state][1] += elapsed
+                line.append(f"{state} {run.done / elapsed:,.0f}")
+            c.say(f"  claim {threads} thread(s) round {r + 1}/{rounds} (rec/s): " + ", ".join(line))
+        rate = {s: n / t for s, (n, t) in totals.items()}
+        rows.append(
+            [
+                "claim",
+                threads,
+                rate["none"],
+                rate["0 ep"],
+                rate["1 ep"],
+                f"{rate['0 ep'] / rate['none']:.3f}",
+                f"{rate['1 ep'] / rate['none']:.3f}",
+            ]
+        )
+    return rows
+
+
+def bench_smtp(app: Any, dsn: str, quick: bool) -> list[list[Any]]:
+    n = 300 if quick else 600
+    rounds = 1 if quick else 2
+    sink = c.Sink("subprocess").start()
+    rows = []
+    try:
+        tenant_id = c.tenant_with_mail_server(app, sink.host, sink.port, slug="cb-smtp")
+        for threads in (1, 4):
+            totals = {s: [0.0, 0.0] for s in STATES}
+            for r in range(rounds):
+                line = []
+                for state in ORDER:
+                    set_state(app, dsn, state, [tenant_id])
+                    sink.clear()
+                    with sink.quiet():
+                        result = sm.run_ours(app, dsn, tenant_id, threads, n)
+                    totals[state][0] += result["n"]
+                    totals[state][1] += result["s"]
+                    line.append(f"{state} {result['n'] / result['s']:,.0f}")
+                c.say(
+                    f"  smtp {threads} thread(s) round {r + 1}/{rounds} (mail/s): "
+                    + ", ".join(line)
+                )
+            rate = {s: n_ / t for s, (n_, t) in totals.items()}
+            rows.append(
+                [
+                    "smtp",
+                    threads,
+                    rate["none"],
+                    rate["0 ep"],
+                    rate["1 ep"],
+                    f"{rate['0 ep'] / rate['none']:.3f}",
+                    f"{rate['1 ep'] / rate['none']:.3f}",
+                ]
+            )
+    finally:
+        sink.stop()
+    return rows
+
+
+def main() -> int:
+    args = c.parse_args(
+        __doc__,
+        lambda p: (
+            p.add_argument("--log", default="info", help="worker log level (default: info)"),
+            p.add_argument("--only", choices=("claim", "smtp"), default=None),
+        ),
+    )
+    c.print_header("bench/callbacks.py: the callback triggers on the hot path", args.quick)
+    rows: list[list[Any]] = []
+    with c.bench_database(DB_NAME) as url:
+        # The callback pool stays off: deliveries pile up, nothing is posted.
+        app = c.make_app(url, callback_concurrency=0)
+        c.worker_logging(args.log)
+        dsn = c.conninfo(url)
+        started = time.perf_counter()
+        if args.only in (None, "smtp"):
+            rows += bench_smtp(app, dsn, args.quick)
+        if args.only in (None, "claim"):
+            rows += bench_claim(app, dsn, args.quick)
+        with app.app_context():
+            db.engine.dispose()
+    c.print_table(
+        "Rate with the callback triggers off (none), on with 0 endpoints, on with 1 endpoint",
+        ["bench", "threads", "none /s", "0 ep /s", "1 ep /s", "0 ep / none", "1 ep / none"],
+        rows,
+    )
+    c.say(f"took {time.perf_counter() - started:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
