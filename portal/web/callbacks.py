@@ -237,6 +237,10 @@ def rotate(endpoint_id: int) -> ResponseReturnValue:
 def test(endpoint_id: int) -> ResponseReturnValue:
     """Send a ``test`` event now and say how the endpoint answered (retried if it failed)."""
     endpoint = owned(CallbackEndpoint, endpoint_id, viewed_tier())
+    problem = callbacks.check_at_save(endpoint.url, settings())
+    if problem:
+        flash(f"Not sent: {problem}.", "error")
+        return redirect(url_for("callbacks.show", endpoint_id=endpoint.id), 303)
     delivery = callbacks.test_event(db.session(), endpoint)
     delivery.status = DeliveryStatus.SENDING.value
     delivery.attempts = 1
@@ -265,6 +269,10 @@ def resend(endpoint_id: int, delivery_id: int) -> ResponseReturnValue:
     delivery = owned(CallbackDelivery, delivery_id, endpoint.tenant_id)
     if delivery.endpoint_id != endpoint.id:
         abort(404)
+    problem = callbacks.check_at_save(endpoint.url, settings())
+    if problem:  # checked at resend too: the URL may have come to resolve privately
+        flash(f"Not resent: {problem}.", "error")
+        return redirect(url_for("callbacks.show", endpoint_id=endpoint.id), 303)
     done = callbacks.resend(
         db.session(), endpoint.tenant_id, [delivery.id], settings().callback_give_up_s
     )
@@ -291,6 +299,10 @@ def replay(endpoint_id: int) -> ResponseReturnValue:
         since = since.replace(tzinfo=UTC)
     if not 2000 <= since.year <= 9999:
         flash("Since must be a date and time after 2000.", "error")
+        return redirect(url_for("callbacks.show", endpoint_id=endpoint.id), 303)
+    problem = callbacks.check_at_save(endpoint.url, settings())
+    if problem:
+        flash(f"Not replayed: {problem}.", "error")
         return redirect(url_for("callbacks.show", endpoint_id=endpoint.id), 303)
     count = callbacks.replay_since(
         db.session(), endpoint.tenant_id, endpoint.id, since, settings().callback_give_up_s
