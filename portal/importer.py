@@ -247,8 +247,9 @@ _ALLOWED: dict[str, set[str]] = {
         "replyTo",
         "preferredServer",
         "stream",
+        "strictVariables",
     },
-    "smsTemplates": {"tenant", "code", "name", "content", "enabled", "stream"},
+    "smsTemplates": {"tenant", "code", "name", "content", "enabled", "stream", "strictVariables"},
     "smsBindings": {
         "tenant",
         "template",
@@ -505,6 +506,21 @@ class _Importer:
             if server
             else None
         )
+        self._template_version(e, row)
+
+    def _template_version(self, e: _Entry, row: MailTemplate | SmsTemplate) -> None:
+        """strictVariables (omitted: the stored value; a new template: on), then a new
+        version only when the content changed (issue 15)."""
+        from portal.messaging import template_versions
+
+        row.strict_variables = e.flag("strictVariables", self.stored(row, "strict_variables"), True)
+        if self.stored(row, "id") is None:
+            row.version = 1
+        elif template_versions.changed(self.session, row):
+            row.version = (row.version or 0) + 1
+        else:
+            return
+        template_versions.save_version(self.session, row, None, "imported")
 
     def _smsTemplates(self, e: _Entry) -> None:
         from portal.messaging.templating import TemplateRenderError, compile_check
@@ -521,6 +537,7 @@ class _Importer:
             raise e.fail(f"content does not compile: {exc}") from None
         row.enabled = e.flag("enabled", self.stored(row, "enabled"), True)
         row.stream = self._stream(e, row)
+        self._template_version(e, row)
 
     def _stream(self, e: _Entry, row: MailTemplate | SmsTemplate) -> str:
         """A template's default stream; omitted, the stored one stays (transactional when new)."""

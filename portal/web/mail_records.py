@@ -107,6 +107,7 @@ class Filters(ListFilters):
     q: str = ""
     status: str = ""
     template: str = ""
+    tests: str = ""  # issue 15: "" shows test sends, "hide" hides them, "only" shows only them
     date_from: date | None = None
     date_to: date | None = None
 
@@ -133,7 +134,7 @@ def parse_filters(source: Mapping[str, str]) -> Filters:
     """Read and check the list's query (or a bulk form's copy of it); never raises."""
     raw = {
         name: (source.get(name) or "").strip()
-        for name in ("q", "status", "template", "from", "to", "before")
+        for name in ("q", "status", "template", "tests", "from", "to", "before")
     }
     filters = Filters(raw=raw)
     errors = filters.errors
@@ -149,6 +150,10 @@ def parse_filters(source: Mapping[str, str]) -> Filters:
         errors["template"] = f"A template code has at most {MAX_TEMPLATE_CHARS} characters."
     else:
         filters.template = raw["template"]
+    if raw["tests"] not in ("", "hide", "only"):
+        errors["tests"] = "Choose whether test sends are shown."
+    else:
+        filters.tests = raw["tests"]
     for name in ("from", "to"):
         if raw[name]:
             parsed = parse_date(raw[name])
@@ -334,6 +339,8 @@ def conditions(
         where.append(model.status == filters.status)
     if filters.template:
         where.append(model.template_code == filters.template)
+    if filters.tests:
+        where.append(model.is_test.is_(filters.tests == "only"))
     if filters.date_from:
         where.append(model.created_time >= day_start(filters.date_from))
     if filters.date_to:

@@ -128,6 +128,7 @@ def _saved(template: MailTemplate) -> dict[str, Any]:
         "code": template.code.strip(),
         "name": (template.name or template.code).strip(),
         "enabled": template.enabled,
+        "strict_variables": template.strict_variables,
         "subject": (template.subject or "").strip(),
         "html_body": body(template.html_body),
         "text_body": body(template.text_body),

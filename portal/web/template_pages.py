@@ -21,6 +21,7 @@ import redis
 from flask import (
     Blueprint,
     Response,
+    abort,
     current_app,
     flash,
     redirect,
@@ -29,18 +30,26 @@ from flask import (
     url_for,
 )
 from flask.typing import ResponseReturnValue
-from sqlalchemy import select
+from sqlalchemy import select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from portal.config import Settings
 from portal.extensions import db
-from portal.messaging import acceptance, templating
-from portal.models import AuditAction, Channel, MailTemplate, Scope, SmsTemplate
+from portal.messaging import acceptance, template_versions, templating
+from portal.models import (
+    AuditAction,
+    Channel,
+    MailSendRecord,
+    MailTemplate,
+    Scope,
+    SmsSendRecord,
+    SmsTemplate,
+)
 from portal.models.record import Stream
 from portal.redis_store import connect
 from portal.tenancy import PLATFORM_TENANT_ID, new_trace_id, tenant_context
-from portal.web.access import Permission, audit, requires, user
+from portal.web.access import Permission, audit, can, requires, user
 from portal.web.forms import (
     Form,
     form_data,
@@ -62,6 +71,7 @@ LABELS = {
     "name": "Name",
     "enabled": "Enabled",
     "stream": "Stream",
+    "strict_variables": "Refuse sends that lack a needed variable",
     "variables": "Sample variables",
 }
 STREAMS = [(Stream.TRANSACTIONAL.value, "Transactional"), (Stream.BROADCAST.value, "Broadcast")]
@@ -153,7 +163,13 @@ def read(kind: Kind[T], form: Form, tier: int, template_id: int | None) -> dict[
             form.fail("code", f"{code!r} is already used by another {kind.noun}")
     if not form.ok or code is None or own is None:
         return None
-    return {"code": code, "name": name or code, "enabled": form.flag("enabled"), **own}
+    return {
+        "code": code,
+        "name": name or code,
+        "enabled": form.flag("enabled"),
+        "strict_variables": form.flag("strict_variables"),
+        **own,
+    }
 
 
 def read_stream(form: Form) -> str:
@@ -163,18 +179,26 @@ def read_stream(form: Form) -> str:
 
 
 def form_of(kind: Kind[T], template: T) -> Form:
-    common: tuple[str, ...] = ("code", "name", "enabled", "stream")
-    common = ("code", "name", "enabled", "stream")
+    common: tuple[str, ...] = ("code", "name", "enabled", "stream", "strict_variables")
     values = {name: getattr(template, name) for name in (*common, *kind.fields)}
-    variables = remembered_sample(kind.channel, template.id) or sample_variables(
-        *(getattr(template, name) for name in kind.sources)
+    saved = (
+        json.dumps(template.sample_variables, indent=2, ensure_ascii=False)
+        if template.sample_variables is not None
+        else None
+    )
+    variables = (
+        remembered_sample(kind.channel, template.id)
+        or saved
+        or sample_variables(*(getattr(template, name) for name in kind.sources))
     )
     return Form(form_data(**values, variables=variables), kind.labels)
 
 
 def audit_save(kind: Kind[T], template: T, what: str) -> None:
     """The audit row of a change to ``template`` (committed with it): its channel and code,
-    what happened ("created", "saved", "attachment added: a.pdf") and the version it made."""
+    what happened ("created", "saved", "attachment added: a.pdf") and the version it made,
+    which is kept as an immutable version (issue 15)."""
+    template_versions.save_version(db.session(), template, user().email, what)
     audit(
         AuditAction.TEMPLATE_SAVE,
         tenant_id=template.tenant_id,
@@ -210,6 +234,19 @@ def sample_variables(*sources: str | None) -> str:
     return json.dumps({name: f"[{name}]" for name in names}, indent=2, ensure_ascii=False)
 
 
+def saved_sample(form: Form) -> dict[str, Any] | None:
+    """The editor's sample variables to keep with the template (issue 15: the preview, Send
+    test and a dry run without records use them); None unless a JSON object within limits."""
+    raw = form.raw("variables")
+    if not raw.strip() or len(raw) > templating.configured_limits().variables_max_bytes:
+        return None
+    try:
+        value = json.loads(raw)
+        return templating.validate_variables(value) if isinstance(value, dict) else None
+    except (ValueError, templating.TemplateRenderError):
+        return None
+
+
 def remember_sample(channel: Channel, template_id: int, raw: str) -> None:
     """Keep the sample variables a user saved a template with, so the editor reopens with
     them (they are not part of the template). Best effort: Redis away, nothing is kept."""
@@ -239,6 +276,10 @@ class Preview:
     variables: list[str] = field(default_factory=list)
     missing: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
+    needed: list[str] = field(default_factory=list)  # issue 15: what a send must give
+    optional: list[str] = field(default_factory=list)
+    strict: bool = True
+    refused: list[str] = field(default_factory=list)  # needed names the sample lacks
 
     def sample(
         self, parts: Sequence[tuple[str, str | None]], variables_raw: str
@@ -248,13 +289,29 @@ class Preview:
         self.variables, self.errors = variables_used(parts, draft=True)
         if self.errors:
             return None
+        try:
+            needs = templating.variable_needs([source for _, source in parts], draft=True)
+        except templating.TemplateRenderError:
+            needs = templating.VariableNeeds((), ())
+        self.needed, self.optional = list(needs.needed), list(needs.optional)
         form = Form({"variables": variables_raw}, LABELS)
         variables = form.json_object("variables")
         if variables is None:
             self.errors.append(form.errors["variables"])
             return None
         self.missing = [name for name in self.variables if name not in variables]
+        # The rule acceptance applies: a strict template's send without these is refused.
+        self.refused = [name for name in self.needed if name not in variables]
         return variables
+
+
+def previewed(kind: Kind[T], form: Form) -> dict[str, Any]:
+    """The channel's preview context, told whether the editor's template is strict."""
+    context = kind.preview(form)
+    preview = context.get("preview")
+    if isinstance(preview, Preview):
+        preview.strict = form.flag("strict_variables")
+    return context
 
 
 # --- pages -------------------------------------------------------------------------------------
@@ -279,7 +336,7 @@ def editor(
         form=form,
         tier_name=tier_name(tier),
         send=send or {},
-        **(kind.preview(form) | kind.context(template, tier) | extra),
+        **(previewed(kind, form) | kind.context(template, tier) | extra),
     ), status
 
 
@@ -307,7 +364,11 @@ def blueprint(kind: Kind[T], import_name: str) -> Blueprint:
     @requires(Permission.EDIT_TEMPLATES)
     def new() -> tuple[str, int]:
         """An empty editor."""
-        return editor(kind, None, Form({"enabled": "on", "variables": "{}"}, kind.labels))
+        return editor(
+            kind,
+            None,
+            Form({"enabled": "on", "strict_variables": "on", "variables": "{}"}, kind.labels),
+        )
 
     @bp.post("/")
     @requires(Permission.EDIT_TEMPLATES)
@@ -320,6 +381,7 @@ def blueprint(kind: Kind[T], import_name: str) -> Blueprint:
         if values is None or not form.ok:
             return editor(kind, None, form, status=422)
         template = kind.model(tenant_id=tier, version=1, stream=stream, **values)
+        template.sample_variables = saved_sample(form)
         db.session.add(template)
         try:
             db.session.flush()  # the audit row names the new template's id
@@ -355,6 +417,7 @@ def blueprint(kind: Kind[T], import_name: str) -> Blueprint:
         for key, value in values.items():
             setattr(template, key, value)
         template.stream = stream
+        template.sample_variables = saved_sample(form) or template.sample_variables
         template.version += 1
         audit_save(kind, template, "saved")
         try:
@@ -372,7 +435,9 @@ def blueprint(kind: Kind[T], import_name: str) -> Blueprint:
     def preview() -> str:
         """The preview panel for the editor's current input (it saves nothing)."""
         form = Form(request.form, kind.labels)
-        return render_template(f"{kind.blueprint}/_preview.html", kind=kind, **kind.preview(form))
+        return render_template(
+            f"{kind.blueprint}/_preview.html", kind=kind, **previewed(kind, form)
+        )
 
     @bp.post("/<int:template_id>/send-test")
     @requires(Permission.EDIT_TEMPLATES)
@@ -390,6 +455,7 @@ def blueprint(kind: Kind[T], import_name: str) -> Blueprint:
                     accepted = kind.accept(
                         db.session(), test.request | {"scope": scope.value}, settings=settings()
                     )
+                mark_test(kind, template.tenant_id, accepted.id)
                 db.session.commit()
             except acceptance.AcceptanceError as exc:
                 db.session.rollback()
@@ -413,4 +479,127 @@ def blueprint(kind: Kind[T], import_name: str) -> Blueprint:
         page, _ = editor(kind, template, form, status=status, send=result)
         return varies(Response(page, status))
 
+    @bp.get("/<int:template_id>/versions")
+    @requires(Permission.VIEW_RECORDS)
+    def versions(template_id: int) -> str:
+        """The template's saved versions, newest first, with a form to compare two."""
+        template = owned(kind.model, template_id, viewed_tier())
+        rows = template_versions.versions(
+            db.session(), template.tenant_id, kind.channel.value, template.id
+        )
+        return render_template(
+            "shared/template_versions.html",
+            kind=kind,
+            template=template,
+            versions=rows,
+            tier_name=tier_name(template.tenant_id),
+            may_edit=can(Permission.EDIT_TEMPLATES),
+        )
+
+    @bp.get("/<int:template_id>/versions/<int:number>")
+    @requires(Permission.VIEW_RECORDS)
+    def version(template_id: int, number: int) -> str:
+        """One saved version's whole content."""
+        template = owned(kind.model, template_id, viewed_tier())
+        row = _version_or_404(kind, template, number)
+        return render_template(
+            "shared/template_version.html",
+            kind=kind,
+            template=template,
+            version=row,
+            labels=template_versions.LABELS,
+            tier_name=tier_name(template.tenant_id),
+            may_edit=can(Permission.EDIT_TEMPLATES),
+        )
+
+    @bp.get("/<int:template_id>/versions/diff")
+    @requires(Permission.VIEW_RECORDS)
+    def diff(template_id: int) -> ResponseReturnValue:
+        """Two versions side by side (``a`` and ``b`` are version numbers)."""
+        template = owned(kind.model, template_id, viewed_tier())
+        numbers = []
+        for name in ("a", "b"):
+            raw = request.args.get(name, "").strip()
+            if not raw.isdigit() or not 1 <= int(raw) <= 2**31 - 1:
+                return Response(f"{name}: give a version number", 422, mimetype="text/plain")
+            numbers.append(int(raw))
+        left = _version_or_404(kind, template, numbers[0])
+        right = _version_or_404(kind, template, numbers[1])
+        return render_template(
+            "shared/template_diff.html",
+            kind=kind,
+            template=template,
+            left=left,
+            right=right,
+            fields=template_versions.diff(left.content, right.content),
+            tier_name=tier_name(template.tenant_id),
+        )
+
+    @bp.post("/<int:template_id>/versions/<int:number>/restore")
+    @requires(Permission.EDIT_TEMPLATES)
+    def restore(template_id: int, number: int) -> ResponseReturnValue:
+        """Save an old version's content as a new version."""
+        template = owned(kind.model, template_id, viewed_tier())
+        row = _version_or_404(kind, template, number)
+        template_versions.restore(db.session(), template, row)
+        template.version += 1
+        audit_save(kind, template, f"restored from version {number}")
+        db.session.commit()
+        flash(f"Version {number} restored as version {template.version}.", "success")
+        return redirect(url_for(kind.endpoint("edit"), template_id=template.id), 303)
+
+    @bp.get("/versions/record/<int:record_id>")
+    @requires(Permission.VIEW_RECORDS)
+    def record_version(record_id: int) -> ResponseReturnValue:
+        """The template version a record was prepared with (the record page links here)."""
+        tier = viewed_tier()
+        record: MailSendRecord | SmsSendRecord = (
+            owned(MailSendRecord, record_id, tier)
+            if kind.channel == Channel.MAIL
+            else owned(SmsSendRecord, record_id, tier)
+        )
+        if record.template_version is None:
+            abort(404)
+        template = None
+        if record.template_id is not None:
+            template = owned(kind.model, record.template_id, tier)
+        elif record.template_code is not None:
+            template = db.session.scalar(
+                select(kind.model).where(
+                    kind.model.tenant_id == tier, kind.model.code == record.template_code
+                )
+            )
+        if template is None:
+            abort(404)
+        _version_or_404(kind, template, record.template_version)
+        return redirect(
+            url_for(
+                kind.endpoint("version"), template_id=template.id, number=record.template_version
+            ),
+            303,
+        )
+
     return bp
+
+
+def mark_test(kind: Kind[T], tenant_id: int, record_id: int) -> None:
+    """A test send is marked on its record (issue 15, part 4): a badge in lists and on its
+    page, a filter that hides them, and a count apart in the quota's usage."""
+    model = MailSendRecord if kind.channel == Channel.MAIL else SmsSendRecord
+    db.session.execute(
+        update(model)
+        .where(model.id == record_id, model.tenant_id == tenant_id)
+        .values(is_test=True)
+    )
+
+
+def _version_or_404(kind: Kind[T], template: T, number: int) -> Any:
+    """The template's version ``number`` (tenant-scoped), else 404."""
+    if not 1 <= number <= 2**31 - 1:
+        abort(404)
+    row = template_versions.version(
+        db.session(), template.tenant_id, kind.channel.value, template.id, number
+    )
+    if row is None:
+        abort(404)
+    return row

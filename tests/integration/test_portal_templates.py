@@ -153,6 +153,7 @@ def mail_form(template: MailTemplate | None = None, **changes: Any) -> dict[str,
         "html_body": "<p>Thanks {{ name }}</p>",
         "text_body": "",
         "enabled": "on",
+        "strict_variables": "on",  # issue 15: on for a new template
         "priority": "",
         "reply_to": "",
         "preferred_server_id": "",
@@ -174,6 +175,8 @@ def mail_form(template: MailTemplate | None = None, **changes: Any) -> dict[str,
         )
         if not template.enabled:
             del base["enabled"]
+        if not template.strict_variables:
+            del base["strict_variables"]
     base.update(changes)
     return {k: v for k, v in base.items() if v is not None}
 

@@ -163,6 +163,7 @@ PARAMS: dict[str, Param] = {
     "country": text("GB"),
     "version": text("1"),  # a template's version as the editor loaded it (a stale save is 409)
     "strict_variables": enum("on", ""),
+    "tests": enum("", "hide", "only"),  # the record lists' test-send filter (issue 15)
     # two template versions to compare (issue 15)
     "a": text("1"),
     "b": text("1"),

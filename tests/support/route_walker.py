@@ -32,6 +32,7 @@ from werkzeug.exceptions import HTTPException
 from werkzeug.routing import Rule
 from werkzeug.test import TestResponse
 
+from portal.messaging import template_versions
 from portal.models import (
     ApiKey,
     AppUser,
@@ -55,6 +56,7 @@ from portal.models import (
     SmsTemplate,
     SmsTemplateProviderBinding,
     Suppression,
+    TemplateVersion,
     TenantMessageQuota,
     TenantMessageUsage,
 )
@@ -236,6 +238,20 @@ def seed_tier(session: Session, tenant_id: int, tier: str, port: int, roles: Ite
     sms_template = SmsTemplate(tenant_id=tenant_id, content=f"{marker(tier)} {{{{ name }}}}")
     add(sms_template, "sms_template")
     out.codes["sms_template"].append(sms_template.code)
+    # Each template's saved version (issue 15), its content marked like the template's.
+    for channel, saved in (("mail", mail_template), ("sms", sms_template)):
+        session.add(
+            TemplateVersion(
+                tenant_id=tenant_id,
+                channel=channel,
+                template_id=saved.id,
+                number=saved.version or 1,
+                author=marker(tier),
+                remark=marker(tier),
+                content=template_versions.content_of(session, saved),
+            )
+        )
+    session.flush()
     add(
         SmsTemplateProviderBinding(
             tenant_id=tenant_id, template_id=sms_template.id, provider_id=provider.id
@@ -383,6 +399,8 @@ _OWNER_THROUGH = {
 UNOWNED = {
     "login_throttle": "sign-in attempt counts, keyed by address and client: no tier's data",
     "chore_run": "when each periodic chore (the stuck-send sweep) last ran: no tier's data",
+    "template_blob": "template attachment bytes by content hash; pages reach them only "
+    "through a version of a template of the viewer's tier",
     "breaker_state": "a server's or provider's circuit breaker (up/down, last connection "
     "error), keyed by channel and config id; pages read it only for configs the tier lists",
 }
