@@ -96,6 +96,13 @@ def engine_options(settings: Settings) -> dict[str, Any]:
         # idle, which is when a restarted server has broken it.
         "pool_recycle": 1800,
         "pool_timeout": 30,
+        # A transaction-mode pooler hands each transaction any server connection: a statement
+        # prepared on one is unknown on the next (DATABASE_POOLER=transaction).
+        **(
+            {"connect_args": {"prepare_threshold": None}}
+            if settings.database_pooler == "transaction"
+            else {}
+        ),
     }
 
 

@@ -161,6 +161,10 @@ class Settings:
     # Retention (issue 16, part 2): the chore's interval; days kept when a tenant sets none.
     retention_interval_s: float = 3600.0
     retention_days_default: int | None = None
+    # Behind a transaction-mode pooler (PgBouncer 1.18): no prepared statements, and LISTEN on
+    # a direct connection (DATABASE_DIRECT_URL), which a pooled one cannot hold.
+    database_pooler: str | None = None
+    database_direct_url: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
@@ -210,6 +214,12 @@ class Settings:
             callback_give_up_s=_float(env, "CALLBACK_GIVE_UP_S", 86400.0),
             retention_interval_s=_float(env, "RETENTION_INTERVAL_S", 3600.0),
             retention_days_default=_retention_days(env),
+            database_pooler=_pooler(env),
+            database_direct_url=(
+                normalise_database_url(env["DATABASE_DIRECT_URL"])
+                if env.get("DATABASE_DIRECT_URL")
+                else None
+            ),
         )
         settings.warn_about_timeouts()
         return settings
@@ -234,6 +244,15 @@ class Settings:
         values = {f.name: getattr(self, f.name) for f in fields(self)}
         values.update(changes)
         return Settings(**values)
+
+
+def _pooler(env: dict[str, str]) -> str | None:
+    value = (env.get("DATABASE_POOLER") or "").strip().lower()
+    if value in ("", "none", "session"):
+        return None
+    if value != "transaction":
+        raise ConfigError(f"DATABASE_POOLER must be transaction or empty, got {value!r}")
+    return value
 
 
 def _retention_days(env: dict[str, str]) -> int | None:

@@ -21,6 +21,8 @@ command -v redis-server >/dev/null || need_debs+=(redis-server)
 { [ -x /usr/sbin/dovecot ] && [ -x /usr/lib/dovecot/imap ]; } || need_debs+=(dovecot-core dovecot-imapd)
 # deploy/'s alert rules are checked and unit-tested with promtool (Debian's prometheus package).
 command -v promtool >/dev/null || need_debs+=(prometheus)
+# The worker is tested through a local PgBouncer in transaction mode.
+[ -x /usr/sbin/pgbouncer ] || need_debs+=(pgbouncer)
 if [ ${#need_debs[@]} -gt 0 ]; then
   log "installing Debian packages: ${need_debs[*]}"
   apt-get update -qq

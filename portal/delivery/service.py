@@ -113,7 +113,9 @@ class DeliveryService:
         self.listener: Listener | None = None
         if self.engine.dialect.name == "postgresql":
             self.listener = Listener(
-                self.engine, {c.value: pool.wake for c, pool in self.pools.items()}
+                self.engine,
+                {c.value: pool.wake for c, pool in self.pools.items()},
+                self.settings.database_direct_url,
             )
         self.sweep_watch = SweepWatch(self.engine, self.settings)
         self.callbacks = CallbackPool(self.engine, self.settings)

@@ -11,7 +11,7 @@ import threading
 from collections.abc import Mapping
 
 import psycopg
-from sqlalchemy import Engine
+from sqlalchemy import Engine, make_url
 
 from portal.messaging.acceptance import NOTIFY_CHANNEL
 
@@ -26,8 +26,16 @@ def _conninfo(engine: Engine) -> str:
 class Listener:
     """A thread holding one LISTEN connection that sets the channel's wake event."""
 
-    def __init__(self, engine: Engine, wake: Mapping[str, threading.Event]):
-        self.conninfo = _conninfo(engine)
+    def __init__(
+        self, engine: Engine, wake: Mapping[str, threading.Event], direct_url: str | None = None
+    ):
+        # LISTEN needs a session of its own: behind a transaction-mode pooler it goes to
+        # DATABASE_DIRECT_URL, the database itself.
+        self.conninfo = (
+            _conninfo(engine)
+            if direct_url is None
+            else make_url(direct_url).set(drivername="postgresql").render_as_string(False)
+        )
         self.wake = {NOTIFY_CHANNEL[name]: event for name, event in wake.items()}
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, name="listen-notify", daemon=True)

@@ -125,7 +125,8 @@ class Direct:
 
     def _execute(self, engine: Engine, plan: _Plan, args: Any) -> tuple[int, list[Sequence[Any]]]:
         with driver_cursor(engine) as cursor:
-            if plan.prepare:
+            # Not behind a transaction-mode pooler (DATABASE_POOLER: prepare_threshold None).
+            if plan.prepare and cursor.connection.prepare_threshold is not None:
                 cursor.execute(plan.sql, args, prepare=True)
             else:
                 cursor.execute(plan.sql, args)
