@@ -518,9 +518,31 @@ class _Importer:
             row.version = 1
         elif template_versions.changed(self.session, row):
             row.version = (row.version or 0) + 1
+            self._dry_run_note(e, row)
         else:
             return
         template_versions.save_version(self.session, row, None, "imported")
+
+    def _dry_run_note(self, e: _Entry, row: MailTemplate | SmsTemplate) -> None:
+        """No dry run stops an import, but its counts are printed (issue 15)."""
+        from portal.messaging import template_dry_run
+
+        check = template_dry_run.run(
+            self.session,
+            row,
+            template_dry_run.sources_of(row),
+            strict=row.strict_variables,
+            samples=False,
+        )
+        if not check.found:
+            return
+        missing = ", ".join(f"{name} ({n})" for name, n in check.missing.most_common())
+        self.report.notes.append(
+            f"{e.where}: version {row.version} checked against {check.checked} of "
+            f"{check.found} recent sends: {check.rendered} render, {check.refused} would be "
+            f"refused for missing variables{f' ({missing})' if missing else ''}, "
+            f"{check.failed} fail to render"
+        )
 
     def _smsTemplates(self, e: _Entry) -> None:
         from portal.messaging.templating import TemplateRenderError, compile_check

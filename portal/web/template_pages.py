@@ -36,7 +36,7 @@ from sqlalchemy.orm import Session
 
 from portal.config import Settings
 from portal.extensions import db
-from portal.messaging import acceptance, template_versions, templating
+from portal.messaging import acceptance, template_dry_run, template_versions, templating
 from portal.models import (
     AuditAction,
     Channel,
@@ -414,6 +414,12 @@ def blueprint(kind: Kind[T], import_name: str) -> Blueprint:
             form.errors["version"] = STALE
         if values is None or not form.ok:
             return editor(kind, template, form, status=422)
+        if form.raw("dry_run_seen") != "yes":
+            # A change goes live only after a look at what it does to recent sends (issue 15):
+            # a template with no earlier records saves at once.
+            check = dry_run(kind, template, form, values)
+            if check is not None and check.found:
+                return editor(kind, template, form, dry_run=check, confirming=True)
         for key, value in values.items():
             setattr(template, key, value)
         template.stream = stream
@@ -438,6 +444,31 @@ def blueprint(kind: Kind[T], import_name: str) -> Blueprint:
         return render_template(
             f"{kind.blueprint}/_preview.html", kind=kind, **previewed(kind, form)
         )
+
+    @bp.post("/<int:template_id>/dry-run")
+    @requires(Permission.EDIT_TEMPLATES)
+    def check(template_id: int) -> ResponseReturnValue:
+        """Check against recent sends: the editor's content rendered against the variables
+        of the last records that used this template, without saving."""
+        template = owned(kind.model, template_id, viewed_tier())
+        form = Form(request.form, kind.labels)
+        values = read(kind, form, template.tenant_id, template.id)
+        status = 200
+        result = None
+        if values is None or not form.ok:
+            status = 422
+        else:
+            result = dry_run(kind, template, form, values, always=True)
+        html = render_template(
+            "shared/_dry_run.html",
+            kind=kind,
+            template=template,
+            form=form,
+            dry_run=result,
+            confirming=False,
+            checked_errors=result is None,
+        )
+        return varies(Response(html, status))
 
     @bp.post("/<int:template_id>/send-test")
     @requires(Permission.EDIT_TEMPLATES)
@@ -580,6 +611,29 @@ def blueprint(kind: Kind[T], import_name: str) -> Blueprint:
         )
 
     return bp
+
+
+def dry_run(
+    kind: Kind[T], template: T, form: Form, values: Mapping[str, Any], *, always: bool = False
+) -> template_dry_run.DryRun | None:
+    """The dry run of the editor's content (None when its Liquid is unchanged and not
+    ``always``); samples only for a user who may read the records."""
+    new = tuple(values.get(name) for name in kind.sources)
+    current = template_dry_run.sources_of(template)
+    stricter = bool(values.get("strict_variables")) and not template.strict_variables
+    if not always and not stricter and _normalised(new) == _normalised(current):
+        return None
+    return template_dry_run.run(
+        db.session(),
+        template,
+        new,
+        strict=bool(values.get("strict_variables")),
+        samples=can(Permission.VIEW_RECORDS),
+    )
+
+
+def _normalised(sources: Sequence[str | None]) -> tuple[str, ...]:
+    return tuple((source or "").replace("\r\n", "\n").strip() for source in sources)
 
 
 def mark_test(kind: Kind[T], tenant_id: int, record_id: int) -> None:

@@ -120,6 +120,10 @@ def expected_counts(data: Config) -> dict[str, int]:
     for section, table in SECTION_TABLES.items():
         wanted[table] = len(data.get(section, []))
     wanted["tenant"] += 1  # the platform tier's row is always there
+    # Issue 15: each imported template's first version.
+    wanted["template_version"] = len(data.get("mailTemplates", [])) + len(
+        data.get("smsTemplates", [])
+    )
     return wanted
 
 

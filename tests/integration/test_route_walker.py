@@ -164,6 +164,7 @@ PARAMS: dict[str, Param] = {
     "version": text("1"),  # a template's version as the editor loaded it (a stale save is 409)
     "strict_variables": enum("on", ""),
     "tests": enum("", "hide", "only"),  # the record lists' test-send filter (issue 15)
+    "dry_run_seen": enum("", "yes"),  # a template save confirmed after its dry run
     # two template versions to compare (issue 15)
     "a": text("1"),
     "b": text("1"),

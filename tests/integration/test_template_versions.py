@@ -177,13 +177,21 @@ def test_import_makes_a_version_only_when_the_content_changed(
     import_config(db.session, data)  # the same again: no new version
     db.session.commit()
     assert [v.number for v in versions_of(row.id)] == [1]
-    data["mailTemplates"][0]["text"] = "Hello again"
+    data["mailTemplates"][0]["text"] = "Hello again {{ plan }}"
     data["mailTemplates"][0]["strictVariables"] = False
-    import_config(db.session, data)
+    db.session.add(
+        MailSendRecord(
+            tenant_id=row.tenant_id, to_addrs=["a@example.com"], template_code="hi", variables={}
+        )
+    )
     db.session.commit()
+    report = import_config(db.session, data)
+    db.session.commit()
+    # No dry run stops an import; its counts are printed.
+    assert any("checked against 1 of 1 recent sends: 1 render" in n for n in report.notes)
     assert [v.number for v in versions_of(row.id)] == [1, 2]
     assert template(row.id).strict_variables is False
-    assert versions_of(row.id)[-1].content["text_body"] == "Hello again"
+    assert versions_of(row.id)[-1].content["text_body"] == "Hello again {{ plan }}"
     assert [v.number for v in versions_of(sms.id, "sms")] == [1]
     assert db.session.scalar(select(func.count()).select_from(TemplateVersion)) == 3
 
