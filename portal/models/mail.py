@@ -26,6 +26,7 @@ from portal.models.record import (
     STREAM_DEFAULT,
     SendRecordMixin,
     Stream,
+    decision_index,
     fair_indexes,
 )
 
@@ -128,6 +129,7 @@ class MailSendRecord(SendRecordMixin, Base):
         Index("idx_mail_send_tenant_status", "tenant_id", "status", "id"),
         Index("idx_mail_send_created", "created_time"),
         *fair_indexes("mail_send"),
+        decision_index("mail_send"),
         UniqueConstraint("tenant_id", "business_key", name="uq_mail_send_business_key"),
         # Ids are never reused (Message-IDs and idempotency keys are built from them), also on
         # SQLite after retention purged the newest records (migration 0031).

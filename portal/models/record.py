@@ -42,6 +42,27 @@ SCAN_TABLE_STORAGE = {
 # small as its backlog. Pending per stream and tenant: the claim walks the tenants with due
 # work and takes each one's oldest. Retry per stream by due time (a partial index, so a
 # claim of one stream never reads through the other's due retries).
+# Records a person must decide about (the "Needs a decision" page and the dashboard count):
+# Uncertain, or not sent with an unresolved ambiguous attempt. Partial, so only those rows
+# have entries: the delivery loop's status changes of every other record never touch it, and
+# the list and count read only the rows they show, however many plain failures a tenant has.
+NEEDS_DECISION = (
+    "status = 'Uncertain' OR (ambiguous_attempt AND resolution IS NULL "
+    "AND status IN ('Failed', 'DeadLetter', 'Suppressed'))"
+)
+
+
+def decision_index(prefix: str) -> Index:
+    """``idx_<prefix>_needs_decision`` (partial, ``NEEDS_DECISION``)."""
+    return Index(
+        f"idx_{prefix}_needs_decision",
+        "tenant_id",
+        "id",
+        postgresql_where=text(NEEDS_DECISION),
+        sqlite_where=text(NEEDS_DECISION),
+    )
+
+
 def fair_indexes(prefix: str) -> tuple[Index, Index]:
     """``idx_<prefix>_pending_fair`` and ``idx_<prefix>_retry_due`` (both partial)."""
     return (

@@ -27,6 +27,7 @@ from portal.models.record import (
     STREAM_DEFAULT,
     SendRecordMixin,
     Stream,
+    decision_index,
     fair_indexes,
 )
 
@@ -177,6 +178,7 @@ class SmsSendRecord(SendRecordMixin, Base):
         Index("idx_sms_send_tenant_status", "tenant_id", "status", "id"),
         Index("idx_sms_send_created", "created_time"),
         *fair_indexes("sms_send"),
+        decision_index("sms_send"),
         UniqueConstraint("tenant_id", "business_key", name="uq_sms_send_business_key"),
         # Ids are never reused (Message-IDs and idempotency keys are built from them), also on
         # SQLite after retention purged the newest records (migration 0031).

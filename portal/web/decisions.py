@@ -6,11 +6,10 @@ every Failed, DeadLetter and Suppressed record with an ambiguous attempt that no
 resolved: its status says it was not sent, yet it may have been. Mail and SMS together; each
 row links to its record page, where Resolve (or a Retry that warns first) applies.
 
-The list walks the record tables' (tenant_id, status, id) index once per status, newest
-first, with a keyset cursor per channel (``channel`` and ``before``); across every tenant the
-same walk runs under ``tenant_scope``. The ambiguous filter is applied to the rows each walk
-reads, so the cost grows with the Failed/DeadLetter/Suppressed records of the viewed tenant
-that are not ambiguous (see bench figures in the README's pages table).
+The list and the count walk one partial index per record table (``idx_*_needs_decision``,
+migration 0040), which holds only these records, newest first, with a keyset cursor per
+channel (``channel`` and ``before``); across every tenant the same walk runs under
+``tenant_scope``. Their cost follows the records listed, not the tenant's other failures.
 """
 
 from __future__ import annotations
@@ -20,11 +19,11 @@ from typing import Any
 
 from flask import Blueprint, render_template, request
 from flask.typing import ResponseReturnValue
-from sqlalchemy import ColumnElement, Select, func, literal, select, union_all
+from sqlalchemy import ColumnElement, TextClause, func, literal, select, text
 from sqlalchemy.orm import load_only
 
 from portal.extensions import db
-from portal.models import SendStatus
+from portal.models.record import NEEDS_DECISION
 from portal.web import explain
 from portal.web.access import Permission, requires, viewed_tenant
 from portal.web.mail_records import (
@@ -42,8 +41,6 @@ bp = Blueprint("decisions", __name__, url_prefix="/decisions")
 
 KINDS: dict[str, Kind] = {"mail": MAIL, "sms": SMS}
 COUNT_CAP = 10_000
-# Statuses that say "not sent" although an ambiguous attempt may have been delivered.
-NOT_SENT = (SendStatus.FAILED, SendStatus.DEAD_LETTER, SendStatus.SUPPRESSED)
 DECISION_COLUMNS = (
     "ambiguous_at",
     "ambiguous_reason",
@@ -52,36 +49,24 @@ DECISION_COLUMNS = (
 )
 
 
-def _parts(kind: Kind, tenant: int | None) -> list[list[ColumnElement[bool]]]:
-    """The WHERE of each index walk: one per status, so each is a (tenant_id, status, id)
-    range read. Together they are the rule: Uncertain, or not-sent with an unresolved
-    ambiguous attempt (an Uncertain record resolved as failed is Failed with ``resolution``
-    set: decided, so off the list)."""
-    model = kind.model
-    scope = tenant_scope(model.tenant_id, tenant)
-    parts = [[scope, model.status == SendStatus.UNCERTAIN.value]]
-    for status in NOT_SENT:
-        parts.append(
-            [
-                scope,
-                model.status == status.value,
-                model.ambiguous_attempt.is_(True),
-                model.resolution.is_(None),
-            ]
-        )
-    return parts
+def _needing(kind: Kind, tenant: int | None) -> list[ColumnElement[bool] | TextClause]:
+    """The WHERE of the one walk: the rule (Uncertain, or not sent with an unresolved
+    ambiguous attempt; an Uncertain record resolved as failed is Failed with ``resolution``
+    set: decided, so off the list) written as the partial index's own predicate, so the walk
+    is that index's (tenant_id, id) range, whatever the tenant's other records."""
+    return [tenant_scope(kind.model.tenant_id, tenant), text(f"({NEEDS_DECISION})")]
 
 
 def count(kind: Kind, tenant: int | None) -> tuple[int, bool]:
-    """How many of ``kind``'s records need a decision (each walk stops at COUNT_CAP + 1), and
+    """How many of ``kind``'s records need a decision (the walk stops at COUNT_CAP + 1), and
     whether the figure is capped; one round trip."""
     model = kind.model
-    columns = []
-    for where in _parts(kind, tenant):
-        inner = select(literal(1)).select_from(model).where(*where).limit(COUNT_CAP + 1)
-        columns.append(select(func.count()).select_from(inner.subquery()).scalar_subquery())
-    counts = [int(n or 0) for n in db.session.execute(select(*columns)).one()]
-    total = sum(counts)
+    inner = select(literal(1)).select_from(model).where(*_needing(kind, tenant))
+    total = int(
+        db.session.execute(
+            select(func.count()).select_from(inner.limit(COUNT_CAP + 1).subquery())
+        ).scalar_one()
+    )
     return min(total, COUNT_CAP), total > COUNT_CAP
 
 
@@ -95,13 +80,10 @@ class Section:
 def section(kind: Kind, tenant: int | None, before: int | None) -> Section:
     """One page of ``kind``'s records needing a decision, newest first."""
     model = kind.model
-    walks: list[Select[Any]] = []
-    for where in _parts(kind, tenant):
-        stmt = select(model.id).where(*where)
-        if before is not None:
-            stmt = stmt.where(model.id < before)
-        walks.append(stmt.order_by(model.id.desc()).limit(PAGE_SIZE + 1))
-    ids = union_all(*(w.subquery().select() for w in walks)).subquery()
+    walk = select(model.id).where(*_needing(kind, tenant))
+    if before is not None:
+        walk = walk.where(model.id < before)
+    ids = walk.order_by(model.id.desc()).limit(PAGE_SIZE + 1).subquery()
     columns = COMMON_LIST_COLUMNS + kind.list_columns + DECISION_COLUMNS
     rows: list[Any] = list(
         db.session.scalars(

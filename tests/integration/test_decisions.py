@@ -111,3 +111,63 @@ def test_an_ambiguous_record_that_ended_unsent_is_resolved_from_the_list_once(
         headers=headers,
     )
     assert refused.status_code == 409
+
+
+def test_the_count_and_the_list_read_only_the_records_that_need_a_decision(app: Flask) -> None:
+    """A tenant with 5,000 plain failures and three records needing a decision: the count's
+    and the list's plans walk the partial index (migration 0040) and touch only those three,
+    not the failures (EXPLAIN ANALYZE of the statements the page runs)."""
+    import json
+
+    from sqlalchemy import text
+
+    from portal.web import decisions
+    from portal.web.mail_records import MAIL
+
+    acme = make_tenant("acme").id
+    db.session.commit()
+    db.session.execute(
+        text(
+            "INSERT INTO mail_send_record (tenant_id, scope, status, version, retry_count, "
+            "to_addrs, subject, text_body, created_time, updated_time) "
+            "SELECT :t, 'TENANT', 'Failed', 3, 0, '[\"a@example.com\"]', 'S', 'T', now(), now() "
+            "FROM generate_series(1, 5000)"
+        ),
+        {"t": acme},
+    )
+    needing = [
+        mail(acme, status="Failed", ambiguous_attempt=True),
+        mail(acme, status="DeadLetter", ambiguous_attempt=True),
+        mail(acme, status="Uncertain", ambiguous_attempt=True),
+    ]
+    db.session.commit()
+    db.session.execute(text("ANALYZE mail_send_record"))
+    assert decisions.count(MAIL, acme) == (3, False)
+    assert [r.id for r in decisions.section(MAIL, acme, None).rows] == sorted(needing)[::-1]
+
+    statements: list[str] = []
+
+    from sqlalchemy import event
+
+    def capture(_c: object, _cur: object, statement: str, params: object, *_: object) -> None:
+        statements.append(statement % {k: repr(v) for k, v in dict(params or {}).items()})  # type: ignore[call-overload]
+
+    event.listen(db.engine, "before_cursor_execute", capture)
+    try:
+        decisions.count(MAIL, acme)
+        decisions.section(MAIL, acme, None)
+    finally:
+        event.remove(db.engine, "before_cursor_execute", capture)
+    for sql in statements:
+        plan = db.session.execute(text(f"EXPLAIN (ANALYZE, FORMAT JSON) {sql}")).scalar_one()
+        db.session.rollback()
+        nodes, stack = [], [plan[0]["Plan"]]
+        while stack:
+            node = stack.pop()
+            nodes.append(node)
+            stack.extend(node.get("Plans", []))
+        assert any(n.get("Index Name") == "idx_mail_send_needs_decision" for n in nodes), sql
+        for node in nodes:
+            assert node["Node Type"] != "Seq Scan", json.dumps(plan)[:1500]
+            assert node.get("Actual Rows", 0) <= 10, json.dumps(plan)[:1500]
+            assert node.get("Rows Removed by Filter", 0) <= 10, json.dumps(plan)[:1500]
