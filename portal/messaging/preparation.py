@@ -291,11 +291,12 @@ def build_mail(engine: Engine, record: MailSendRecord, settings: Settings) -> Pr
         _check_needs(
             template, variables, subject=subject is None, body=html is None and text is None
         )
-        if subject is None:
-            subject = _render(template.subject, variables, html=False, what="subject")
-        if html is None and text is None:
-            html = _render(template.html_body, variables, html=True, what="HTML body")
-            text = _render(template.text_body, variables, html=False, what="text body")
+        with templating.one_deadline():  # the three parts share one render deadline
+            if subject is None:
+                subject = _render(template.subject, variables, html=False, what="subject")
+            if html is None and text is None:
+                html = _render(template.html_body, variables, html=True, what="HTML body")
+                text = _render(template.text_body, variables, html=False, what="text body")
     subject = " ".join((subject or "").split())
     if html and not text:
         text = templating.html_to_text(html)

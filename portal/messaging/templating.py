@@ -715,6 +715,22 @@ class _LimitError(ResourceLimitError):
         super().__init__(message, token=token)
 
 
+_one = threading.local()
+
+
+@contextmanager
+def one_deadline(limits: TemplateLimits | None = None) -> Iterator[None]:
+    """The renders inside the block (a mail's subject, HTML and text) share one render
+    deadline, so a record costs at most one deadline's CPU, not one per part."""
+    timeout = (limits or configured_limits()).render_timeout_s
+    outer = getattr(_one, "deadline", None)
+    _one.deadline = time.monotonic() + timeout if outer is None else outer
+    try:
+        yield
+    finally:
+        _one.deadline = outer
+
+
 class _Budget:
     """Per-render counters shared by the render context and every buffer it writes to."""
 
@@ -723,6 +739,9 @@ class _Budget:
     def __init__(self, limits: TemplateLimits) -> None:
         self.limits = limits
         self.deadline = time.monotonic() + limits.render_timeout_s
+        shared = getattr(_one, "deadline", None)
+        if shared is not None:
+            self.deadline = min(self.deadline, shared)
         self.iterations = 0
         self.work = 0
 

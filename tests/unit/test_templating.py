@@ -447,3 +447,24 @@ def test_strip_html_keeps_liquid_semantics() -> None:
 def test_html_to_text_of_plain_text() -> None:
     assert html_to_text("  just   text \n here ") == "just text here"
     assert html_to_text("") == ""
+
+
+def test_the_parts_of_one_record_share_one_deadline() -> None:
+    """A mail's subject, HTML and text render under one deadline (``one_deadline``): a
+    record costs at most one deadline's CPU, not three."""
+    import time
+
+    from portal.messaging.templating import one_deadline
+
+    limits = TemplateLimits(render_timeout_s=0.2)
+    slow = "{% for a in (1..2000) %}{% for b in (1..2000) %}{{ b }}{% endfor %}{% endfor %}"
+    started = time.monotonic()
+    failed = 0
+    with one_deadline(limits):
+        for _part in range(3):
+            try:
+                render(slow, {}, html=False, limits=limits)
+            except TemplateRenderError:
+                failed += 1
+    assert failed == 3
+    assert time.monotonic() - started < 0.2 * 2  # one deadline (and some slack), not three
