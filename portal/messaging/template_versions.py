@@ -124,6 +124,13 @@ def save_version(
     return row
 
 
+def ensure_saved(session: Session, template: AnyTemplate) -> None:
+    """Before a change: a template with no version yet (made before versions, or outside the
+    portal) gets its current content kept as its current version, so history starts there."""
+    if latest(session, template) is None:
+        save_version(session, template, None, "as it was before this change")
+
+
 def changed(session: Session, template: AnyTemplate) -> bool:
     """Whether the template's content differs from its latest version (none: changed)."""
     last = latest(session, template)

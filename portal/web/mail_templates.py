@@ -32,7 +32,7 @@ from sqlalchemy import select
 from werkzeug.exceptions import RequestEntityTooLarge
 
 from portal.extensions import db
-from portal.messaging import acceptance, templating
+from portal.messaging import acceptance, template_versions, templating
 from portal.models import Channel, MailSendServerConfig, MailTemplate
 from portal.redis_store import connect
 from portal.web import template_pages
@@ -340,6 +340,7 @@ def create_attachment(template_id: int) -> ResponseReturnValue:
             f"Attachment is too large: the template's files may total {cap:,} bytes "
             f"and {used:,} are used",
         )
+    template_versions.ensure_saved(db.session(), template)
     encoded = base64.b64encode(data).decode("ascii")
     template.attachments = [
         *existing,
@@ -360,6 +361,7 @@ def delete_attachment(template_id: int, index: int) -> ResponseReturnValue:
     existing = list(template.attachments or [])
     if not 0 <= index < len(existing):
         abort(404)
+    template_versions.ensure_saved(db.session(), template)
     removed = existing.pop(index)
     template.attachments = existing or None
     template.version += 1

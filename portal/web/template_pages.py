@@ -420,6 +420,7 @@ def blueprint(kind: Kind[T], import_name: str) -> Blueprint:
             check = dry_run(kind, template, form, values)
             if check is not None and check.found:
                 return editor(kind, template, form, dry_run=check, confirming=True)
+        template_versions.ensure_saved(db.session(), template)
         for key, value in values.items():
             setattr(template, key, value)
         template.stream = stream
