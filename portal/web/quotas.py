@@ -8,17 +8,25 @@ every tenant's and the platform tier's. An empty ceiling means the setting's def
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
 from flask import Blueprint, abort, current_app, flash, redirect, render_template, request, url_for
 from flask.typing import ResponseReturnValue
 from flask_login import current_user
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 
 from portal.config import Settings
 from portal.extensions import db
 from portal.messaging.quota import current_month
-from portal.models import AuditAction, Tenant, TenantMessageQuota, TenantMessageUsage
+from portal.models import (
+    AuditAction,
+    MailSendRecord,
+    SmsSendRecord,
+    Tenant,
+    TenantMessageQuota,
+    TenantMessageUsage,
+)
 from portal.web.access import Permission, audit, can, requires, user
 from portal.web.forms import MAX_ID, Form, form_data
 
@@ -128,7 +136,34 @@ def _show(tenant_id: int) -> str:
         .order_by(TenantMessageUsage.month.desc())
         .limit(HISTORY_MONTHS)
     ).all()
-    return render_template("quotas/show.html", usage=usage, month=month, history=history)
+    return render_template(
+        "quotas/show.html",
+        usage=usage,
+        month=month,
+        history=history,
+        tests=_test_sends(tenant_id, month),
+    )
+
+
+def _test_sends(tenant_id: int, month: str) -> dict[str, int]:
+    """Test sends from the template editor prepared this month, per channel: charged like
+    any send and counted in the usage above, shown apart (issue 15)."""
+    start = datetime.strptime(month, "%Y-%m").replace(tzinfo=UTC)
+    counts = {}
+    for channel, model in (("mail", MailSendRecord), ("sms", SmsSendRecord)):
+        counts[channel] = (
+            db.session.scalar(
+                select(func.count())
+                .select_from(model)
+                .where(
+                    model.tenant_id == tenant_id,
+                    model.is_test.is_(True),
+                    model.prepared_at >= start,
+                )
+            )
+            or 0
+        )
+    return counts
 
 
 @bp.get("/")

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 from flask import Flask
+from sqlalchemy import func, update
 
 from portal.extensions import db
 from portal.models import MailSendRecord, MailTemplate, SmsSendRecord
@@ -72,3 +73,26 @@ def test_an_sms_test_send_is_marked(app: Flask, world: dict[str, Any], admin: Po
     (record,) = db.session.query(SmsSendRecord).all()
     assert record.is_test is True
     assert 'id="test-badge"' in admin.get(f"/sms-records/{record.id}").text
+
+
+def test_test_sends_are_shown_apart_in_the_quota_usage(
+    app: Flask, world: dict[str, Any], admin: Portal
+) -> None:
+    template = db.session.get(MailTemplate, world["acme"]["mail"])
+    assert template is not None
+    response = admin.post(
+        f"/mail-templates/{template.id}/send-test",
+        mail_form(template, to="ann@example.com", variables='{"name": "Ann"}'),
+        htmx=True,
+    )
+    assert response.status_code == 200
+    assert 'id="test-sends-mail"' not in admin.get(f"/quotas/{world['acme_id']}").text
+    # Prepared (and charged like any send) this month.
+    db.session.execute(
+        update(MailSendRecord)
+        .where(MailSendRecord.is_test.is_(True))
+        .values(prepared_at=func.now())
+    )
+    db.session.commit()
+    page = admin.get(f"/quotas/{world['acme_id']}")
+    assert "Of which 1 test send from the template editor." in page.text
