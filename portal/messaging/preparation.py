@@ -97,11 +97,15 @@ def suppressed_recipients(
     ``refused_recipients`` as ``[SUPPRESSED, why]``.
     """
     channel = Channel.SMS if isinstance(record, SmsSendRecord) else Channel.MAIL
+    wanted: dict[str, str] = {}  # normalised -> as written (lower-cased for mail)
+    raw: list[str] = []
     if isinstance(record, SmsSendRecord):
-        raw = [record.phone_number]
+        # Acceptance stored the number in E.164, the list's own form: parsing it again with
+        # libphonenumber cost more CPU than the rest of the lookup.
+        if record.phone_number:
+            wanted[record.phone_number] = record.phone_number
     else:
         raw = [*record.to_addrs, *(record.cc_addrs or []), *(record.bcc_addrs or [])]
-    wanted: dict[str, str] = {}  # normalised -> as written (lower-cased for mail)
     for address in raw:
         try:
             wanted.setdefault(suppression.normalise(channel, address), address.strip().lower())
