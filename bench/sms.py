@@ -603,6 +603,7 @@ def main() -> int:
                         "bench": "ours sms.py",
                         "config": f"workers={shape.workers} procs={shape.procs}",
                         "rates": {"SMS/s": round(ours, 1), "bare SMS/s": round(bare, 1)},
+                        "round": int(os.environ.get("PEERS_ROUND", "0")),
                         "load_at_end": os.getloadavg()[0],
                     }
                 ),
