@@ -648,7 +648,8 @@ def test_the_fetch_chore_has_a_fixed_id_and_registration_stays_idempotent(
     redis_client: redis.Redis,
 ) -> None:
     settings = settings_for_tests(TEST_DATABASE_URL, sweep_interval_s=1.0)
-    every = [SWEEP_ID, FETCH_ID, MATCH_ID]
+    # ... and issue 16's retention and inbox chores.
+    every = [SWEEP_ID, FETCH_ID, MATCH_ID, f"{PREFIX}retention", f"{PREFIX}notices"]
     assert ensure_schedules(redis_client, settings) == dict.fromkeys(every, "added")
     assert ensure_schedules(redis_client, settings) == {}
     assert ensure_schedules(redis_client, settings) == {}
