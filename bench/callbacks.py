@@ -12,6 +12,8 @@ none   the callback triggers disabled (ALTER TABLE ... DISABLE TRIGGER): the cod
 
 claim  bench/claim.py's ``ours`` body (record_sent + the next claim in one statement, no-op
        sender) on PostgreSQL with history rows, 1 and 8 threads, in time slices.
+sql    the trigger alone: a plpgsql loop of single-row status writes (each an event) inside
+       the server, no client: microseconds per write in each state.
 smtp   bench/smtp.py's ``ours`` (DeliveryService over a local SMTP sink in its own process),
        1 and 4 threads, whole runs of N mails.
 
@@ -36,6 +38,15 @@ DB_NAME = "postroom_bench_callbacks"
 STATES = ("none", "0 ep", "1 ep")
 ORDER = STATES + tuple(reversed(STATES))
 TRIGGERS = ("callback_change", "callback_insert")
+
+
+def tenant_one(dsn: str) -> None:
+    """History and backlog rows of bench/_common belong to tenant 1: make sure it exists."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO tenant (id, slug, name) VALUES (1, 'bench-1', 'Bench 1') "
+            "ON CONFLICT DO NOTHING"
+        )
 
 
 def set_state(app: Any, dsn: str, state: str, tenant_ids: list[int]) -> None:
@@ -65,6 +76,7 @@ def bench_claim(app: Any, dsn: str, quick: bool) -> list[list[Any]]:
     backlog = (6_000, 10_000) if quick else (40_000, 60_000)
     with app.app_context():
         engine = db.engine
+    tenant_one(dsn)
     c.say(f"\nclaim: filling {history:,} history rows ...")
     with psycopg.connect(dsn) as conn:
         c.fill_history(conn, history)
@@ -136,12 +148,63 @@ def bench_smtp(app: Any, dsn: str, quick: bool) -> list[list[Any]]:
     return rows
 
 
+SQL_LOOP = """
+DO $$
+DECLARE t0 timestamptz := clock_timestamp();
+BEGIN
+  FOR i IN 1..{n} LOOP
+    UPDATE mail_send_record
+       SET status = CASE WHEN status = 'Sent' THEN 'Failed' ELSE 'Sent' END,
+           version = version + 1, updated_time = statement_timestamp()
+     WHERE id = {lo} + (i % {rows});
+  END LOOP;
+  RAISE NOTICE '%', extract(epoch FROM clock_timestamp() - t0);
+END $$
+"""
+
+
+def bench_sql(app: Any, dsn: str, quick: bool) -> list[list[Any]]:
+    """The trigger alone, inside the server: N status writes (Sent <-> Failed, each an event)
+    in one plpgsql loop, no client round trips; microseconds per write in each state."""
+    rows_n = 10_000
+    tenant_one(dsn)
+    n = 20_000 if quick else 100_000
+    rounds = 2 if quick else 4
+    with psycopg.connect(dsn) as conn:
+        lo, _hi = c.add_pending(conn, rows_n)
+    totals = {s: 0.0 for s in STATES}
+    for r in range(rounds):
+        line = []
+        for state in ORDER:
+            set_state(app, dsn, state, [1])
+            notes: list[str] = []
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                conn.add_notice_handler(lambda d: notes.append(d.message_primary or ""))
+                conn.execute(SQL_LOOP.format(n=n, lo=lo, rows=rows_n))
+            seconds = float(notes[-1])
+            totals[state] += seconds
+            line.append(f"{state} {seconds / n * 1e6:.1f} us")
+        c.say(f"  sql round {r + 1}/{rounds} (per status write): " + ", ".join(line))
+    per = {s: totals[s] / (2 * rounds * n) * 1e6 for s in STATES}
+    return [
+        [
+            "sql (us/write)",
+            "-",
+            per["none"],
+            per["0 ep"],
+            per["1 ep"],
+            f"+{per['0 ep'] - per['none']:.1f} us",
+            f"+{per['1 ep'] - per['none']:.1f} us",
+        ]
+    ]
+
+
 def main() -> int:
     args = c.parse_args(
         __doc__,
         lambda p: (
             p.add_argument("--log", default="info", help="worker log level (default: info)"),
-            p.add_argument("--only", choices=("claim", "smtp"), default=None),
+            p.add_argument("--only", choices=("claim", "smtp", "sql"), default=None),
         ),
     )
     c.print_header("bench/callbacks.py: the callback triggers on the hot path", args.quick)
@@ -152,6 +215,8 @@ def main() -> int:
         c.worker_logging(args.log)
         dsn = c.conninfo(url)
         started = time.perf_counter()
+        if args.only in (None, "sql"):
+            rows += bench_sql(app, dsn, args.quick)
         if args.only in (None, "smtp"):
             rows += bench_smtp(app, dsn, args.quick)
         if args.only in (None, "claim"):
