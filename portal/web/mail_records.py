@@ -305,6 +305,7 @@ COMMON_LIST_COLUMNS = (
     "created_time",
     "ambiguous_attempt",  # its Retry asks first (a duplicate is possible)
     "expires_at",  # its Retry asks for a new expiry
+    "is_test",  # the row's "Test" pill: left out, each row loaded it in a query of its own
 )
 
 
