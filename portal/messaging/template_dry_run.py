@@ -49,6 +49,7 @@ class DryRun:
     failed: int = 0  # does not render (or renders empty)
     errors: list[str] = field(default_factory=list)  # the first few, with their record
     samples: list[Sample] = field(default_factory=list)
+    from_sample: bool = False  # no sends yet: checked against the sample variables
 
     @property
     def complete(self) -> bool:
@@ -104,12 +105,15 @@ def run(
     strict: bool,
     samples: bool = True,
     budget_s: float = BUDGET_S,
+    sample: dict[str, Any] | None = None,
 ) -> DryRun:
     """Render ``new_sources`` against the recent records' variables (see the module)."""
     channel = "mail" if isinstance(template, MailTemplate) else "sms"
     deadline = time.monotonic() + budget_s
     result = DryRun()
     records = _recent(session, template)
+    if not records and sample is not None:
+        records, result.from_sample = [(0, sample)], True
     result.found = len(records)
     try:
         needs = templating.variable_needs(list(new_sources), draft=True)

@@ -630,6 +630,8 @@ def dry_run(
         new,
         strict=bool(values.get("strict_variables")),
         samples=can(Permission.VIEW_RECORDS),
+        # The Check button, with no sends yet: the sample variables stand in for them.
+        sample=saved_sample(form) or template.sample_variables if always else None,
     )
 
 

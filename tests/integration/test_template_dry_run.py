@@ -116,3 +116,17 @@ def test_the_budget_stops_the_run_and_says_how_far_it_got(world: dict[str, Any])
     )
     assert (result.found, result.complete) == (5, False)
     assert result.checked < 5
+
+
+def test_with_no_sends_the_check_uses_the_sample_variables(
+    admin: Portal, world: dict[str, Any]
+) -> None:
+    tid = world["acme"]["mail"]
+    checked = admin.post(
+        f"/mail-templates/{tid}/dry-run",
+        mail_form(template(tid), subject="Hey {{ name }} {{ plan }}", variables='{"name": "Ann"}'),
+        htmx=True,
+    )
+    assert checked.status_code == 200
+    assert "checked against the sample variables" in checked.text
+    assert 'id="dry-run-refused">1<' in checked.text
