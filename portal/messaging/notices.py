@@ -16,7 +16,7 @@ import logging
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from sqlalchemy import Engine, func, or_, select
+from sqlalchemy import Engine, func, select, text
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
@@ -30,7 +30,6 @@ from portal.models import (
     MailSendRecord,
     MailSendServerConfig,
     Notification,
-    SendStatus,
     SmsProviderConfig,
     SmsSendRecord,
     Tenant,
@@ -39,6 +38,7 @@ from portal.models import (
     TriageStatus,
     db_now,
 )
+from portal.models.record import NEEDS_DECISION
 from portal.tenancy import PLATFORM_TENANT_ID
 
 log = logging.getLogger("portal.notices")
@@ -232,13 +232,9 @@ def _decisions(session: Session, now: datetime) -> list[Notice]:
     for model in (MailSendRecord, SmsSendRecord):
         for (tenant_id,) in session.execute(
             select(model.tenant_id)
-            .where(
-                model.updated_time >= start,
-                or_(
-                    model.status == SendStatus.UNCERTAIN.value,
-                    (model.ambiguous_attempt.is_(True)) & (model.resolution.is_(None)),
-                ),
-            )
+            # The partial index of records needing a decision (migration 0040) holds exactly
+            # these rows: the scan never reads the plain history.
+            .where(text(f"({NEEDS_DECISION})"), model.updated_time >= start)
             .distinct()
         ):
             seen.add(tenant_id)
