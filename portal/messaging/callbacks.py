@@ -366,6 +366,21 @@ RETURNING id, endpoint_id, attempts
 
 def claim(engine: Engine, cursor: int) -> Claimed | None:
     """Claim one due delivery, the endpoint after ``cursor`` first (endpoints take turns)."""
+    # A read first: with nothing due (the usual case) no write transaction, advisory lock or
+    # SQLite write lock is taken at every poll of every pool thread.
+    with engine.connect() as conn:
+        due = conn.execute(
+            select(CallbackDelivery.id)
+            .where(
+                CallbackDelivery.status.in_(
+                    [DeliveryStatus.PENDING.value, DeliveryStatus.SENDING.value]
+                ),
+                CallbackDelivery.next_attempt_at <= db_now(),
+            )
+            .limit(1)
+        ).first()
+    if due is None:
+        return None
     params = {
         "pause_after": PAUSE_AFTER,
         "per_endpoint": PER_ENDPOINT,
