@@ -155,6 +155,7 @@ _SENT_RECORD = f"SELECT s.tenant_id FROM {SENT_CTE} s"
 # deadlock under 8 threads (PostgreSQL promises no order for data-modifying CTEs; the data
 # dependency does).
 _AFTER_TURN = "(SELECT cur FROM turn) IS NOT NULL"
+RETRY_TURN_PROBES = 8  # tenants with only future retries a claim looks past, at most
 
 
 def _fair_sql(table: str, stream: Stream, k: int) -> tuple[str, str]:
@@ -169,8 +170,10 @@ def _fair_sql(table: str, stream: Stream, k: int) -> tuple[str, str]:
     tenant, ..., in turn order: with T tenants due, a tenant's next record is at most T
     claims away, and the work is ``k + 1`` index probes whatever the number of tenants or
     the size of the history. For ``k = 1`` (every worker's own next claim) the same turn is
-    one ordered walk (below). Retry: the oldest due, along ``idx_*_retry_due``. The two are
-    merged turn by turn (first of each, the older first; then second of each; ...)."""
+    one ordered walk (below), and due Retry records take the tenants' turn as well (below);
+    for ``k > 1`` (the poll) Retry is the oldest due, along ``idx_*_retry_due``. The two are
+    merged turn by turn (first of each; between the two of one rank the tenant whose turn
+    comes first; then second of each; ...)."""
     s = stream.value
     pending = f"r.status = 'Pending' AND r.stream = '{s}'"
     after = (
@@ -186,6 +189,41 @@ retry_{s} AS (
   ORDER BY r.next_retry_at LIMIT {k} FOR UPDATE SKIP LOCKED
 ),"""
     if k == 1:
+        # Retry in the tenants' turn too: walk the tenants with Retry records after the
+        # cursor along idx_*_retry_fair (stream, tenant_id, next_retry_at), one probe per
+        # tenant reading its earliest retry, until one is due (at most RETRY_TURN_PROBES
+        # tenants whose retries are all still to come); take that tenant's oldest due one.
+        # When none is found that way (the turn wraps round, or many tenants wait), the
+        # oldest due retry of any tenant, along idx_*_retry_due.
+        rnext = (
+            f"SELECT r.tenant_id, r.next_retry_at FROM {table} r WHERE r.status = 'Retry' "
+            f"AND r.stream = '{s}' AND r.tenant_id > {{x}} "
+            "ORDER BY r.tenant_id, r.next_retry_at LIMIT 1"
+        )
+        retry = f"""
+rwalk_{s}(tid, due, n) AS (
+  SELECT f.tenant_id, f.next_retry_at, 1 FROM turn c
+  CROSS JOIN LATERAL ({rnext.format(x="c.cur")}) f
+  UNION ALL
+  SELECT f.tenant_id, f.next_retry_at, w.n + 1 FROM rwalk_{s} w
+  CROSS JOIN LATERAL ({rnext.format(x="w.tid")}) f
+  WHERE w.due > now() AND w.n < {RETRY_TURN_PROBES}
+),
+rturn_{s} AS (
+  SELECT r.id, r.next_retry_at AS due, r.tenant_id AS tid FROM {table} r
+  WHERE r.status = 'Retry' AND r.stream = '{s}' AND r.next_retry_at <= now()
+    AND r.tenant_id = (SELECT w.tid FROM rwalk_{s} w WHERE w.due <= now() LIMIT 1)
+  ORDER BY r.next_retry_at LIMIT 1 FOR UPDATE SKIP LOCKED
+),
+roldest_{s} AS (
+  SELECT r.id, r.next_retry_at AS due, r.tenant_id AS tid FROM {table} r
+  WHERE r.status = 'Retry' AND r.stream = '{s}' AND r.next_retry_at <= now()
+    AND {_AFTER_TURN}
+  ORDER BY r.next_retry_at LIMIT 1 FOR UPDATE SKIP LOCKED
+),
+retry_{s} AS (
+  SELECT id, due, tid FROM rturn_{s} UNION ALL SELECT id, due, tid FROM roldest_{s} LIMIT 1
+),"""
         # The hot path (a worker's own next record). One walk finds the next tenant and its
         # oldest record it can lock: along (stream, tenant_id, updated_time) from just past
         # the cursor's tenant; only when nothing is there, from the lowest tenant up to the

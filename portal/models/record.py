@@ -63,8 +63,9 @@ def decision_index(prefix: str) -> Index:
     )
 
 
-def fair_indexes(prefix: str) -> tuple[Index, Index]:
-    """``idx_<prefix>_pending_fair`` and ``idx_<prefix>_retry_due`` (both partial)."""
+def fair_indexes(prefix: str) -> tuple[Index, Index, Index]:
+    """``idx_<prefix>_pending_fair``, ``idx_<prefix>_retry_due`` and
+    ``idx_<prefix>_retry_fair`` (all partial)."""
     return (
         Index(
             f"idx_{prefix}_pending_fair",
@@ -77,6 +78,16 @@ def fair_indexes(prefix: str) -> tuple[Index, Index]:
         Index(
             f"idx_{prefix}_retry_due",
             "stream",
+            "next_retry_at",
+            postgresql_where=text("status = 'Retry'"),
+            sqlite_where=text("status = 'Retry'"),
+        ),
+        # Retry per stream, tenant and due time: the one-record claim walks the tenants with
+        # retries in turn, reading each one's earliest (migration 0041).
+        Index(
+            f"idx_{prefix}_retry_fair",
+            "stream",
+            "tenant_id",
             "next_retry_at",
             postgresql_where=text("status = 'Retry'"),
             sqlite_where=text("status = 'Retry'"),

@@ -161,6 +161,29 @@ def test_one_tenants_retry_backlog_does_not_hold_back_another_tenants_new_mail(
     assert taken.count(a) >= 3, taken
 
 
+def test_due_retries_take_the_tenants_turn_too(app: Flask) -> None:
+    """Claim by claim: A's 500 retries came due long ago, C's one just now, and B has none:
+    C's retry is taken within the next two claims, not after A's 500 (idx_*_retry_fair); a
+    tenant whose retries are all still to come is looked past."""
+    from portal.messaging.scan import claiming_next
+
+    a, b, c = (tenant(slug).id for slug in ("acme", "globex", "initech"))
+    _queue_retry(a, 500, age_s=300)
+    _queue_retry(b, 3, age_s=-3600)  # due in an hour
+    _queue_retry(c, 1, age_s=1)
+    (record,) = _CLAIMS[MailSendRecord](db.engine, 1)
+    taken = [record.tenant_id]
+    for _ in range(4):
+        with claiming_next(MailSendRecord, lambda: True) as following:
+            claimed = Claimed(Channel.MAIL, record.id, record.version, record.tenant_id, 0)
+            assert record_sent(db.engine, claimed, f"<{record.id}@test>")
+        (record,) = following.records
+        taken.append(record.tenant_id)
+    assert c in taken[:3], taken
+    assert b not in taken, taken
+    assert taken.count(a) >= 3, taken
+
+
 def test_tenants_take_turns_record_by_record(app: Flask) -> None:
     """Claim by claim (each worker's next claim in its Sent write): with three tenants due
     the turn goes round them, whatever their backlogs."""
