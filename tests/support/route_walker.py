@@ -403,6 +403,7 @@ UNOWNED = {
     "through a version of a template of the viewer's tier",
     "breaker_state": "a server's or provider's circuit breaker (up/down, last connection "
     "error), keyed by channel and config id; pages read it only for configs the tier lists",
+    "config_epoch": "one row: the epoch that tells workers their cached configs changed",
 }
 
 
