@@ -371,3 +371,33 @@ def test_the_worker_pool_delivers(app: Flask, receiver: CallbackReceiver) -> Non
         assert pool.join(time.monotonic() + 5)
     assert len(receiver.verified(secret)) == 3
     assert len({r.webhook_id for r in receiver.received}) == 3
+
+
+def test_sms_status_changes_are_events_too(app: Flask) -> None:
+    from portal.messaging import acceptance
+    from portal.models import SmsSendRecord
+    from portal.tenancy import tenant_context
+
+    acme = tenant("acme")
+    db.session.commit()
+    endpoint(acme.id, "sms", "http://127.0.0.1:9/", ["sms.queued", "sms.sent", "sms.delivered"])
+    with tenant_context(acme.id):
+        accepted = acceptance.send_sms(
+            db.session,
+            {"phoneNumber": "+447400123456", "content": "hi", "metadata": {"k": 1}},
+            settings=app.config["SETTINGS"],
+        )
+    db.session.commit()
+    for values in ({"status": "Sending"}, {"status": "Sent"}, {"delivery_outcome": "delivered"}):
+        db.session.execute(
+            update(SmsSendRecord).where(SmsSendRecord.id == accepted.id).values(**values)
+        )
+    db.session.commit()
+    rows = deliveries(channel="sms", record_id=accepted.id)
+    assert [(d.event_type, d.sequence) for d in rows] == [
+        ("sms.queued", 1),
+        ("sms.sent", 2),
+        ("sms.delivered", 3),
+    ]
+    assert rows[0].payload["metadata"] == {"k": 1}
+    assert rows[0].payload["channel"] == "sms"
