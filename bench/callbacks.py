@@ -179,7 +179,7 @@ def bench_sql(app: Any, dsn: str, quick: bool) -> list[list[Any]]:
             set_state(app, dsn, state, [1])
             notes: list[str] = []
             with psycopg.connect(dsn, autocommit=True) as conn:
-                conn.add_notice_handler(lambda d: notes.append(d.message_primary or ""))
+                conn.add_notice_handler(lambda d, kept=notes: kept.append(d.message_primary or ""))
                 conn.execute(SQL_LOOP.format(n=n, lo=lo, rows=rows_n))
             seconds = float(notes[-1])
             totals[state] += seconds
