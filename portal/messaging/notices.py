@@ -16,11 +16,12 @@ import logging
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from sqlalchemy import Engine, func, select, text
+from sqlalchemy import Engine, func, or_, select, text
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
+from portal.config import Settings
 from portal.models import (
     BreakerState,
     CallbackEndpoint,
@@ -39,7 +40,7 @@ from portal.models import (
     db_now,
 )
 from portal.models.record import NEEDS_DECISION
-from portal.tenancy import PLATFORM_TENANT_ID
+from portal.tenancy import PLATFORM_TENANT_ID, tenant_context
 
 log = logging.getLogger("portal.notices")
 
@@ -59,7 +60,8 @@ class Notice:
 
 
 def notify(session: Session, notice: Notice) -> bool:
-    """Write ``notice`` unless its key is there already; True when it was new."""
+    """Write ``notice`` unless its key is there already, and mail it to the tier's users who
+    asked for notices by mail; True when it was new."""
     insert = pg_insert if session.get_bind().dialect.name == "postgresql" else sqlite_insert
     result = session.execute(
         insert(Notification)
@@ -74,7 +76,57 @@ def notify(session: Session, notice: Notice) -> bool:
         .on_conflict_do_nothing(index_elements=["tenant_id", "dedup_key"])
         .returning(Notification.id)
     )
-    return result.scalar() is not None
+    notification_id = result.scalar()
+    if notification_id is None:
+        return False
+    _mail(session, notification_id, notice)
+    return True
+
+
+NOTICE_KEY = "notice:"  # the business key prefix of a notice's mails
+# Acceptance's limits (body size and the like) for a notice mail: the product's defaults.
+_LIMITS = Settings(database_url="", redis_url=None, secret_key="")
+
+
+def _mail(session: Session, notification_id: int, notice: Notice) -> None:
+    """The notice by mail to each user of its tier who asked, as platform-tier sends (so a
+    tenant's own server or quota is never used). Their business keys start NOTICE_KEY: the
+    scans below never count them, so a notice mail never causes a notice."""
+    from portal.messaging import acceptance
+    from portal.models import AppUser, Role
+
+    roles = (
+        [Role.PLATFORM_OPERATOR.value]
+        if notice.tenant_id == PLATFORM_TENANT_ID
+        else [Role.TENANT_ADMIN.value]
+    )
+    users = session.execute(
+        select(AppUser.id, AppUser.email).where(
+            AppUser.tenant_id == notice.tenant_id,
+            AppUser.role.in_(roles),
+            AppUser.is_active.is_(True),
+            AppUser.notices_by_mail.is_(True),
+        )
+    ).all()
+    for user_id, email in users:
+        text_body = (notice.body or notice.title) + (
+            f"\n\nSee {notice.link} in the portal." if notice.link else ""
+        )
+        with tenant_context(PLATFORM_TENANT_ID):
+            try:
+                acceptance.send_mail(
+                    session,
+                    {
+                        "to": [email],
+                        "subject": f"Postroom: {notice.title}"[:200],
+                        "text": text_body,
+                        "scope": "PLATFORM",
+                        "businessKey": f"{NOTICE_KEY}{notification_id}:{user_id}",
+                    },
+                    settings=_LIMITS,
+                )
+            except acceptance.AcceptanceError as exc:  # an address we cannot mail: inbox only
+                log.warning("notice not mailed: %s", exc.message, extra={"user_id": user_id})
 
 
 # --- what the scan finds ---------------------------------------------------------------------
@@ -190,17 +242,42 @@ def _hour(now: datetime) -> tuple[datetime, str]:
 def _dead_letters(session: Session, now: datetime) -> list[Notice]:
     start, hour = _hour(now)
     out = []
-    counts = session.execute(
-        select(DeadLetterMessage.tenant_id, func.count())
+    rows = session.execute(
+        select(DeadLetterMessage.tenant_id, DeadLetterMessage.channel, DeadLetterMessage.event_id)
         .where(
             DeadLetterMessage.created_time >= start,
             DeadLetterMessage.status == TriageStatus.PENDING.value,
         )
-        .group_by(DeadLetterMessage.tenant_id)
+        .limit(10_000)
     ).all()
-    total = 0
-    for tenant_id, n in counts:
-        total += n
+    # A notice's own mail giving up never causes a notice: those are platform-tier mails
+    # whose business key starts NOTICE_KEY.
+    platform_mail = [
+        int(e)
+        for t, c, e in rows
+        if t == PLATFORM_TENANT_ID and c == "mail" and e is not None and e.isdigit()
+    ]
+    notice_mails = (
+        {
+            str(i)
+            for i in session.scalars(
+                select(MailSendRecord.id).where(
+                    MailSendRecord.id.in_(platform_mail),
+                    MailSendRecord.business_key.startswith(NOTICE_KEY),
+                )
+            )
+        }
+        if platform_mail
+        else set()
+    )
+    tiers = sorted(
+        {
+            t
+            for t, c, e in rows
+            if not (t == PLATFORM_TENANT_ID and c == "mail" and e in notice_mails)
+        }
+    )
+    for tenant_id in tiers:
         out.append(
             Notice(
                 tenant_id,
@@ -211,14 +288,14 @@ def _dead_letters(session: Session, now: datetime) -> list[Notice]:
                 "/dead-letters/",
             )
         )
-    if total and not any(t == PLATFORM_TENANT_ID for t, _ in counts):
+    if tiers and PLATFORM_TENANT_ID not in tiers:
         out.append(
             Notice(
                 PLATFORM_TENANT_ID,
                 "dead_letters",
                 f"dead-letters:{hour}",
                 "New dead letters this hour",
-                f"Dead letters in {len(counts)} tier(s) since {start:%H:%M} UTC.",
+                f"Dead letters in {len(tiers)} tier(s) since {start:%H:%M} UTC.",
                 "/dead-letters/",
             )
         )
@@ -234,7 +311,12 @@ def _decisions(session: Session, now: datetime) -> list[Notice]:
             select(model.tenant_id)
             # The partial index of records needing a decision (migration 0040) holds exactly
             # these rows: the scan never reads the plain history.
-            .where(text(f"({NEEDS_DECISION})"), model.updated_time >= start)
+            .where(
+                text(f"({NEEDS_DECISION})"),
+                model.updated_time >= start,
+                # A notice's own mail never causes a notice.
+                or_(model.business_key.is_(None), ~model.business_key.startswith(NOTICE_KEY)),
+            )
             .distinct()
         ):
             seen.add(tenant_id)

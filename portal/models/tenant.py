@@ -96,6 +96,10 @@ class AppUser(Base):
     role: Mapped[str] = mapped_column(String(32))
     is_active: Mapped[bool] = mapped_column(Boolean, default=True, server_default=text("true"))
     last_login_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    # New inbox notices of the user's tier are mailed to them too (issue 16, migration 0016).
+    notices_by_mail: Mapped[bool] = mapped_column(
+        Boolean, default=False, server_default=text("false")
+    )
     # Bumped by sign-out and by every change of password, role, tenant or active flag; a
     # session remembers the generation it signed in with and ends when they differ.
     session_generation: Mapped[int] = mapped_column(default=0, server_default=text("0"))

@@ -6,7 +6,7 @@ per user. The header's bell shows the unread count and refreshes itself by htmx.
 
 from __future__ import annotations
 
-from flask import Blueprint, make_response, redirect, render_template, url_for
+from flask import Blueprint, flash, make_response, redirect, render_template, request, url_for
 from flask.typing import ResponseReturnValue
 from sqlalchemy import select
 
@@ -83,6 +83,22 @@ def read(notification_id: int) -> ResponseReturnValue:
             make_response(render_template("inbox/_notice.html", n=notice, read={notice.id}))
         )
     return varies(make_response(redirect(url_for("inbox.index"), 303)))
+
+
+@bp.post("/mail")
+@requires(Permission.API_KEYS)
+def mail() -> ResponseReturnValue:
+    """Turn notices by mail on or off for the signed-in user (``on=1`` / anything else)."""
+    me = user()
+    me.notices_by_mail = request.form.get("on") == "1"
+    db.session.commit()
+    flash(
+        "New notices are mailed to you too."
+        if me.notices_by_mail
+        else "Notices are no longer mailed to you.",
+        "success",
+    )
+    return redirect(url_for("inbox.index"), 303)
 
 
 @bp.post("/read-all")

@@ -227,3 +227,42 @@ def test_the_retention_page_asks_before_deleting_and_forgets(
     row = db.session.scalar(select(AuditEvent).where(AuditEvent.action == "recipient_forget"))
     assert row is not None
     assert "ann@example.com" not in (row.remark or "") + str(row.target_id)
+
+
+def test_notices_by_mail_once_and_never_about_themselves(app: Flask, world: dict[str, Any]) -> None:
+    acme = world["acme"]
+    user("mailme@example.com", "tenant_admin", acme)  # an address acceptance takes
+    db.session.commit()
+    admin = Portal(app, "mailme@example.com")
+    assert admin.post("/inbox/mail", {"on": "1"}).status_code == 303
+    # An address acceptance refuses (a reserved domain) keeps the notice in the inbox only.
+    Portal(app, "admin@acme.test").post("/inbox/mail", {"on": "1"})
+    for _ in range(2):
+        notices.notify(db.session(), notices.Notice(acme, "quota", "q1", "Quota at 80 %"))
+    db.session.commit()
+    mails = db.session.scalars(
+        select(MailSendRecord).where(MailSendRecord.business_key.startswith("notice:"))
+    ).all()
+    assert len(mails) == 1  # the other admin did not ask; the second notify was no notice
+    assert mails[0].to_addrs == ["mailme@example.com"]
+    assert mails[0].tenant_id == PLATFORM_TENANT_ID
+    assert mails[0].scope == "PLATFORM"
+    # That mail gives up: its dead letter and its record are no occasion for a notice.
+    db.session.add(
+        DeadLetterMessage(
+            tenant_id=PLATFORM_TENANT_ID,
+            source="SendExhausted",
+            channel="mail",
+            event_id=str(mails[0].id),
+            attempts=5,
+        )
+    )
+    db.session.execute(
+        update(MailSendRecord)
+        .where(MailSendRecord.id == mails[0].id)
+        .values(status="Uncertain", updated_time=datetime.now(UTC))
+    )
+    db.session.commit()
+    notices.scan(db.engine)
+    assert keys(PLATFORM_TENANT_ID) == []
+    assert admin.post("/inbox/mail", {"on": "0"}).status_code == 303

@@ -178,6 +178,8 @@ PARAMS: dict[str, Param] = {
     # retention: days kept per channel
     "mail_days": text("30"),
     "sms_days": text("30"),
+    # the inbox: notices by mail on (1) or off
+    "on": enum("1", "0"),
     # the machinery
     "csrf_token": Param("csrf"),
     "next": Param("next"),

@@ -1,0 +1,32 @@
+"""Inbox notices by mail too, per user (issue 16, part 3)
+
+``app_user.notices_by_mail``: the user also gets each new notice of their tier by mail, sent
+through our own delivery path on the platform tier. A constant default: no table rewrite.
+
+Revision ID: 0016
+Revises: 0041
+Create Date: 2026-12-01 20:50:00
+
+"""
+import sqlalchemy as sa
+from alembic import op
+
+# revision identifiers, used by Alembic.
+revision = '0016'
+down_revision = '0041'
+branch_labels = None
+depends_on = None
+
+
+def upgrade():
+    with op.batch_alter_table("app_user") as batch:
+        batch.add_column(
+            sa.Column(
+                "notices_by_mail", sa.Boolean(), server_default=sa.text("false"), nullable=False
+            )
+        )
+
+
+def downgrade():
+    with op.batch_alter_table("app_user") as batch:
+        batch.drop_column("notices_by_mail")
