@@ -261,8 +261,17 @@ class Timing:
     p95_ms: float
 
 
+SLOW_S = 1.0  # a page slower than this is timed SLOW_RUNS times (at 10M some take 30 s)
+SLOW_RUNS = 3
+
+
 def timed(fn: Callable[[], Any], runs: int) -> Timing:
-    for _ in range(3):  # warm: the plan cache, the buffer cache, Jinja's template cache
+    t0 = time.perf_counter()
+    fn()  # warm: the plan cache, the buffer cache, Jinja's template cache
+    if time.perf_counter() - t0 > SLOW_S:
+        runs = min(runs, SLOW_RUNS)
+    else:
+        fn()
         fn()
     samples = []
     for _ in range(runs):
@@ -408,6 +417,10 @@ def measure(
             ours = timed(fn, runs)
             raw = timed(sql(conn, case.raw), runs) if case.raw else None
             results[case.name] = (ours, raw)
+            c.say(
+                f"  {case.name}: {ours.median_ms:,.1f} ms median, p95 {ours.p95_ms:,.1f} "
+                f"(load {os.getloadavg()[0]:.1f})"
+            )
     return results
 
 
