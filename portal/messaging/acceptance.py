@@ -735,7 +735,7 @@ def parse_phone_number(raw: Any, field_name: str = "phoneNumber") -> tuple[str, 
         number = phonenumbers.parse(raw, None)
     except phonenumbers.NumberParseException:
         raise _reject(
-            field_name, f"{field_name} must be in international form, e.g. +447400123456"
+            field_name, f"{field_name} must be in international form, e.g. +447812345678"
         ) from None
     if not phonenumbers.is_valid_number(number):
         raise _reject(field_name, f"{field_name} is not a valid phone number")

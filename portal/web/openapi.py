@@ -394,7 +394,7 @@ def _document() -> dict[str, Any]:
                     "additionalProperties": False,
                     "required": ["phoneNumber"],
                     "properties": {
-                        "phoneNumber": {"type": "string", "example": "+447400123456"},
+                        "phoneNumber": {"type": "string", "example": "+447812345678"},
                         "content": {"type": "string", "maxLength": 1600},
                         "templateCode": {"type": "string", "maxLength": 100},
                         "variables": {"type": "object"},
