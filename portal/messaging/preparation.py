@@ -114,7 +114,12 @@ def suppressed_recipients(
     if not wanted:
         CONFIGS.seen(None)
         return {}, len(set(raw))
-    statement, addresses = padded(list(wanted), _SUPPRESSION_STATEMENTS, _suppression_statement)
+    # A forgotten recipient's suppression keeps only the address's hash (issue 16): look for
+    # both forms.
+    lookup = dict(wanted)
+    for address, written in wanted.items():
+        lookup[suppression.hashed(address)] = written
+    statement, addresses = padded(list(lookup), _SUPPRESSION_STATEMENTS, _suppression_statement)
     _count, rows = statement.run(
         engine, tenant=record.tenant_id, channel=channel.value, **addresses
     )
@@ -130,7 +135,7 @@ def suppressed_recipients(
             why += f" by {created_by}"
         if detail:
             why += f": {detail[:200]}"
-        blocked[wanted[address]] = why
+        blocked[lookup[address]] = why
     return blocked, len(wanted)
 
 

@@ -229,3 +229,24 @@ def test_import_config_sets_retention(app: Flask) -> None:
             db.session(), {"tenants": [{"slug": "acme", "name": "Acme", "smsRetentionDays": 1}]}
         )
     db.session.rollback()
+
+
+def test_a_forgotten_recipient_stays_suppressed_at_delivery(app: Flask) -> None:
+    """The delivery path's own check finds a suppression kept only by hash: a later mail to
+    the forgotten address ends Suppressed, not sent."""
+    from portal.messaging.preparation import suppressed_recipients
+
+    acme = Tenant(slug="acme", name="Acme")
+    db.session.add(acme)
+    db.session.commit()
+    suppression.suppress(db.session(), acme.id, "mail", "ann@example.com", "hard_bounce")
+    db.session.commit()
+    retention.forget(db.session(), acme.id, Channel.MAIL, "ann@example.com")
+    db.session.commit()
+    later = accept_mail(app, acme.id, to=["Ann@Example.com"], cc=["bob@example.com"])
+    record = db.session.get(MailSendRecord, later)
+    assert record is not None
+    blocked, total = suppressed_recipients(db.engine, record)
+    assert total == 2
+    assert list(blocked) == ["ann@example.com"]
+    assert "hard bounce" in blocked["ann@example.com"]
