@@ -144,7 +144,19 @@ def test_two_worker_processes_send_every_record_exactly_once(
         ).all()
         assert sorted(r.id for r in rows) == sorted(ids)
         versions = Counter((r.version, r.retry_count) for r in rows)
-        assert versions == Counter({(3, 0): total}), versions  # claim, write-back, sent
+        # Claim, write-back, sent; a record whose worker found the pool's other senders all
+        # still busy with the server after a second (SERVER_BUSY, on a slow machine at start-
+        # up) was deferred once without using a retry and claimed again: two writes more.
+        busy = {
+            entry["record_id"]
+            for w in workers
+            for entry in w.log_lines()
+            if entry.get("error_code") == "SERVER_BUSY"
+        }
+        again = {r.id for r in rows if (r.version, r.retry_count) == (5, 0)}
+        assert again <= busy, (versions, sorted(again - busy))
+        assert len(again) <= total // 100, versions
+        assert versions == +Counter({(3, 0): total - len(again), (5, 0): len(again)})
 
         # Every Message-ID arrived exactly once, and they are exactly the records' ids.
         by_message_id = smtp.count_by_message_id()

@@ -279,10 +279,12 @@ def test_worker_logs_are_json_lines_with_record_tenant_and_trace(
             assert entry["trace_id"] == traces[entry["record_id"]], entry
 
         def levels(record_id: int) -> list[tuple[str, str]]:
+            # A SERVER_BUSY deferral (the pool's other senders all still busy after a
+            # second, as on a slow machine at start-up) is no outcome: left out.
             return [
                 (e["level"], e.get("outcome", e["msg"]))
                 for e in delivery
-                if e["record_id"] == record_id
+                if e["record_id"] == record_id and e.get("error_code") != "SERVER_BUSY"
             ]
 
         assert levels(ids["ok-1"]) == [("INFO", "sent")]
