@@ -575,6 +575,7 @@ def test_the_write_back_commits_without_waiting_for_the_disk_and_the_claim_waits
                 "server_config_id": None,
                 "read_receipt": False,
                 "message_id_header": f"<w{i}@x>",
+                "template_version": None,
             }
             assert preparation._charge_and_freeze(
                 db.engine, MailSendRecord, acme_id, claimed, settings, frozen
