@@ -433,12 +433,69 @@ def variants(
         )
 
 
+def through_pgbouncer(
+    url: str, engine: Engine, dsn: str, slice_s: float, rounds: int, backlog: tuple[int, int]
+) -> None:
+    """Issue 16: ours straight to PostgreSQL against ours through PgBouncer (transaction
+    mode, as DATABASE_POOLER=transaction runs it), raw1 beside, in ABBA turns."""
+    from portal import create_app
+    from tests.support.pgbouncer import pgbouncer
+
+    with pgbouncer(url) as pooled_url:
+        pooled = create_app(c.bench_settings(pooled_url, database_pooler="transaction"))
+        with pooled.app_context():
+            pooled_engine = db.engine
+        c.worker_logging("info")
+        order = ("raw1", "ours", "ours-pgbouncer", "ours-pgbouncer", "ours", "raw1")
+        rows = []
+        for threads in (1, 8):
+            c.say(f"\n{threads} thread(s), {slice_s:g} s slices, {rounds} rounds of {order}:")
+            bodies = {
+                "raw1": raw1_body(dsn),
+                "ours": ours_body(engine),
+                "ours-pgbouncer": ours_body(pooled_engine),
+            }
+            totals = compare(dsn, threads, slice_s, rounds, bodies, order, backlog)
+            rate = {name: t["n"] / t["s"] for name, t in totals.items()}
+            rows.append(
+                [
+                    threads,
+                    rate["ours"],
+                    rate["ours-pgbouncer"],
+                    rate["raw1"],
+                    f"{rate['ours-pgbouncer'] / rate['ours']:.2f}",
+                    f"{rate['ours'] / rate['raw1']:.2f}",
+                    f"{rate['ours-pgbouncer'] / rate['raw1']:.2f}",
+                ]
+            )
+        c.print_table(
+            "Records/s claimed and completed, straight vs through PgBouncer (transaction mode)",
+            [
+                "threads",
+                "ours rec/s",
+                "via pgbouncer",
+                "raw1 rec/s",
+                "pgbouncer/straight",
+                "ours/raw1",
+                "pgbouncer/raw1",
+            ],
+            rows,
+        )
+        pooled_engine.dispose()
+
+
 def main() -> int:
     args = c.parse_args(
         __doc__,
         lambda p: (
             p.add_argument("--profile", action="store_true", help="break ours down even if met"),
             p.add_argument("--log", default="info", help="worker log level (default: info)"),
+            p.add_argument(
+                "--pgbouncer",
+                action="store_true",
+                help="only ours direct against ours through a local PgBouncer in transaction "
+                "mode (DATABASE_POOLER=transaction: no prepared statements), raw1 beside",
+            ),
         ),
     )
     quick = args.quick
@@ -458,6 +515,10 @@ def main() -> int:
         with psycopg.connect(dsn) as conn:
             c.fill_history(conn, history)
         c.say(f"  done in {time.perf_counter() - t0:.1f} s")
+        if args.pgbouncer:
+            through_pgbouncer(url, engine, dsn, slice_s, rounds, backlog)
+            engine.dispose()
+            return 0
         rows = []
         missed = False
         for threads in (1, 8):

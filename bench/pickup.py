@@ -29,6 +29,7 @@ import _common as c  # first: puts the repository root on sys.path
 import psycopg
 from sqlalchemy.orm import Session
 
+from portal import create_app
 from portal.delivery.service import DeliveryService
 from portal.extensions import db
 from portal.messaging import acceptance
@@ -132,6 +133,19 @@ def block(
     )
     with app.app_context():
         engine = db.engine
+    if who == "pgbouncer":
+        # Issue 16: the worker's statements through PgBouncer in transaction mode (no
+        # prepared statements), its one LISTEN connection straight to the server.
+        pooled = create_app(
+            settings.replace(
+                database_url=POOLED[0],
+                database_pooler="transaction",
+                database_direct_url=settings.database_url,
+            )
+        )
+        settings = pooled.config["SETTINGS"]
+        with pooled.app_context():
+            engine = db.engine
     service = DeliveryService(engine, settings)
     if mode == "polling":
         service.listener = None  # polling only
@@ -144,52 +158,75 @@ def block(
         service.wait(10)
 
 
+POOLED: list[str] = []  # the PgBouncer URL, with --pgbouncer
+
+
 def main() -> int:
     args = c.parse_args(
-        __doc__, lambda p: p.add_argument("--log", default="info", help="worker log level")
+        __doc__,
+        lambda p: (
+            p.add_argument("--log", default="info", help="worker log level"),
+            p.add_argument(
+                "--pgbouncer",
+                action="store_true",
+                help="NOTIFY only: ours straight against ours through a local PgBouncer "
+                "(transaction mode; LISTEN on DATABASE_DIRECT_URL), raw beside",
+            ),
+        ),
     )
+    if args.pgbouncer:
+        from tests.support.pgbouncer import pgbouncer
+
+        with c.bench_database(DB_NAME) as url, pgbouncer(url) as pooled_url:
+            POOLED.append(pooled_url)
+            return run(args, url, ("ours", "pgbouncer", "raw", "raw", "pgbouncer", "ours"))
+    with c.bench_database(DB_NAME) as url:
+        return run(args, url, ("ours", "raw", "ours", "raw"))
+
+
+def run(args: Any, url: str, order: tuple[str, ...]) -> int:
     quick = args.quick
     counts = {"notify": 30, "polling": 16} if quick else {"notify": 200, "polling": 120}
     c.print_header("bench/pickup.py: due-to-claimed latency", quick)
     rows = []
-    with c.bench_database(DB_NAME) as url:
-        app = c.make_app(url)
-        c.worker_logging(args.log)
-        dsn = c.conninfo(url)
-        sink = c.Sink("subprocess").start()
-        try:
-            tenant_id = c.tenant_with_mail_server(app, sink.host, sink.port)
-            for mode in ("notify", "polling"):
-                got: dict[str, list[tuple[float, float]]] = {"ours": [], "raw": []}
-                half = counts[mode] // 2
-                for who in ("ours", "raw", "ours", "raw"):
-                    began = time.perf_counter()
-                    got[who] += block(app, dsn, tenant_id, mode, who, half)
-                    took = time.perf_counter() - began
-                    c.say(f"  {mode:<8} {who:<4} {half} samples in {took:.0f} s")
-                for who in ("ours", "raw"):
-                    commit_ms = [a for a, _ in got[who]]
-                    created_ms = [b for _, b in got[who]]
-                    p99 = c.percentile(commit_ms, 99)
-                    rows.append(
-                        [
-                            mode,
-                            who,
-                            len(commit_ms),
-                            c.percentile(commit_ms, 50),
-                            c.percentile(commit_ms, 90),
-                            p99,
-                            max(commit_ms),
-                            c.percentile(created_ms, 50),
-                            c.percentile(created_ms, 99),
-                            f"<= {GOALS[mode]:.0f}",
-                            c.verdict(p99 <= GOALS[mode]) if who == "ours" else "",
-                        ]
-                    )
-        finally:
-            sink.stop()
-            with app.app_context():
-                db.engine.dispose()
+    modes = ("notify",) if POOLED else ("notify", "polling")
+    app = c.make_app(url)
+    c.worker_logging(args.log)
+    dsn = c.conninfo(url)
+    sink = c.Sink("subprocess").start()
+    try:
+        tenant_id = c.tenant_with_mail_server(app, sink.host, sink.port)
+        for mode in modes:
+            got: dict[str, list[tuple[float, float]]] = {who: [] for who in order}
+            half = counts[mode] // 2
+            for who in order:
+                began = time.perf_counter()
+                got[who] += block(app, dsn, tenant_id, mode, who, half)
+                took = time.perf_counter() - began
+                c.say(f"  {mode:<8} {who:<4} {half} samples in {took:.0f} s")
+            for who in dict.fromkeys(order):
+                commit_ms = [a for a, _ in got[who]]
+                created_ms = [b for _, b in got[who]]
+                p99 = c.percentile(commit_ms, 99)
+                rows.append(
+                    [
+                        mode,
+                        who,
+                        len(commit_ms),
+                        c.percentile(commit_ms, 50),
+                        c.percentile(commit_ms, 90),
+                        p99,
+                        max(commit_ms),
+                        c.percentile(created_ms, 50),
+                        c.percentile(created_ms, 99),
+                        f"<= {GOALS[mode]:.0f}",
+                        c.verdict(p99 <= GOALS[mode]) if who != "raw" else "",
+                    ]
+                )
+    finally:
+        sink.stop()
+        with app.app_context():
+            db.engine.dispose()
     c.print_table(
         "Due-to-claimed latency, ms (from commit returned; and from created_time, the INSERT's "
         "statement time)",
