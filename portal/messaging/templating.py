@@ -79,8 +79,8 @@ class TemplateLimits:
     source_max_chars: int = 50_000
     # Counted before parsing (issue 13): with all of them at their limit, a 50,000-character
     # template parses in about 15 ms, where 200,000 characters of `assign` lines took 0.6 s.
-    tags_max: int = 500  # {{ }} and {% %}, and each line of a {% liquid %} tag
-    expression_tokens_max: int = 5_000  # names, path segments, values and operators in all
+    tags_max: int = 350  # {{ }} and {% %}, and each line of a {% liquid %} tag
+    expression_tokens_max: int = 2_500  # names, path segments, values and operators in all
     path_segments_max: int = 32  # in one variable path: a.b[0].c is 4
     nesting_max: int = 20  # blocks inside blocks, or parentheses inside parentheses
     variables_max_bytes: int = 64 * 1024  # JSON-encoded, UTF-8

@@ -225,13 +225,13 @@ def test_the_migration_lists_stored_templates_over_the_limits(app: Flask) -> Non
     acme = make_tenant("acme")
     stored_template(acme.id, "assigns", HOSTILE_ASSIGNS, "{{ name }}")
     stored_template(acme.id, "fine", "<p>{{ name }}</p>", None)
-    db.session.add(SmsTemplate(tenant_id=acme.id, code="otp", name="OTP", content="{{ a }}" * 501))
+    db.session.add(SmsTemplate(tenant_id=acme.id, code="otp", name="OTP", content="{{ a }}" * 351))
     db.session.commit()
     lines = migration.over_limits(db.session.connection())
     assert lines == [
         "mail template 'assigns' of tenant 'acme', html_body: the template is too long: "
         "195012 characters, the limit is 50000",
         "sms template 'otp' of tenant 'acme', content: the template has too many tags "
-        "(limit 500 {{ }} and {% %}, each line of a {% liquid %} tag counted) "
-        "(line 1, column 3501)",
+        "(limit 350 {{ }} and {% %}, each line of a {% liquid %} tag counted) "
+        "(line 1, column 2451)",
     ]
