@@ -29,7 +29,7 @@ def test_add_an_endpoint_and_send_a_test_event(
 ) -> None:
     sign_in(page, "admin@acme.example.com")
     page.get_by_role("link", name="Status callbacks").click()
-    expect(page.get_by_text("No endpoints yet.")).to_be_visible()
+    expect(page.get_by_text("No endpoints yet.")).to_be_visible(timeout=AFTER_POST)
     page.get_by_label("Name").fill("orders")
     page.get_by_label("URL").fill(receiver.url())
     page.get_by_role("button", name="Add endpoint").click()
@@ -38,6 +38,7 @@ def test_add_an_endpoint_and_send_a_test_event(
     value = secret.input_value()
     assert value.startswith("whsec_")
     page.get_by_role("link", name="Go to the endpoint").click()
+    expect(page.get_by_role("button", name="Send a test event")).to_be_visible(timeout=AFTER_POST)
     page.get_by_role("button", name="Send a test event").click()
     expect(page.get_by_text("Test event delivered")).to_be_visible(timeout=AFTER_POST)
     expect(page.locator(".callback-log tbody tr")).to_have_count(1)
@@ -57,7 +58,7 @@ def test_the_bell_counts_and_mark_read_clears(page: Page, acme_admin: dict[str, 
     bell = page.locator("a.bell")
     expect(bell).to_contain_text("1", timeout=AFTER_POST)
     bell.click()
-    expect(page.get_by_role("link", name="Mail quota 80 % used")).to_be_visible()
+    expect(page.get_by_role("link", name="Mail quota 80 % used")).to_be_visible(timeout=AFTER_POST)
     page.get_by_role("button", name="Mark read Mail quota 80 % used").click()
     expect(page.get_by_role("button", name="Mark read Mail quota 80 % used")).to_have_count(
         0, timeout=AFTER_POST
