@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 from flask import Flask
-from playwright.sync_api import Browser, Page, sync_playwright
+from playwright.sync_api import Browser, Page, expect, sync_playwright
 from werkzeug.serving import make_server
 
 from portal.extensions import db
@@ -95,3 +95,9 @@ def sign_in(page: Page, email: str) -> None:
 def screenshot(page: Page, name: str) -> None:
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(SCREENSHOTS / f"{name}.png"), full_page=True)
+
+
+# A page on a 2-core machine that also runs the portal, the workers and PostgreSQL can take
+# more than Playwright's default 5 s to show what a test waits for (fresh-clone runs saw it
+# at start-up); what a test waits for is still checked, only the patience is longer.
+expect.set_options(timeout=15_000)
