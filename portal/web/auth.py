@@ -62,6 +62,13 @@ NO_MATCH = "That email address and password do not match."
 GENERATION = "auth_generation"
 SIGNED_IN_AT = "auth_signed_in_at"
 SEEN_AT = "auth_seen_at"
+# The last-seen time is written back at most this often. Every write re-sends the session
+# cookie, and a response that re-sends it overwrites whatever a concurrent request set (a
+# flash message after a POST was lost to the header's inbox poll in flight at the same time).
+SEEN_GRANULARITY_S = 60
+# Requests a page makes by itself (polls), not the person: they never keep a session alive,
+# or a tab left open would never go idle, and they never write the session cookie.
+PASSIVE_ENDPOINTS = frozenset({"inbox.bell"})
 
 # Verify against a real hash even for unknown emails, so timing does not reveal who exists.
 _DUMMY = AppUser(password_hash="")
@@ -125,7 +132,8 @@ def _session_alive(user: AppUser) -> bool:
     now = time.time()
     if now - signed_in_at >= settings.session_max_s or now - seen_at >= settings.session_idle_s:
         return False
-    session[SEEN_AT] = now
+    if now - seen_at >= SEEN_GRANULARITY_S and request.endpoint not in PASSIVE_ENDPOINTS:
+        session[SEEN_AT] = now
     return True
 
 

@@ -20,7 +20,7 @@ from portal.extensions import db
 from portal.models import AppUser, AuditAction, AuditEvent
 from portal.models import tenant as tenant_models
 from portal.web.access import Permission, requires, user
-from portal.web.auth import SEEN_AT, SIGNED_IN_AT, keep_session
+from portal.web.auth import SEEN_AT, SEEN_GRANULARITY_S, SIGNED_IN_AT, keep_session
 from tests.conftest import TEST_DATABASE_URL, make_app, make_tenant
 
 PASSWORD = "session-test-password-1"
@@ -249,6 +249,34 @@ def test_a_session_ends_after_the_idle_time_without_a_request(app: Flask) -> Non
     assert signed_in(client)
     with client.session_transaction() as sess:
         sess[SEEN_AT] -= idle + 1
+    assert not signed_in(client)
+
+
+def test_the_last_seen_time_is_written_back_at_most_once_a_minute(app: Flask) -> None:
+    # Each write re-sends the session cookie, which overwrites what a concurrent request set:
+    # a flash message after a POST was lost to the inbox poll in flight beside it.
+    make_user("ann@acme.example.com")
+    client = sign_in(app, "ann@acme.example.com")
+    fresh_request()
+    assert "Set-Cookie" not in client.get("/").headers
+    with client.session_transaction() as sess:
+        sess[SEEN_AT] -= SEEN_GRANULARITY_S
+    fresh_request()
+    assert "Set-Cookie" in client.get("/").headers
+
+
+def test_the_inbox_poll_neither_keeps_a_session_alive_nor_writes_its_cookie(app: Flask) -> None:
+    idle = app.config["SETTINGS"].session_idle_s
+    make_user("ann@acme.example.com")
+    client = sign_in(app, "ann@acme.example.com")
+    with client.session_transaction() as sess:
+        sess[SEEN_AT] -= idle - 60
+    fresh_request()
+    polled = client.get("/inbox/bell")
+    assert polled.status_code == 200
+    assert "Set-Cookie" not in polled.headers
+    with client.session_transaction() as sess:
+        sess[SEEN_AT] -= 61  # a tab left open, polling, past the idle time
     assert not signed_in(client)
 
 

@@ -4,8 +4,7 @@ cache, and the wiring of the settings."""
 from __future__ import annotations
 
 import re
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import replace
 
 import pytest
@@ -21,6 +20,7 @@ from portal.messaging.templating import (
     render,
     variables_of,
 )
+from tests.support.timing import cpu_best_of
 
 PARSE_DEADLINE_S = 0.05  # the issue's "any parse under 50 ms on these machines"
 
@@ -56,15 +56,6 @@ def costliest(limits: TemplateLimits = DEFAULT_LIMITS) -> dict[str, str]:
 UNHURRIED = replace(DEFAULT_LIMITS, render_timeout_s=30.0)
 
 
-def best_of_three(work: Callable[[], object]) -> float:
-    best = float("inf")
-    for _ in range(3):
-        start = time.perf_counter()
-        work()
-        best = min(best, time.perf_counter() - start)
-    return best
-
-
 @pytest.fixture(autouse=True)
 def fresh_cache() -> Iterator[None]:
     templating._parsed.clear()
@@ -90,7 +81,7 @@ def test_the_costliest_template_the_limits_allow_parses_and_renders_in_time(shap
         variables = {"x": {"a": {"a": "y"}, "b": [1, 2, 3]}, "a": "b"}
         render(source, variables, html=True, limits=UNHURRIED)
 
-    parsed, rendered = best_of_three(parse), best_of_three(parse_and_render)
+    parsed, rendered = cpu_best_of(parse), cpu_best_of(parse_and_render)
     print(
         f"{shape}: {len(source)} chars, parse {parsed * 1000:.1f} ms, render {rendered * 1000:.1f}"
     )
@@ -110,7 +101,7 @@ def test_a_template_saved_before_the_limits_sends_within_the_deadline_up_to_its_
             templating._parsed.clear()
             render(source, {"x": {}, "a": "b"}, html=False, limits=UNHURRIED)
 
-        elapsed = best_of_three(send)
+        elapsed = cpu_best_of(send)
         print(f"{shape} at the ceiling: {elapsed * 1000:.1f} ms")
         assert elapsed < DEFAULT_LIMITS.render_timeout_s
 
@@ -141,7 +132,7 @@ def test_the_issues_templates_fail_at_send_before_any_parse(source: str, expecte
         with pytest.raises(TemplateRenderError, match=expected):
             render(source, {}, html=True)
 
-    elapsed = best_of_three(send)
+    elapsed = cpu_best_of(send)
     print(f"{elapsed * 1000:.1f} ms")  # 0.5-0.7 s of parse before the limits
     assert elapsed < PARSE_DEADLINE_S
 

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import datetime
-import gc
 import time
-from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -25,29 +23,11 @@ from portal.messaging.templating import (
     validate_variables,
     variables_of,
 )
+from tests.support.timing import cpu_best_of
 
 # A hostile template must fail well before it could stall a worker. The budgets make each one
 # fail in milliseconds; the bound is loose so that a busy CI machine does not make it flaky.
 FAIL_FAST_S = 0.5
-
-
-def best_of_three(work: Callable[[], object]) -> float:
-    """The shortest of three timed runs, with the cyclic garbage collector paused for each.
-
-    Noise only ever adds time: a collection of the whole suite's heap or a busy machine once made
-    a 6 ms failure take 821 ms. A slow algorithm is slow on every run, so the best of three
-    still shows it.
-    """
-    times = []
-    for _ in range(3):
-        gc.disable()
-        try:
-            started = time.perf_counter()
-            work()
-            times.append(time.perf_counter() - started)
-        finally:
-            gc.enable()
-    return min(times)
 
 
 # --- Rendering --------------------------------------------------------------------------------
@@ -331,7 +311,7 @@ def test_hostile_template_fails_fast(source: str, expected: str, html: bool) -> 
         with pytest.raises(TemplateRenderError, match=expected):
             render(source, {"big": _BIG}, html=html)
 
-    elapsed = best_of_three(attempt)
+    elapsed = cpu_best_of(attempt)
     print(f"{elapsed * 1000:.1f} ms")
     assert elapsed < FAIL_FAST_S
 
@@ -414,7 +394,7 @@ def test_html_to_text_is_linear_on_half_open_markup(unit: str) -> None:
     # times), best of three each, so a busy machine does not decide the verdict.
     def timed(chars: int) -> float:
         html = unit * (chars // len(unit))
-        return best_of_three(lambda: html_to_text(html))
+        return cpu_best_of(lambda: html_to_text(html))
 
     small, large = timed(100_000), timed(200_000)
     print(f"{small * 1000:.1f} ms / {large * 1000:.1f} ms")
@@ -430,7 +410,7 @@ def test_html_to_text_keeps_stray_angle_brackets_as_text() -> None:
 @pytest.mark.parametrize("html", [">" + "<a" * 30_000, ">" + "</" * 30_000, "<!--" * 15_000 + ">"])
 def test_strip_html_is_linear_on_half_open_markup(html: str) -> None:
     # python-liquid's own strip_html (html.parser) takes seconds on the first of these.
-    elapsed = best_of_three(lambda: render("{{ h | strip_html | size }}", {"h": html}, html=False))
+    elapsed = cpu_best_of(lambda: render("{{ h | strip_html | size }}", {"h": html}, html=False))
     print(f"{elapsed * 1000:.1f} ms")
     assert elapsed < FAIL_FAST_S
 
@@ -452,7 +432,6 @@ def test_html_to_text_of_plain_text() -> None:
 def test_the_parts_of_one_record_share_one_deadline() -> None:
     """A mail's subject, HTML and text render under one deadline (``one_deadline``): a
     record costs at most one deadline's CPU, not three."""
-    import time
 
     from portal.messaging.templating import one_deadline
 
