@@ -16,9 +16,8 @@ document.documentElement.classList.add("js");
 
 // --- Configuration pages (issue 6) ----------------------------------------------------------
 // An editor form marked data-dirty-guard: once one of its content fields changes, every button
-// marked data-needs-saved is disabled and every data-unsaved-note shown, because a mail test
-// sends the SAVED template (the server refuses an unsaved one too) and the attachment and
-// binding forms reload the page. Fields marked data-not-content (the sample variables, the
+// marked data-needs-saved is disabled and every data-unsaved-note shown, because the attachment
+// and binding forms reload the page (Send test stays: it saves the edits first). Fields marked data-not-content (the sample variables, the
 // test address) change nothing that is saved.
 (() => {
   const markDirty = () => {
@@ -34,7 +33,7 @@ document.documentElement.classList.add("js");
       markDirty();
     }
   });
-  // A fragment swapped in (the send-test result) brings its button back enabled: not while dirty.
+  // A fragment swapped in brings its buttons back enabled: not the ones that need saved content.
   document.addEventListener("htmx:afterSwap", () => {
     if (document.querySelector("form[data-dirty-guard][data-dirty]")) markDirty();
   });

@@ -10,7 +10,7 @@ from __future__ import annotations
 import socket
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from email_validator import EmailNotValidError, validate_email
 from sqlalchemy import (
@@ -27,7 +27,7 @@ from sqlalchemy import (
 from sqlalchemy.orm import Session
 
 from portal.config import Settings
-from portal.messaging import quota, suppression, template_checks, templating
+from portal.messaging import quota, suppression, template_checks, template_versions, templating
 from portal.messaging.acceptance import MAX_SMS_CHARS
 from portal.messaging.classify import MarkerCode
 from portal.messaging.configcache import CONFIGS
@@ -49,6 +49,8 @@ from portal.models import (
 )
 from portal.models.direct import Direct, Lookup, padded, reader
 from portal.tenancy import PLATFORM_TENANT_ID
+
+T = TypeVar("T", MailTemplate, SmsTemplate)
 
 SUPPRESSED = MarkerCode.SUPPRESSED.value  # the error code of a record the list stopped
 
@@ -277,16 +279,31 @@ def _mail_template_of(engine: Engine, record: MailSendRecord) -> MailTemplate | 
         return None
     with Session(reader(engine)) as session:
         template = _find_template(session, record)
-    if template is None:
-        wanted = (
-            f"id {record.template_id}"
-            if record.template_id is not None
-            else f"code {record.template_code!r} (enabled)"
-        )
+        if template is None:
+            wanted = (
+                f"id {record.template_id}"
+                if record.template_id is not None
+                else f"code {record.template_code!r} (enabled)"
+            )
+            raise PreparationFailed(
+                MarkerCode.TEMPLATE_NOT_RESOLVABLE, f"no mail template with {wanted}"
+            )
+        return _pinned(session, record, template)
+
+
+def _pinned(session: Session, record: MailSendRecord | SmsSendRecord, template: T) -> T:
+    """A test send's template as the version its editor previewed (issue 15); any other
+    record's as it is now (seed 000: the version current at preparation)."""
+    number = record.pinned_template_version
+    if number is None:
+        return template
+    found = template_versions.as_version(session, template, number)
+    if found is None:
         raise PreparationFailed(
-            MarkerCode.TEMPLATE_NOT_RESOLVABLE, f"no mail template with {wanted}"
+            MarkerCode.TEMPLATE_NOT_RESOLVABLE,
+            f"template {template.code!r} has no version {number}, which this test send renders",
         )
-    return template
+    return found
 
 
 def build_mail(engine: Engine, record: MailSendRecord, settings: Settings) -> PreparedMail:
@@ -662,7 +679,7 @@ def _sms_template_of(session: Session, record: SmsSendRecord) -> SmsTemplate | N
         raise PreparationFailed(
             MarkerCode.TEMPLATE_NOT_RESOLVABLE, f"no SMS template with {wanted}"
         )
-    return template
+    return _pinned(session, record, template)
 
 
 def build_sms(session: Session, record: SmsSendRecord) -> PreparedSms:

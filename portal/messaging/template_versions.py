@@ -15,7 +15,7 @@ import binascii
 import difflib
 import hashlib
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -23,6 +23,7 @@ from sqlalchemy.orm import Session
 from portal.models import MailTemplate, SmsTemplate, TemplateBlob, TemplateVersion
 
 AnyTemplate = MailTemplate | SmsTemplate
+T = TypeVar("T", MailTemplate, SmsTemplate)
 
 # The content of a version, per channel: what "the whole content" is (issue 15).
 MAIL_FIELDS = (
@@ -186,6 +187,21 @@ def restore(session: Session, template: AnyTemplate, old: TemplateVersion) -> No
                     }
                 )
         template.attachments = files or None
+
+
+def as_version(session: Session, template: T, number: int) -> T | None:
+    """The template as its version ``number`` held it: itself when that is its current version,
+    else a copy detached from ``session`` (nothing of it is ever written back); None when the
+    template has no such version. A test send from the editor renders what it previewed."""
+    if template.version == number:
+        return template
+    old = version(session, template.tenant_id, channel_of(template), template.id, number)
+    if old is None:
+        return None
+    session.expunge(template)
+    restore(session, template, old)
+    template.version = number
+    return template
 
 
 @dataclass(frozen=True)

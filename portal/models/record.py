@@ -127,6 +127,8 @@ class SendRecordMixin:
     request_metadata: Mapped[dict[str, Any] | None] = mapped_column("metadata", JSON)
     # A test send from the template editor (issue 15): charged like any send, shown apart.
     is_test: Mapped[bool] = mapped_column(Boolean, default=False, server_default=text("false"))
+    # A test send renders the version its editor previewed, even if a later one was saved since.
+    pinned_template_version: Mapped[int | None] = mapped_column(Integer)
     # Preparation and delivery. ``template_version``: the template version it was prepared with.
     template_version: Mapped[int | None] = mapped_column(Integer)
     prepared_at: Mapped[datetime | None] = mapped_column(UTCDateTime)

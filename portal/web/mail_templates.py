@@ -1,11 +1,11 @@
 """Mail templates: the editor with a live preview, the sandboxed HTML preview, attachments,
 and Send test through the real delivery path (``template_pages`` holds what SMS shares).
 
-What was previewed is what goes out. A test mail is accepted by ``templateId``, so delivery
-renders the *saved* template (seed 000: a disabled one all the same); the Send test button is
-therefore disabled while the editor has unsaved edits (static/app.js), and the server checks it
-again: the send-test POST carries the whole editor form and the template's version, and is
-refused when the version moved on or the form differs from what is saved.
+What was previewed is what goes out. A test mail is accepted by ``templateId`` (seed 000: a
+disabled template all the same) and its record is pinned to the version the editor shows, so
+delivery renders that version even if another is saved before the record is prepared. The
+send-test POST carries the whole editor form and the template's version: unsaved edits are
+saved first, through the dry run, and a test from an editor whose version moved on is refused.
 
 The rendered HTML is tenant content, so it is never part of our own pages: the preview POST
 stores it in Redis under a per-editor slot (one key per open editor, overwritten at each
@@ -57,10 +57,6 @@ PREVIEW_TTL_S = 1800
 _SLOT = re.compile(r"^[A-Za-z0-9_-]{8,32}$")
 _SAFE_FILENAME = re.compile(r"^[^/\\\x00-\x1f\x7f]{1,255}$")
 _CONTENT_TYPE = re.compile(r"^[A-Za-z0-9][\w.+-]*/[A-Za-z0-9][\w.+-]*$")
-UNSAVED = (
-    "You have unsaved changes. A test mail sends the saved template, so save first, "
-    "then send the test."
-)
 
 
 # --- the editor's fields ---------------------------------------------------------------
@@ -243,21 +239,29 @@ def _preview_panel(form: Form) -> dict[str, Any]:
 
 
 def _test(template: MailTemplate, form: Form) -> TestSend:
-    """A test of the saved template by templateId: refused unless the editor is what is saved."""
+    """A test of the template by templateId, pinned to the version the editor shows; with
+    unsaved edits the page saves them first (``template_pages.send_test``)."""
     problem = None
+    unsaved = False
     if form.raw("version") != str(template.version):
         problem = STALE
     else:
         values = template_pages.read(MAIL, Form(form.data, LABELS), template.tenant_id, template.id)
         if values is None:
-            problem = "The editor has errors. Fix them and save, then send the test."
-        elif values != _saved(template):
-            problem = UNSAVED
+            problem = "The editor has errors. Fix them, then send the test."
+        elif values != _saved(template) or template_pages.read_stream(form) != template.stream:
+            unsaved = True
     to = form.email("to", required=True)
     variables = form.json_object("variables")
     if to is None or variables is None:
         return TestSend(None, to, problem)
-    return TestSend({"to": [to], "templateId": template.id, "variables": variables}, to, problem)
+    return TestSend(
+        {"to": [to], "templateId": template.id, "variables": variables},
+        to,
+        problem,
+        version=template.version,
+        unsaved=unsaved,
+    )
 
 
 MAIL = Kind(
@@ -268,7 +272,6 @@ MAIL = Kind(
     labels=LABELS,
     fields=("subject", "html_body", "text_body", "priority", "reply_to", "preferred_server_id"),
     sources=("subject", "html_body", "text_body"),
-    tests_saved=True,
     read=_read,
     preview=_preview_panel,
     context=_context,

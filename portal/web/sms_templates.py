@@ -180,7 +180,6 @@ SMS = Kind(
     labels=LABELS,
     fields=("content",),
     sources=("content",),
-    tests_saved=False,
     read=_read,
     preview=lambda form: {"preview": _preview_of_form(form)},
     context=_context,

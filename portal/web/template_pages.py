@@ -98,6 +98,10 @@ class TestSend:
     request: dict[str, Any] | None
     to: str | None
     problem: str | None = None
+    # The template version the test renders (pinned on its record), when it sends a template.
+    version: int | None = None
+    # The editor holds edits that are not saved: the test saves them first (through the dry run).
+    unsaved: bool = False
 
 
 class Accept(Protocol):
@@ -119,7 +123,6 @@ class Kind(Generic[T]):
     labels: Mapping[str, str]
     fields: tuple[str, ...]  # the columns the channel adds to code, name and enabled
     sources: tuple[str, ...]  # the columns that hold Liquid (sample variables come from them)
-    tests_saved: bool  # a test sends the saved template, so unsaved edits disable Send test
     read: Callable[[Form, int], dict[str, Any] | None]  # the channel's fields, checked, or None
     preview: Callable[[Form], dict[str, Any]]  # the preview panel's context for the input
     context: Callable[[T | None, int], dict[str, Any]]  # what else the editor page shows
@@ -178,7 +181,9 @@ def read_stream(form: Form) -> str:
     return form.choice("stream", [value for value, _ in STREAMS], Stream.TRANSACTIONAL.value)
 
 
-def form_of(kind: Kind[T], template: T) -> Form:
+def form_of(kind: Kind[T], template: T, **kept: str | None) -> Form:
+    """The editor's form for the saved template; ``kept``: the fields that are not the
+    template's (the sample variables, a test's recipient) as the person left them."""
     common: tuple[str, ...] = ("code", "name", "enabled", "stream", "strict_variables")
     values = {name: getattr(template, name) for name in (*common, *kind.fields)}
     saved = (
@@ -191,7 +196,7 @@ def form_of(kind: Kind[T], template: T) -> Form:
         or saved
         or sample_variables(*(getattr(template, name) for name in kind.sources))
     )
-    return Form(form_data(**values, variables=variables), kind.labels)
+    return Form(form_data(**(values | {"variables": variables} | kept)), kind.labels)
 
 
 def audit_save(kind: Kind[T], template: T, what: str) -> None:
@@ -340,6 +345,61 @@ def editor(
     ), status
 
 
+def save_edits(
+    kind: Kind[T], template: T, form: Form, *, confirm_action: str | None = None
+) -> tuple[str, int] | None:
+    """Save the editor's content as the template's next version, or the editor page to show
+    instead: with the form's errors, or with the dry run to confirm first (its "Save this
+    version" posts to ``confirm_action``, else to Save). Refused when the template was saved
+    elsewhere since the editor was opened."""
+    values = read(kind, form, template.tenant_id, template.id)
+    stream = read_stream(form)
+    if form.raw("version") != str(template.version):
+        form.errors["version"] = STALE
+    if values is None or not form.ok:
+        return editor(kind, template, form, status=422)
+    if form.raw("dry_run_seen") != "yes":
+        # A change goes live only after a look at what it does to recent sends (issue 15):
+        # a template with no earlier records saves at once.
+        check = dry_run(kind, template, form, values)
+        if check is not None and check.found:
+            return editor(
+                kind,
+                template,
+                form,
+                dry_run=check,
+                confirming=True,
+                confirm_action=confirm_action,
+            )
+    template_versions.ensure_saved(db.session(), template)
+    for key, value in values.items():
+        setattr(template, key, value)
+    template.stream = stream
+    template.sample_variables = saved_sample(form) or template.sample_variables
+    template.version += 1
+    audit_save(kind, template, "saved")
+    try:
+        db.session.commit()
+    except IntegrityError:
+        db.session.rollback()
+        form.fail("code", f"is already used by another {kind.noun}")
+        return editor(kind, template, form, status=422)
+    remember_sample(kind.channel, template.id, form.raw("variables"))
+    return None
+
+
+def whole_editor(page: tuple[str, int]) -> ResponseReturnValue:
+    """The whole editor page as the answer to a POST that may come from htmx (Send test):
+    htmx puts its main element in place of the page's, not the fragment it asked for."""
+    html, status = page
+    response = varies(Response(html, status))
+    if is_htmx():
+        response.headers["HX-Retarget"] = "#main"
+        response.headers["HX-Reswap"] = "outerHTML"
+        response.headers["HX-Reselect"] = "#main"
+    return response
+
+
 def blueprint(kind: Kind[T], import_name: str) -> Blueprint:
     """The blueprint of one channel's template pages, with the routes both channels have."""
     bp = Blueprint(kind.blueprint, import_name, url_prefix="/" + kind.blueprint.replace("_", "-"))
@@ -408,32 +468,9 @@ def blueprint(kind: Kind[T], import_name: str) -> Blueprint:
         """Save the editor; refused when the template was saved elsewhere since it was opened."""
         template = owned(kind.model, template_id, viewed_tier())
         form = Form(request.form, kind.labels)
-        values = read(kind, form, template.tenant_id, template.id)
-        stream = read_stream(form)
-        if form.raw("version") != str(template.version):
-            form.errors["version"] = STALE
-        if values is None or not form.ok:
-            return editor(kind, template, form, status=422)
-        if form.raw("dry_run_seen") != "yes":
-            # A change goes live only after a look at what it does to recent sends (issue 15):
-            # a template with no earlier records saves at once.
-            check = dry_run(kind, template, form, values)
-            if check is not None and check.found:
-                return editor(kind, template, form, dry_run=check, confirming=True)
-        template_versions.ensure_saved(db.session(), template)
-        for key, value in values.items():
-            setattr(template, key, value)
-        template.stream = stream
-        template.sample_variables = saved_sample(form) or template.sample_variables
-        template.version += 1
-        audit_save(kind, template, "saved")
-        try:
-            db.session.commit()
-        except IntegrityError:
-            db.session.rollback()
-            form.fail("code", f"is already used by another {kind.noun}")
-            return editor(kind, template, form, status=422)
-        remember_sample(kind.channel, template.id, form.raw("variables"))
+        page = save_edits(kind, template, form)
+        if page is not None:
+            return page
         flash("Template saved.", "success")
         return redirect(url_for(kind.endpoint("edit"), template_id=template.id), 303)
 
@@ -474,10 +511,33 @@ def blueprint(kind: Kind[T], import_name: str) -> Blueprint:
     @bp.post("/<int:template_id>/send-test")
     @requires(Permission.EDIT_TEMPLATES)
     def send_test(template_id: int) -> ResponseReturnValue:
-        """Accept a test message in the template's tier, through the real delivery path."""
+        """Accept a test message in the template's tier, through the real delivery path.
+
+        A test of the template renders the version the preview rendered: unsaved edits are
+        saved first, through the dry run (whose confirmation comes back here), and the record
+        is pinned to that version, whatever is saved after it."""
         template = owned(kind.model, template_id, viewed_tier())
         form = Form(request.form, kind.labels)
         test = kind.test(template, form)
+        saved = False
+        if test.unsaved and test.request is not None and form.ok:
+            page = save_edits(
+                kind,
+                template,
+                form,
+                confirm_action=url_for(kind.endpoint("send_test"), template_id=template.id),
+            )
+            if page is not None:
+                return whole_editor(page)
+            saved = True
+            form = form_of(
+                kind,
+                template,
+                variables=form.raw("variables"),
+                to=test.to,
+                version=str(template.version),
+            )
+            test = kind.test(template, form)
         result: dict[str, Any] = {"problem": test.problem, "errors": form.errors}
         if test.problem is None and test.request is not None and form.ok:
             platform = template.tenant_id == PLATFORM_TENANT_ID
@@ -487,7 +547,7 @@ def blueprint(kind: Kind[T], import_name: str) -> Blueprint:
                     accepted = kind.accept(
                         db.session(), test.request | {"scope": scope.value}, settings=settings()
                     )
-                mark_test(kind, template.tenant_id, accepted.id)
+                mark_test(kind, template.tenant_id, accepted.id, test.version)
                 db.session.commit()
             except acceptance.AcceptanceError as exc:
                 db.session.rollback()
@@ -496,10 +556,12 @@ def blueprint(kind: Kind[T], import_name: str) -> Blueprint:
                 result = {
                     "record_id": accepted.id,
                     "to": test.to,
+                    "version": test.version,
+                    "saved": saved,
                     "record_url": record_url(f"{kind.channel.value}_records.show", accepted.id),
                 }
         status = 200 if "record_id" in result else 422
-        if is_htmx():
+        if is_htmx() and not saved:
             html = render_template(
                 f"{kind.blueprint}/_send_test.html",
                 kind=kind,
@@ -508,8 +570,8 @@ def blueprint(kind: Kind[T], import_name: str) -> Blueprint:
                 send=result,
             )
             return varies(Response(html, status))
-        page, _ = editor(kind, template, form, status=status, send=result)
-        return varies(Response(page, status))
+        # A save happened: the whole editor again (its version field moved on).
+        return whole_editor(editor(kind, template, form, status=status, send=result))
 
     @bp.get("/<int:template_id>/versions")
     @requires(Permission.VIEW_RECORDS)
@@ -639,14 +701,15 @@ def _normalised(sources: Sequence[str | None]) -> tuple[str, ...]:
     return tuple((source or "").replace("\r\n", "\n").strip() for source in sources)
 
 
-def mark_test(kind: Kind[T], tenant_id: int, record_id: int) -> None:
+def mark_test(kind: Kind[T], tenant_id: int, record_id: int, version: int | None) -> None:
     """A test send is marked on its record (issue 15, part 4): a badge in lists and on its
-    page, a filter that hides them, and a count apart in the quota's usage."""
+    page, a filter that hides them, and a count apart in the quota's usage. ``version``: the
+    template version it renders (part 3), whatever is saved before it is prepared."""
     model = MailSendRecord if kind.channel == Channel.MAIL else SmsSendRecord
     db.session.execute(
         update(model)
         .where(model.id == record_id, model.tenant_id == tenant_id)
-        .values(is_test=True)
+        .values(is_test=True, pinned_template_version=version)
     )
 
 

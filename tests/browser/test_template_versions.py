@@ -116,3 +116,29 @@ def test_a_test_send_is_badged_in_the_list_and_on_its_page(
     page.get_by_role("link", name="ann@example.com").click()
     expect(page.locator("#test-badge")).to_have_text("Test send")
     screenshot(page, "record-test-send")
+
+
+def test_send_test_with_unsaved_edits_goes_through_the_dry_run_then_sends_the_new_version(
+    page: Page, acme_admin: dict[str, Any]
+) -> None:
+    tenant = acme_admin["tenant_id"]
+    row = welcome(tenant)
+    sends(tenant, [{"name": "Ann"}, {"name": "Bea"}])
+    sign_in(page, "admin@acme.example.com")
+    page.goto(f"/mail-templates/{row.id}/edit")
+    page.get_by_label("Subject").fill("Hi there, {{ name }}")
+    page.get_by_label("Email address").fill("ann@example.com")
+    page.get_by_role("button", name="Send test").click()
+    # The dry run stands between the click and the save; nothing is saved or sent yet.
+    expect(page.locator("#dry-run-title")).to_have_text("Before this change goes live")
+    expect(page.locator("#dry-run-rendered")).to_have_text("2")
+    expect(page.get_by_label("Subject")).to_have_value("Hi there, {{ name }}")
+    screenshot(page, "template-send-test-dry-run")
+    page.get_by_role("button", name="Save this version and send the test").click()
+    expect(page.locator("#send-result")).to_contain_text(
+        "Your changes were saved as version 2. Test mail of version 2 to ann@example.com"
+    )
+    expect(page.get_by_text("Before this change goes live")).to_have_count(0)
+    record = db.session.scalar(db.select(MailSendRecord).where(MailSendRecord.is_test.is_(True)))
+    assert record is not None
+    assert record.pinned_template_version == 2

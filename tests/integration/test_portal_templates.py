@@ -547,16 +547,15 @@ def test_a_mail_test_sends_the_saved_template_through_the_real_delivery_path(
 @pytest.mark.parametrize(
     ("changes", "message"),
     [
-        ({"subject": "Edited but not saved"}, "You have unsaved changes"),
-        ({"enabled": None}, "You have unsaved changes"),
         ({"version": "0"}, "saved again since you opened it"),
+        ({"version": "0", "subject": "Edited"}, "saved again since you opened it"),
         ({"subject": "{{ broken"}, "The editor has errors"),
         ({"to": "nobody"}, "Email address is not a valid email address"),
         ({"to": ""}, "Email address is required"),
         ({"variables": "{oops"}, "Sample variables are not valid JSON"),
     ],
 )
-def test_a_mail_test_is_refused_unless_what_was_previewed_is_what_is_saved(
+def test_a_mail_test_is_refused_when_the_editor_is_stale_or_the_test_is_malformed(
     app: Flask, world: dict[str, Any], admin: Portal, changes: dict[str, Any], message: str
 ) -> None:
     template = db.session.get(MailTemplate, world["acme"]["mail"])
@@ -569,6 +568,109 @@ def test_a_mail_test_is_refused_unless_what_was_previewed_is_what_is_saved(
         assert message in html.unescape(response.text)
         assert "HX-Request" in response.headers["Vary"]
     assert count(MailSendRecord) == 0
+
+
+def test_a_mail_test_with_unsaved_edits_saves_them_first_and_sends_that_version(
+    app: Flask, world: dict[str, Any], admin: Portal
+) -> None:
+    template = db.session.get(MailTemplate, world["acme"]["mail"])
+    server = db.session.get(MailSendServerConfig, world["acme"]["server"])
+    assert template is not None
+    assert server is not None
+    before = template.version
+    with ScriptedSmtpServer() as smtp:
+        server.host, server.port = smtp.host, smtp.port
+        db.session.commit()
+        form = mail_form(template, to="ann@example.com", subject="Edited {{ name }}")
+        # No sends of this template yet: nothing to check against, so it saves at once.
+        response = admin.post(f"/mail-templates/{template.id}/send-test", form, htmx=True)
+        assert response.status_code == 200, response.text
+        # The whole editor comes back in place of the page's (its version field moved on).
+        assert response.headers["HX-Retarget"] == "#main"
+        assert response.headers["HX-Reselect"] == "#main"
+        assert f"saved as version {before + 1}" in response.text
+        assert f'name="version" value="{before + 1}"' in response.text
+        db.session.expire_all()
+        assert template.version == before + 1
+        assert template.subject == "Edited {{ name }}"
+        record = db.session.scalar(select(MailSendRecord))
+        assert record is not None
+        assert (record.is_test, record.pinned_template_version) == (True, before + 1)
+        drain(app)
+        (message,) = smtp.wait_for_messages(1)
+    assert message.message["Subject"] == "Edited Ann"
+
+
+def test_a_mail_test_renders_the_version_previewed_though_a_later_one_was_saved(
+    app: Flask, world: dict[str, Any], admin: Portal
+) -> None:
+    template = db.session.get(MailTemplate, world["acme"]["mail"])
+    server = db.session.get(MailSendServerConfig, world["acme"]["server"])
+    assert template is not None
+    assert server is not None
+    previewed = template.version
+    with ScriptedSmtpServer() as smtp:
+        server.host, server.port = smtp.host, smtp.port
+        db.session.commit()
+        sent = admin.post(
+            f"/mail-templates/{template.id}/send-test",
+            mail_form(template, to="ann@example.com"),
+            htmx=True,
+        )
+        assert sent.status_code == 200, sent.text
+        assert f"of version {previewed}" in sent.text
+        # Someone saves a new version before a worker prepares the test.
+        later = mail_form(template, subject="Later {{ name }}", dry_run_seen="yes")
+        assert admin.post(f"/mail-templates/{template.id}", later).status_code == 303
+        db.session.expire_all()
+        assert template.version == previewed + 1
+        drain(app)
+        (message,) = smtp.wait_for_messages(1)
+    assert message.message["Subject"] == "Hello Ann"  # the version previewed, not the later one
+    record = db.session.scalar(select(MailSendRecord))
+    assert record is not None
+    assert (record.template_version, record.pinned_template_version) == (previewed, previewed)
+
+
+def test_a_mail_test_with_edits_to_a_template_with_sends_confirms_the_dry_run_first(
+    app: Flask, world: dict[str, Any], admin: Portal
+) -> None:
+    template = db.session.get(MailTemplate, world["acme"]["mail"])
+    assert template is not None
+    url = f"/mail-templates/{template.id}/send-test"
+    first = admin.post(url, mail_form(template, to="ann@example.com"), htmx=True)
+    assert first.status_code == 200, first.text  # a send of this template to check against
+    before = template.version
+    edited = mail_form(
+        template,
+        to="ann@example.com",
+        subject="Hi {{ name }} {{ plan }}",
+        variables='{"name": "Ann", "plan": "Pro"}',
+    )
+    asked = admin.post(url, edited, htmx=True)
+    assert asked.status_code == 200, asked.text
+    assert asked.headers["HX-Retarget"] == "#main"
+    page = html.unescape(asked.text)
+    assert "Before this change goes live" in page
+    assert re.search(r'id="dry-run-refused">1<', page)  # the earlier send gives no plan
+    assert "Save this version and send the test" in page
+    assert f'formaction="{url}"' in page
+    db.session.expire_all()
+    assert template.version == before  # nothing saved, nothing sent yet
+    assert count(MailSendRecord) == 1
+    confirmed = admin.post(url, edited | {"dry_run_seen": "yes"})
+    assert confirmed.status_code == 200, confirmed.text
+    db.session.expire_all()
+    assert template.version == before + 1
+    assert template.subject == "Hi {{ name }} {{ plan }}"
+    latest = db.session.scalars(select(MailSendRecord).order_by(MailSendRecord.id.desc())).first()
+    assert latest is not None
+    assert (latest.is_test, latest.pinned_template_version) == (True, before + 1)
+    # A bad recipient refuses the test before anything is saved.
+    bad = admin.post(url, edited | {"subject": "Other", "to": "nobody"}, htmx=True)
+    assert bad.status_code == 422
+    db.session.expire_all()
+    assert template.version == before + 1
 
 
 def test_an_sms_test_sends_the_previewed_text_as_its_content(

@@ -1,0 +1,33 @@
+"""A test send renders the template version its editor previewed (issue 15, part 3)
+
+``pinned_template_version`` on both record tables: set only on a test send from the editor, to
+the version the preview rendered; preparation renders that version's content even when a later
+one was saved in between. Null for every other record (nullable, no default: no table rewrite).
+
+Revision ID: 0042
+Revises: 0016
+Create Date: 2026-12-01 22:40:00
+
+"""
+import sqlalchemy as sa
+from alembic import op
+
+# revision identifiers, used by Alembic.
+revision = '0042'
+down_revision = '0016'
+branch_labels = None
+depends_on = None
+
+RECORDS = ("mail_send_record", "sms_send_record")
+
+
+def upgrade():
+    for table in RECORDS:
+        with op.batch_alter_table(table) as batch:
+            batch.add_column(sa.Column("pinned_template_version", sa.Integer(), nullable=True))
+
+
+def downgrade():
+    for table in RECORDS:
+        with op.batch_alter_table(table) as batch:
+            batch.drop_column("pinned_template_version")
