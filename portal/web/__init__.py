@@ -1,9 +1,9 @@
-"""Blueprints: one module per page group, plus the JSON API and machine endpoints."""
+"""Blueprints: one module per page group, grouped by what a reader looks for (records,
+configuration, operations), plus the machine endpoints (JSON API, operator endpoints, webhooks)."""
 
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import logging
 from dataclasses import dataclass
 from typing import Any
@@ -16,27 +16,38 @@ from portal.extensions import db, login_manager
 
 log = logging.getLogger(__name__)
 
-# Page groups, in navigation order: (module = blueprint name = URL prefix, label, permission).
+# Page groups, in navigation order: (package.module, label, permission); the module's name is
+# its blueprint's name and URL prefix.
 PAGES: list[tuple[str, str, str]] = [
-    ("dashboard", "Dashboard", "view_records"),
-    ("mail_records", "Mail", "view_records"),
-    ("sms_records", "SMS", "view_records"),
-    ("decisions", "Needs a decision", "view_records"),
-    ("mail_templates", "Mail templates", "edit_templates"),
-    ("sms_templates", "SMS templates", "edit_templates"),
-    ("mail_servers", "Mail servers", "edit_config"),
-    ("sms_providers", "SMS providers", "edit_config"),
-    ("mail_receivers", "Bounce mailboxes", "edit_config"),
-    ("quotas", "Quotas", "view_quota"),
-    ("dead_letters", "Dead letters", "dead_letters"),
-    ("suppressions", "Suppression list", "suppression"),
-    ("api_keys", "API keys", "api_keys"),
-    ("callbacks", "Status callbacks", "api_keys"),
-    ("retention", "Retention", "edit_config"),
-    ("users", "Users", "manage_users"),
-    ("audit", "Audit log", "view_audit"),
+    ("operations.dashboard", "Dashboard", "view_records"),
+    ("records.mail_records", "Mail", "view_records"),
+    ("records.sms_records", "SMS", "view_records"),
+    ("records.decisions", "Needs a decision", "view_records"),
+    ("configuration.mail_templates", "Mail templates", "edit_templates"),
+    ("configuration.sms_templates", "SMS templates", "edit_templates"),
+    ("configuration.mail_servers", "Mail servers", "edit_config"),
+    ("configuration.sms_providers", "SMS providers", "edit_config"),
+    ("configuration.mail_receivers", "Bounce mailboxes", "edit_config"),
+    ("operations.quotas", "Quotas", "view_quota"),
+    ("operations.dead_letters", "Dead letters", "dead_letters"),
+    ("operations.suppressions", "Suppression list", "suppression"),
+    ("operations.api_keys", "API keys", "api_keys"),
+    ("configuration.callbacks", "Status callbacks", "api_keys"),
+    ("configuration.retention", "Retention", "edit_config"),
+    ("operations.users", "Users", "manage_users"),
+    ("operations.audit", "Audit log", "view_audit"),
 ]
-MACHINE = ["api", "operator_api", "health", "metrics", "auth", "tenants", "webhooks", "inbox"]
+# Blueprints with no navigation entry: the machine endpoints, sign-in, the tenant switcher, inbox.
+UNLISTED = [
+    "machine.api",
+    "machine.operator_api",
+    "machine.health",
+    "machine.metrics",
+    "auth",
+    "tenants",
+    "machine.webhooks",
+    "operations.inbox",
+]
 
 
 @dataclass(frozen=True)
@@ -47,17 +58,15 @@ class NavItem:
 
 
 def register_blueprints(app: Flask) -> None:
-    """Register every blueprint module that exists (page groups arrive one by one)."""
+    """Register every blueprint module: the unlisted ones, then the page groups."""
     from portal.web import access, security
 
     login_manager.init_app(app)
     login_manager.login_view = "auth.login"
     login_manager.login_message = "Sign in to see that page."
     login_manager.session_protection = "strong"
-    for name in MACHINE + [name for name, _, _ in PAGES]:
-        if importlib.util.find_spec(f"portal.web.{name}") is None:
-            continue
-        module = importlib.import_module(f"portal.web.{name}")
+    for path in UNLISTED + [path for path, _, _ in PAGES]:
+        module = importlib.import_module(f"portal.web.{path}")
         app.register_blueprint(module.bp)
     access.init_app(app)
     security.init_app(app)
@@ -73,7 +82,8 @@ def _context(app: Flask) -> None:
     def _helpers() -> dict[str, Any]:
         def nav_items() -> list[NavItem]:
             items = []
-            for name, label, permission in PAGES:
+            for path, label, permission in PAGES:
+                name = path.rpartition(".")[2]
                 endpoint = f"{name}.index"
                 if endpoint in current_app.view_functions and can(Permission(permission)):
                     active = (request.blueprint or "") == name
@@ -120,7 +130,7 @@ def _errors(app: Flask) -> None:
     def _http_error(exc: HTTPException) -> Response:
         status = exc.code or 500
         if _wants_json():
-            from portal.web.api import error_response
+            from portal.web.machine.api import error_response
 
             code = (exc.name or "error").lower().replace(" ", "_")
             response = error_response(status, code, exc.description or exc.name or "error")

@@ -29,7 +29,7 @@ from portal.models import (
     add_audit,
 )
 from portal.tenancy import PLATFORM_TENANT_ID
-from portal.web.audit import PAGE_SIZE
+from portal.web.operations.audit import PAGE_SIZE
 from tests.conftest import make_tenant
 
 PASSWORD = "audit-test-password-1"

@@ -17,7 +17,7 @@ from portal.messaging.retry import retry_records
 from portal.messaging.scan import claim
 from portal.models import MailSendRecord, SmsSendRecord
 from portal.models import tenant as tenant_model
-from portal.web import mail_records
+from portal.web.records import mail_records
 from tests.conftest import make_tenant
 from tests.integration.test_portal_records import HX, mail, signed_in, sms, status_of, user
 

@@ -121,8 +121,8 @@ def test_the_count_and_the_list_read_only_the_records_that_need_a_decision(app: 
 
     from sqlalchemy import text
 
-    from portal.web import decisions
-    from portal.web.mail_records import MAIL
+    from portal.web.records import decisions
+    from portal.web.records.mail_records import MAIL
 
     acme = make_tenant("acme").id
     db.session.commit()

@@ -14,7 +14,7 @@ from flask import Flask, current_app
 from portal.extensions import db
 from portal.models import MailSendServerConfig, SmsProviderConfig, secretbox
 from portal.models.secretbox import SecretUnavailable
-from portal.web.webhooks import body_signature, twilio_signature
+from portal.web.machine.webhooks import body_signature, twilio_signature
 from tests.conftest import make_tenant
 from tests.integration.test_portal_templates import Portal, user
 

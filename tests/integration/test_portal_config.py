@@ -513,7 +513,7 @@ def test_a_config_that_records_use_is_disabled_not_deleted(
 def test_the_edit_page_shows_the_mail_webhook_url_and_its_derived_secret(
     app: Flask, world: dict[str, Any], admin: Portal
 ) -> None:
-    from portal.web.webhooks import body_signature, mail_webhook_secret
+    from portal.web.machine.webhooks import body_signature, mail_webhook_secret
 
     sid = world["acme"]["server"]
     secret = mail_webhook_secret(app.config["SETTINGS"], sid)
@@ -546,7 +546,7 @@ def test_the_edit_page_shows_the_mail_webhook_url_and_its_derived_secret(
 def test_only_those_who_may_edit_servers_see_the_webhook_secret(
     app: Flask, world: dict[str, Any], role: str
 ) -> None:
-    from portal.web.webhooks import mail_webhook_secret
+    from portal.web.machine.webhooks import mail_webhook_secret
 
     sid = world["acme"]["server"]
     secret = mail_webhook_secret(app.config["SETTINGS"], sid)

@@ -16,7 +16,7 @@ from flask import Flask
 from portal.extensions import db
 from portal.models import SmsProviderConfig
 from portal.tenancy import PLATFORM_TENANT_ID
-from portal.web.webhooks import body_signature, twilio_signature, vonage_signature
+from portal.web.machine.webhooks import body_signature, twilio_signature, vonage_signature
 from tests.conftest import make_tenant
 from tests.integration.test_portal_templates import ROLES, Portal, user
 

@@ -26,7 +26,7 @@ from portal.models import (
     SmsSendRecord,
 )
 from portal.models import tenant as tenant_model
-from portal.web import explain, mail_records
+from portal.web.records import explain, mail_records
 from tests.conftest import make_tenant
 
 PASSWORD = "records-test-password-1"
@@ -742,7 +742,7 @@ def test_dashboard_counts_backlog_chart_and_refresh(app: Flask, world: World) ->
 def test_dashboard_counts_are_per_tenant_and_capped(
     app: Flask, world: World, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from portal.web import dashboard
+    from portal.web.operations import dashboard
 
     monkeypatch.setattr(dashboard, "COUNT_CAP", 2)
     for _ in range(3):

@@ -25,7 +25,8 @@ from portal.models import (
 )
 from portal.models import tenant as tenant_model
 from portal.tenancy import PLATFORM_TENANT_ID
-from portal.web import mail_records, security
+from portal.web import security
+from portal.web.records import mail_records
 from tests.conftest import make_tenant
 from tests.integration.test_portal_records import HX, mail, signed_in, sms, status_of, user
 

@@ -19,7 +19,7 @@ from sqlalchemy import func, select
 
 from portal.extensions import db
 from portal.models import DeliveryEvent
-from portal.web.webhooks import VONAGE_MAX_SKEW_S, vonage_jwt_problem
+from portal.web.machine.webhooks import VONAGE_MAX_SKEW_S, vonage_jwt_problem
 from tests.conftest import make_tenant
 from tests.integration.test_webhooks_vonage import b64url, claims_for, status_body
 from tests.support.after_send import WEBHOOK_SECRET, sms_config, sms_row

@@ -22,7 +22,7 @@ from sqlalchemy import func, select
 from portal.extensions import db
 from portal.messaging import suppression
 from portal.models import Channel, DeliveryEvent
-from portal.web.webhooks import VONAGE_MAX_SKEW_S, vonage_signature
+from portal.web.machine.webhooks import VONAGE_MAX_SKEW_S, vonage_signature
 from tests.conftest import make_tenant
 from tests.support.after_send import UK, WEBHOOK_SECRET, sms_config, sms_row
 from tests.support.sms import sms_record

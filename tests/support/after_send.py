@@ -12,7 +12,7 @@ from werkzeug.test import TestResponse
 
 from portal.extensions import db
 from portal.models import MailSendRecord, MailSendServerConfig, SmsProviderConfig, SmsSendRecord
-from portal.web.webhooks import body_signature, mail_webhook_secret, twilio_signature
+from portal.web.machine.webhooks import body_signature, mail_webhook_secret, twilio_signature
 
 WEBHOOK_SECRET = "whsec-test-0123456789"
 TWILIO_TOKEN = "twilio-auth-token-test"

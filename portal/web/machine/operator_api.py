@@ -27,7 +27,7 @@ from portal.models import AuditAction, MailSendRecord, SmsSendRecord
 from portal.models.tenant import ApiScope
 from portal.tenancy import tenant_context
 from portal.web.access import Permission, can, viewed_tenant
-from portal.web.api import (
+from portal.web.machine.api import (
     _BadRequest,
     _json_body,
     acting_tenant,

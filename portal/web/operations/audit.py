@@ -22,7 +22,7 @@ from portal.models import ApiKey, AppUser, AuditAction, AuditEvent
 from portal.models.audit import AUDIT_ACTION_TEXT
 from portal.tenancy import PLATFORM_TENANT_ID
 from portal.web.access import Permission, is_operator, requires, viewed_tenant
-from portal.web.mail_records import (
+from portal.web.records.mail_records import (
     MAIL,
     Kind,
     ListFilters,
@@ -32,8 +32,8 @@ from portal.web.mail_records import (
     parse_date,
     parse_id,
 )
-from portal.web.mail_records import tenant_names as all_tenant_names
-from portal.web.sms_records import SMS
+from portal.web.records.mail_records import tenant_names as all_tenant_names
+from portal.web.records.sms_records import SMS
 
 bp = Blueprint("audit", __name__, url_prefix="/audit")
 

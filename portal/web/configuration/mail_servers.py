@@ -33,8 +33,8 @@ from portal.models import (
 )
 from portal.models.secretbox import SecretUnavailable
 from portal.tenancy import PLATFORM_TENANT_ID
-from portal.web import config_pages
 from portal.web.access import Permission, requires
+from portal.web.configuration import config_pages
 from portal.web.forms import (
     Form,
     form_data,
@@ -44,7 +44,7 @@ from portal.web.forms import (
     tier_name,
     viewed_tier,
 )
-from portal.web.webhooks import GENERIC, SIGNATURE_HEADER, mail_webhook_secret
+from portal.web.machine.webhooks import GENERIC, SIGNATURE_HEADER, mail_webhook_secret
 
 bp = Blueprint("mail_servers", __name__, url_prefix="/mail-servers")
 

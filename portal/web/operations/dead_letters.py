@@ -17,8 +17,8 @@ from sqlalchemy import update as sql_update
 from portal.extensions import db
 from portal.models import AuditAction, Channel, DeadLetterMessage, TriageStatus, db_now
 from portal.web.access import Permission, audit, can, requires, user, viewed_tenant
-from portal.web.mail_records import MAIL as MAIL_KIND
-from portal.web.mail_records import (
+from portal.web.records.mail_records import MAIL as MAIL_KIND
+from portal.web.records.mail_records import (
     MAX_ID,
     MAX_TEMPLATE_CHARS,
     PAGE_SIZE,
@@ -30,7 +30,7 @@ from portal.web.mail_records import (
     tenant_names,
     wants_fragment,
 )
-from portal.web.sms_records import SMS as SMS_KIND
+from portal.web.records.sms_records import SMS as SMS_KIND
 
 bp = Blueprint("dead_letters", __name__, url_prefix="/dead-letters")
 

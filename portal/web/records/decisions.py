@@ -24,9 +24,9 @@ from sqlalchemy.orm import load_only
 
 from portal.extensions import db
 from portal.models.record import NEEDS_DECISION
-from portal.web import explain
 from portal.web.access import Permission, requires, viewed_tenant
-from portal.web.mail_records import (
+from portal.web.records import explain
+from portal.web.records.mail_records import (
     COMMON_LIST_COLUMNS,
     MAIL,
     PAGE_SIZE,
@@ -35,7 +35,7 @@ from portal.web.mail_records import (
     tenant_names,
     tenant_scope,
 )
-from portal.web.sms_records import SMS
+from portal.web.records.sms_records import SMS
 
 bp = Blueprint("decisions", __name__, url_prefix="/decisions")
 

@@ -14,7 +14,7 @@ from flask.typing import ResponseReturnValue
 from portal.messaging.acceptance import AcceptanceError, parse_phone_number
 from portal.models import Channel, SmsProviderConfig, SmsSendRecord
 from portal.web.access import Permission, can, requires, viewed_tenant
-from portal.web.mail_records import (
+from portal.web.records.mail_records import (
     Kind,
     Search,
     bulk_cancel_view,

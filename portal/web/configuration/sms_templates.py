@@ -23,10 +23,10 @@ from sqlalchemy import select
 from portal.extensions import db
 from portal.messaging import acceptance, templating
 from portal.models import Channel, SmsProviderConfig, SmsTemplate, SmsTemplateProviderBinding
-from portal.web import template_pages
 from portal.web.access import Permission, requires
+from portal.web.configuration import template_pages
+from portal.web.configuration.template_pages import Kind, Preview, TestSend, editor, form_of
 from portal.web.forms import Form, owned, viewed_tier
-from portal.web.template_pages import Kind, Preview, TestSend, editor, form_of
 
 LABELS = template_pages.LABELS | {"content": "Content", "phone": "Phone number"}
 BINDING_LABELS = {

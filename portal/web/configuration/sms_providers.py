@@ -39,8 +39,8 @@ from portal.models import (
 )
 from portal.models.secretbox import SecretUnavailable
 from portal.tenancy import PLATFORM_TENANT_ID
-from portal.web import config_pages
 from portal.web.access import Permission, audit, requires
+from portal.web.configuration import config_pages
 from portal.web.forms import (
     MAX_INT,
     Form,
@@ -51,7 +51,7 @@ from portal.web.forms import (
     tier_name,
     viewed_tier,
 )
-from portal.web.webhooks import SIGNATURE_HEADER
+from portal.web.machine.webhooks import SIGNATURE_HEADER
 
 bp = Blueprint("sms_providers", __name__, url_prefix="/sms-providers")
 

@@ -336,8 +336,8 @@ def delete(endpoint_id: int) -> ResponseReturnValue:
 @requires(Permission.VIEW_RECORDS)
 def record(channel: str, record_id: int) -> ResponseReturnValue:
     """The callbacks one record caused (a fragment of the record's page)."""
-    from portal.web.mail_records import MAIL, find_record
-    from portal.web.sms_records import SMS
+    from portal.web.records.mail_records import MAIL, find_record
+    from portal.web.records.sms_records import SMS
 
     kind = {"mail": MAIL, "sms": SMS}.get(channel)
     if kind is None:

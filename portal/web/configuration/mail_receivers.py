@@ -32,8 +32,8 @@ from portal.models import (
     SmtpSecurity,
 )
 from portal.models.secretbox import SecretUnavailable
-from portal.web import config_pages
 from portal.web.access import Permission, audit, requires
+from portal.web.configuration import config_pages
 from portal.web.forms import Form, form_data, owned, settings, tier_name, viewed_tier
 
 bp = Blueprint("mail_receivers", __name__, url_prefix="/mail-receivers")

@@ -35,11 +35,19 @@ from portal.extensions import db
 from portal.messaging import acceptance, template_versions, templating
 from portal.models import Channel, MailSendServerConfig, MailTemplate
 from portal.redis_store import connect
-from portal.web import template_pages
 from portal.web.access import Permission, requires, user
+from portal.web.configuration import template_pages
+from portal.web.configuration.template_pages import (
+    STALE,
+    Kind,
+    Preview,
+    TestSend,
+    editor,
+    form_of,
+    settings,
+)
 from portal.web.forms import Form, owned, viewed_tier
 from portal.web.security import sandboxed
-from portal.web.template_pages import STALE, Kind, Preview, TestSend, editor, form_of, settings
 
 log = logging.getLogger(__name__)
 

@@ -32,8 +32,8 @@ from portal.metrics import MESSAGE_ACCEPTED
 from portal.models import ApiKey, AuditAction, MailSendRecord, SmsSendRecord, Tenant
 from portal.models.tenant import ApiScope, hash_api_token
 from portal.tenancy import PLATFORM_TENANT_ID, new_trace_id, tenant_context
-from portal.web.openapi import openapi_document
-from portal.web.serialise import mail_record_json, sms_record_json
+from portal.web.machine.openapi import openapi_document
+from portal.web.machine.serialise import mail_record_json, sms_record_json
 
 bp = Blueprint("api", __name__, url_prefix="/api/v1")
 csrf.exempt(bp)  # API keys, not cookies: there is no ambient credential to forge.
@@ -490,7 +490,7 @@ def _key_or_session(
         @wraps(view)
         def wrapper(*args: P.args, **kwargs: P.kwargs) -> Response:
             from portal.web.access import Permission
-            from portal.web.operator_api import key_or_session
+            from portal.web.machine.operator_api import key_or_session
 
             return key_or_session(Permission(permission), scope)(view)(*args, **kwargs)
 

@@ -57,8 +57,8 @@ from portal.models import (
 )
 from portal.models.enums import RETRYABLE_BY_HAND
 from portal.tenancy import PLATFORM_TENANT_ID
-from portal.web import explain
 from portal.web.access import Permission, audit, can, is_operator, requires, viewed_tenant
+from portal.web.records import explain
 from portal.web.security import safe_next, sandboxed
 
 bp = Blueprint("mail_records", __name__, url_prefix="/mail-records")

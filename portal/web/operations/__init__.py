@@ -1,0 +1,2 @@
+"""The operations pages: dashboard, quotas, dead letters, suppressions, API keys, users, the audit
+log and the inbox."""
