@@ -60,6 +60,7 @@ class NavItem:
 def register_blueprints(app: Flask) -> None:
     """Register every blueprint module: the unlisted ones, then the page groups."""
     from portal.web import access, security
+    from portal.web.records import pages
 
     login_manager.init_app(app)
     login_manager.login_view = "auth.login"
@@ -70,6 +71,7 @@ def register_blueprints(app: Flask) -> None:
         app.register_blueprint(module.bp)
     access.init_app(app)
     security.init_app(app)
+    pages.init_app(app)
     _context(app)
     _errors(app)
 

@@ -26,7 +26,7 @@ from portal.models import (
     SmsSendRecord,
 )
 from portal.models import tenant as tenant_model
-from portal.web.records import explain, mail_records
+from portal.web.records import explain, pages
 from tests.conftest import make_tenant
 
 PASSWORD = "records-test-password-1"
@@ -384,7 +384,7 @@ def test_bad_bulk_forms_are_422_with_a_message(
 
 def test_too_many_ids_are_refused(app: Flask, world: World) -> None:
     client, token = signed_in(app, ADMIN)
-    ids = ",".join(str(i) for i in range(1, mail_records.BULK_CAP + 2))
+    ids = ",".join(str(i) for i in range(1, pages.BULK_CAP + 2))
     response = client.post(
         "/mail-records/retry", data={"ids": ids, "scope": "selected", "csrf_token": token}
     )
@@ -421,7 +421,7 @@ def test_search_by_subject(app: Flask, world: World) -> None:
 def test_subject_search_reads_a_bounded_window_and_offers_older(
     app: Flask, world: World, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(mail_records, "SUBJECT_WINDOW", 2)
+    monkeypatch.setattr(pages, "SUBJECT_WINDOW", 2)
     old = mail(world.acme, subject="Needle")
     mail(world.acme, subject="Hay")
     mail(world.acme, subject="Hay")
@@ -678,7 +678,7 @@ def test_bulk_retry_without_javascript(app: Flask, world: World) -> None:
 def test_bulk_retry_of_everything_matching_a_filter_is_capped(
     app: Flask, world: World, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(mail_records, "BULK_CAP", 3)
+    monkeypatch.setattr(pages, "BULK_CAP", 3)
     failed = [mail(world.acme, subject=f"f{i}") for i in range(4)]
     client, token = signed_in(app, ADMIN)
     preview = client.post(

@@ -26,7 +26,7 @@ from portal.models import (
 from portal.models import tenant as tenant_model
 from portal.tenancy import PLATFORM_TENANT_ID
 from portal.web import security
-from portal.web.records import mail_records
+from portal.web.records import pages
 from tests.conftest import make_tenant
 from tests.integration.test_portal_records import HX, mail, signed_in, sms, status_of, user
 
@@ -239,7 +239,7 @@ def test_a_records_next_goes_through_the_one_safe_next(
     )
     assert response.status_code == 302
     assert response.headers["Location"] == f"/mail-records/{record}"
-    assert mail_records.safe_next is security.safe_next  # no second copy
+    assert pages.safe_next is security.safe_next  # no second copy
 
 
 # --- audit rows -----------------------------------------------------------------------------------

@@ -22,8 +22,8 @@ from portal.models import ApiKey, AppUser, AuditAction, AuditEvent
 from portal.models.audit import AUDIT_ACTION_TEXT
 from portal.tenancy import PLATFORM_TENANT_ID
 from portal.web.access import Permission, is_operator, requires, viewed_tenant
-from portal.web.records.mail_records import (
-    MAIL,
+from portal.web.records.mail_records import MAIL
+from portal.web.records.pages import (
     Kind,
     ListFilters,
     day_end,
@@ -32,7 +32,7 @@ from portal.web.records.mail_records import (
     parse_date,
     parse_id,
 )
-from portal.web.records.mail_records import tenant_names as all_tenant_names
+from portal.web.records.pages import tenant_names as all_tenant_names
 from portal.web.records.sms_records import SMS
 
 bp = Blueprint("audit", __name__, url_prefix="/audit")

@@ -31,7 +31,8 @@ from portal.models import (
 from portal.tenancy import PLATFORM_TENANT_ID
 from portal.web.access import Permission, can, is_operator, requires, viewed_tenant
 from portal.web.records import decisions, explain
-from portal.web.records.mail_records import MAIL, Kind, tenant_names, wants_fragment
+from portal.web.records.mail_records import MAIL
+from portal.web.records.pages import Kind, tenant_names, wants_fragment
 from portal.web.records.sms_records import SMS
 
 bp = Blueprint("dashboard", __name__, url_prefix="/")

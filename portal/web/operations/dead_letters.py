@@ -18,7 +18,7 @@ from portal.extensions import db
 from portal.models import AuditAction, Channel, DeadLetterMessage, TriageStatus, db_now
 from portal.web.access import Permission, audit, can, requires, user, viewed_tenant
 from portal.web.records.mail_records import MAIL as MAIL_KIND
-from portal.web.records.mail_records import (
+from portal.web.records.pages import (
     MAX_ID,
     MAX_TEMPLATE_CHARS,
     PAGE_SIZE,

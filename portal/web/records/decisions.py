@@ -26,9 +26,9 @@ from portal.extensions import db
 from portal.models.record import NEEDS_DECISION
 from portal.web.access import Permission, requires, viewed_tenant
 from portal.web.records import explain
-from portal.web.records.mail_records import (
+from portal.web.records.mail_records import MAIL
+from portal.web.records.pages import (
     COMMON_LIST_COLUMNS,
-    MAIL,
     PAGE_SIZE,
     Kind,
     parse_id,

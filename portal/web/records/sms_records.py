@@ -1,7 +1,7 @@
 """SMS records: search by phone number, filters, keyset pages, detail, retry (one and bulk), bulk
 cancel.
 
-The pages work exactly as mail's (``mail_records`` holds the shared machinery); what differs
+The pages work exactly as mail's (both are ``pages`` with a channel parameter); what differs
 is the search (a number, normalised to E.164 when it parses, through the
 ``idx_sms_send_recipient`` index) and what a row and the detail show.
 """
@@ -14,7 +14,7 @@ from flask.typing import ResponseReturnValue
 from portal.messaging.acceptance import AcceptanceError, parse_phone_number
 from portal.models import Channel, SmsProviderConfig, SmsSendRecord
 from portal.web.access import Permission, can, requires, viewed_tenant
-from portal.web.records.mail_records import (
+from portal.web.records.pages import (
     Kind,
     Search,
     bulk_cancel_view,

@@ -1,0 +1,954 @@
+"""The record pages of either channel: search, filters, keyset pages, detail, retry (one and bulk)
+and bulk cancel, written once with a channel parameter (``Kind``).
+
+``mail_records`` and ``sms_records`` each give their ``Kind`` (model, search, list columns) and
+their blueprint's views, which call the bodies here. Support staff's main tool is the search
+box; what it searches is the channel's own (``Kind.search``).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import UTC, date, datetime, time, timedelta
+from typing import Any
+
+from flask import (
+    Flask,
+    abort,
+    current_app,
+    flash,
+    make_response,
+    redirect,
+    render_template,
+    request,
+    url_for,
+)
+from flask.typing import ResponseReturnValue
+from sqlalchemy import ColumnElement, Select, func, select
+from sqlalchemy.orm import load_only
+from werkzeug.datastructures import MultiDict
+
+from portal.extensions import db
+from portal.messaging import cancel
+from portal.messaging.acceptance import AcceptanceError
+from portal.messaging.events import events_for
+from portal.messaging.retry import (
+    MAX_BULK,
+    REFUSAL_REASONS,
+    Model,
+    new_expiry,
+    resend_as_new,
+    retry_records,
+)
+from portal.models import (
+    AuditAction,
+    Channel,
+    MailSendServerConfig,
+    SendStatus,
+    SmsProviderConfig,
+    Tenant,
+)
+from portal.models.enums import RETRYABLE_BY_HAND
+from portal.tenancy import PLATFORM_TENANT_ID
+from portal.web.access import audit, is_operator, viewed_tenant
+from portal.web.records import explain
+from portal.web.security import safe_next
+
+PAGE_SIZE = 50
+MAX_SEARCH_CHARS = 320  # the longest email address; anything longer is not a search we can do
+MAX_TEMPLATE_CHARS = 100
+MAX_ID = 2**63 - 1  # bigint: a larger id would make PostgreSQL raise instead of find nothing
+BULK_CAP = MAX_BULK
+AUDIT_IDS_LISTED = 50  # of the records a bulk action changed, its audit remark names this many
+# A subject search has no index to walk (ILIKE '%x%'), so each page reads at most this many of
+# the newest records (by the tenant's id index) and offers "Older" to go on from there.
+SUBJECT_WINDOW = 20_000
+RETRYABLE = frozenset(s.value for s in RETRYABLE_BY_HAND)
+STATUSES = [s.value for s in SendStatus]
+_DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
+_ID = re.compile(r"[1-9]\d{0,18}")
+
+
+# --- filters ------------------------------------------------------------------------------
+
+
+@dataclass
+class ListFilters:
+    """A list page's filters as typed (to put back in the form) and their problems by field,
+    with the keyset cursor ``before``; each list adds its own parsed fields."""
+
+    before: int | None = None
+    raw: dict[str, str] = field(default_factory=dict)
+    errors: dict[str, str] = field(default_factory=dict)
+
+    def args(self, **overrides: Any) -> dict[str, Any]:
+        """The filter's query arguments (for links that keep it), without the cursor."""
+        values = {k: v for k, v in self.raw.items() if v and k != "before"}
+        return values | {k: v for k, v in overrides.items() if v is not None}
+
+    @property
+    def active(self) -> bool:
+        return any(v for k, v in self.raw.items() if k != "before")
+
+
+@dataclass
+class Filters(ListFilters):
+    """What the list shows: the search box, status, template, dates, and the keyset cursor."""
+
+    q: str = ""
+    status: str = ""
+    template: str = ""
+    tests: str = ""  # issue 15: "" shows test sends, "hide" hides them, "only" shows only them
+    date_from: date | None = None
+    date_to: date | None = None
+
+
+def parse_id(raw: str | None) -> int | None:
+    """A positive bigint id from text, or None when it is not one."""
+    raw = (raw or "").strip()
+    if not _ID.fullmatch(raw):
+        return None
+    value = int(raw)
+    return value if value <= MAX_ID else None
+
+
+def parse_date(raw: str) -> date | None:
+    if not _DATE.fullmatch(raw):
+        return None
+    try:
+        return date.fromisoformat(raw)
+    except ValueError:
+        return None
+
+
+def parse_filters(source: Mapping[str, str]) -> Filters:
+    """Read and check the list's query (or a bulk form's copy of it); never raises."""
+    raw = {
+        name: (source.get(name) or "").strip()
+        for name in ("q", "status", "template", "tests", "from", "to", "before")
+    }
+    filters = Filters(raw=raw)
+    errors = filters.errors
+    if len(raw["q"]) > MAX_SEARCH_CHARS:
+        errors["q"] = f"Search for at most {MAX_SEARCH_CHARS} characters."
+    else:
+        filters.q = raw["q"]
+    if raw["status"] and raw["status"] not in STATUSES:
+        errors["status"] = "Choose a status from the list."
+    else:
+        filters.status = raw["status"]
+    if len(raw["template"]) > MAX_TEMPLATE_CHARS:
+        errors["template"] = f"A template code has at most {MAX_TEMPLATE_CHARS} characters."
+    else:
+        filters.template = raw["template"]
+    if raw["tests"] not in ("", "hide", "only"):
+        errors["tests"] = "Choose whether test sends are shown."
+    else:
+        filters.tests = raw["tests"]
+    for name in ("from", "to"):
+        if raw[name]:
+            parsed = parse_date(raw[name])
+            if parsed is None:
+                errors[name] = "Enter a real date, like 2025-03-31."
+            elif name == "from":
+                filters.date_from = parsed
+            else:
+                filters.date_to = parsed
+    if filters.date_from and filters.date_to and filters.date_from > filters.date_to:
+        errors["to"] = "The end date must be on or after the start date."
+    if raw["before"]:
+        filters.before = parse_id(raw["before"])
+        if filters.before is None:
+            errors["before"] = "That page link is broken: start again from the newest."
+    return filters
+
+
+def day_start(day: date) -> datetime:
+    """The first instant of ``day`` (UTC)."""
+    return datetime.combine(day, time.min, tzinfo=UTC)
+
+
+def day_end(day: date) -> datetime:
+    """The first instant after ``day`` (UTC): the exclusive end of a "to" date, which for the
+    last day of the calendar is its last instant (there is no day after it)."""
+    if day == date.max:
+        return datetime.max.replace(tzinfo=UTC)
+    return day_start(day + timedelta(days=1))
+
+
+# --- what differs per channel ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Search:
+    """The conditions a search box adds, and (subject search) where its window stops."""
+
+    clauses: list[ColumnElement[bool]]
+    description: str
+    floor: int | None = None  # the oldest id the window reached; None: it reached the end
+
+
+@dataclass(frozen=True)
+class Kind:
+    """One channel's record pages: its blueprint, model, search and list columns, and the
+    configs (servers, providers) its records are sent through."""
+
+    blueprint: str
+    model: Model
+    channel: Channel
+    config: type[MailSendServerConfig] | type[SmsProviderConfig]
+    platform_service: str  # what a tenant sees instead of a platform-tier config's name
+    title: str
+    noun: str
+    search_label: str
+    search_hint: str
+    preview_heading: str
+    search: Callable[[str, int | None, int | None], Search]
+    list_columns: tuple[str, ...]
+
+    @property
+    def row_prefix(self) -> str:
+        return f"{self.blueprint.replace('_', '-')}-row-"
+
+    def endpoint(self, view: str) -> str:
+        return f"{self.blueprint}.{view}"
+
+
+def tenant_scope(column: Any, tenant: int | None) -> ColumnElement[bool]:
+    """``column`` restricted to ``tenant``; for all tenants, to every tenant id.
+
+    "Every tenant id" is not a no-op: it lets an index that starts with tenant_id serve a
+    search across tenants (one range scan per tenant) instead of a full scan.
+    """
+    if tenant is None:
+        return column.in_(select(Tenant.id))  # type: ignore[no-any-return]
+    return column == tenant  # type: ignore[no-any-return]
+
+
+def escape_like(text: str) -> str:
+    return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+
+
+def window_floor(model: Model, tenant: int | None, before: int | None) -> int | None:
+    """The id SUBJECT_WINDOW records below ``before`` (None: fewer are left)."""
+    stmt = select(model.id)
+    if tenant is not None:
+        stmt = stmt.where(model.tenant_id == tenant)
+    if before is not None:
+        stmt = stmt.where(model.id < before)
+    return db.session.scalar(stmt.order_by(model.id.desc()).offset(SUBJECT_WINDOW - 1).limit(1))
+
+
+# What every list row needs, whatever the channel; the heavy columns (bodies) stay unloaded.
+COMMON_LIST_COLUMNS = (
+    "id",
+    "tenant_id",
+    "status",
+    "retry_count",
+    "error_code",
+    "error_message",
+    "template_code",
+    "created_time",
+    "ambiguous_attempt",  # its Retry asks first (a duplicate is possible)
+    "expires_at",  # its Retry asks for a new expiry
+    "is_test",  # the row's "Test" pill: left out, each row loaded it in a query of its own
+)
+
+
+# --- queries ----------------------------------------------------------------------------------
+
+
+def visible(kind: Kind, ids: Iterable[int], tenant: int | None, *columns: Any) -> Select[Any]:
+    """The one way ids from a request become records: ``select(*columns)`` (the records
+    themselves by default) of those among ``ids`` that belong to ``tenant``, the viewed tenant
+    (None: an operator looking at every tenant, as the lists do).
+
+    Every id->row query of the record pages goes through here, so another tenant's id finds
+    nothing, exactly like an id that does not exist.
+    """
+    model = kind.model
+    stmt: Select[Any] = select(*columns) if columns else select(model)
+    stmt = stmt.where(model.id.in_(list(ids)))
+    if tenant is not None:
+        stmt = stmt.where(model.tenant_id == tenant)
+    return stmt
+
+
+def conditions(
+    kind: Kind, filters: Filters, tenant: int | None
+) -> tuple[list[ColumnElement[bool]], Search | None]:
+    """The WHERE of a filtered list (without the cursor)."""
+    model = kind.model
+    where: list[ColumnElement[bool]] = []
+    if tenant is not None:
+        where.append(model.tenant_id == tenant)
+    if filters.status:
+        where.append(model.status == filters.status)
+    if filters.template:
+        where.append(model.template_code == filters.template)
+    if filters.tests:
+        where.append(model.is_test.is_(filters.tests == "only"))
+    if filters.date_from:
+        where.append(model.created_time >= day_start(filters.date_from))
+    if filters.date_to:
+        where.append(model.created_time < day_end(filters.date_to))
+    search = kind.search(filters.q, tenant, filters.before) if filters.q else None
+    if search is not None:
+        where.extend(search.clauses)
+    return where, search
+
+
+@dataclass
+class RecordPage:
+    rows: Sequence[Any]
+    older: int | None  # the cursor of the next (older) page, None on the last
+    search: Search | None
+    tenant_names: dict[int, str]
+
+
+def tenant_names(tenant: int | None) -> dict[int, str]:
+    """Tenant names for the "all tenants" view (a short table: read it whole)."""
+    if tenant is not None:
+        return {}
+    rows = db.session.execute(select(Tenant.id, Tenant.name)).all()
+    return {tid: ("Platform tier" if tid < 0 else name) for tid, name in rows}
+
+
+def list_page(kind: Kind, filters: Filters, tenant: int | None) -> RecordPage:
+    """One page of matching records, newest first (keyset on id: no OFFSET, any depth)."""
+    model = kind.model
+    where, search = conditions(kind, filters, tenant)
+    stmt: Select[Any] = select(model).options(
+        load_only(*(getattr(model, c) for c in COMMON_LIST_COLUMNS + kind.list_columns))
+    )
+    if filters.before is not None:
+        stmt = stmt.where(model.id < filters.before)
+    rows = db.session.scalars(
+        stmt.where(*where).order_by(model.id.desc()).limit(PAGE_SIZE + 1)
+    ).all()
+    if len(rows) > PAGE_SIZE:
+        older: int | None = rows[PAGE_SIZE - 1].id
+    else:
+        older = search.floor if search is not None else None
+    return RecordPage(rows[:PAGE_SIZE], older, search, tenant_names(tenant))
+
+
+def find_record(kind: Kind, record_id: int, tenant: int | None) -> Any:
+    """The record, if the viewer may see it; 404 otherwise (another tenant's included)."""
+    if record_id > MAX_ID:
+        abort(404)
+    record = db.session.scalar(visible(kind, [record_id], tenant))
+    if record is None:
+        abort(404)
+    return record
+
+
+def refusal(status: str) -> str | None:
+    """Why a record in ``status`` cannot be retried, or None when it can."""
+    if status in RETRYABLE:
+        return None
+    return REFUSAL_REASONS.get(status, f"its status {status} cannot be retried")
+
+
+def pretty_json(value: Any) -> str:
+    return json.dumps(value, indent=2, ensure_ascii=False, sort_keys=True, default=str)
+
+
+def wants_fragment() -> bool:
+    """An htmx request (not a history restore, which needs the whole page)."""
+    return (
+        request.headers.get("HX-Request") == "true"
+        and request.headers.get("HX-History-Restore-Request") != "true"
+    )
+
+
+@dataclass(frozen=True)
+class ConfigName:
+    """How a record page names the server or provider a record names."""
+
+    name: str
+    platform: bool  # the platform tier's, named to a tenant only as "platform ... service"
+    hidden: bool  # so its name, id and kind are not shown (a tenant looking)
+
+
+def config_names(kind: Kind, record: Any, ids: Iterable[int | None]) -> dict[int, ConfigName]:
+    """The names of the configs ``ids`` a record of ``record.tenant_id`` names: its own
+    tenant's and the platform tier's (the only ones it can be sent through).
+
+    The platform tier's rows are invisible to tenants (DESIGN, "Tenancy and roles"): a tenant
+    sees "platform mail service" (or SMS) instead of the name; operators see the real one.
+    """
+    wanted = {i for i in ids if i is not None}
+    if not wanted:
+        return {}
+    config = kind.config
+    rows = db.session.execute(
+        select(config.id, config.tenant_id, config.name).where(
+            config.id.in_(wanted),
+            config.tenant_id.in_([record.tenant_id, PLATFORM_TENANT_ID]),
+        )
+    ).all()
+    operator = is_operator()
+    names = {}
+    for config_id, tenant_id, name in rows:
+        platform = tenant_id == PLATFORM_TENANT_ID and record.tenant_id != PLATFORM_TENANT_ID
+        hidden = platform and not operator
+        names[config_id] = ConfigName(kind.platform_service if hidden else name, platform, hidden)
+    return names
+
+
+# --- bulk retry -------------------------------------------------------------------------------
+
+
+@dataclass
+class StatusLine:
+    status: str
+    count: int
+    reason: str | None  # None: it will be requeued
+
+
+@dataclass
+class RetryPlan:
+    """What "Retry" would do to a set of ids, counted by status, without changing anything."""
+
+    ids: list[int]
+    requeue: int
+    skip: int
+    lines: list[StatusLine]
+    capped: bool = False
+    ambiguous: int = 0  # of those requeued, how many had an ambiguous attempt (may go twice)
+    expired: int = 0  # of the retryable ones, how many are past their expiry (skipped)
+
+
+def parse_ids(values: Iterable[str]) -> tuple[list[int], str | None]:
+    """Ids from checkboxes (one each) or a confirmation (comma-separated); error or None."""
+    ids: list[int] = []
+    for value in values:
+        for part in value.split(","):
+            if not part.strip():
+                continue
+            parsed = parse_id(part)
+            if parsed is None:
+                return [], "Those record ids are not valid: reload the page and select again."
+            ids.append(parsed)
+    ids = list(dict.fromkeys(ids))
+    if len(ids) > BULK_CAP:
+        return [], f"Select at most {BULK_CAP:,} records at a time."
+    return ids, None
+
+
+def matching_ids(kind: Kind, filters: Filters, tenant: int | None) -> tuple[list[int], bool]:
+    """The newest BULK_CAP ids matching the filter (every page, not just this one)."""
+    unpaged = replace(filters, before=None)
+    where, _ = conditions(kind, unpaged, tenant)
+    ids = list(
+        db.session.scalars(
+            select(kind.model.id).where(*where).order_by(kind.model.id.desc()).limit(BULK_CAP + 1)
+        )
+    )
+    return ids[:BULK_CAP], len(ids) > BULK_CAP
+
+
+def plan_retry(kind: Kind, ids: Sequence[int], tenant: int | None) -> RetryPlan:
+    """Count the ids by status: which would be requeued, which skipped and why."""
+    model = kind.model
+    stmt = visible(kind, ids, tenant, model.status, func.count()).group_by(model.status)
+    counts: dict[str, int] = {status: n for status, n in db.session.execute(stmt)}
+    lines = [
+        StatusLine(status, counts[status], refusal(status))
+        for status in sorted(counts, key=lambda s: (refusal(s) is not None, s))
+    ]
+    missing = len(ids) - sum(counts.values())
+    if missing:
+        lines.append(StatusLine("", missing, "no such record"))
+    retryable = [s.value for s in RETRYABLE_BY_HAND]
+    risky = visible(
+        kind,
+        ids,
+        tenant,
+        func.count().filter(model.ambiguous_attempt.is_(True)),
+        func.count().filter(model.expires_at <= func.now()),
+    ).where(model.status.in_(retryable))
+    ambiguous, past = db.session.execute(risky).one()
+    requeue = sum(line.count for line in lines if line.reason is None) - int(past or 0)
+    return RetryPlan(
+        list(ids),
+        requeue,
+        len(ids) - requeue,
+        lines,
+        ambiguous=int(ambiguous or 0),
+        expired=int(past or 0),
+    )
+
+
+def skipped_summary(skipped: Mapping[int, str]) -> list[tuple[str, int]]:
+    """Skipped ids grouped by reason, the commonest first."""
+    return Counter(skipped.values()).most_common()
+
+
+# --- bulk cancel ------------------------------------------------------------------------------
+
+
+@dataclass
+class CancelPlan:
+    """What "Cancel" would do to a set of ids, without changing anything: the versions seen
+    (the cancellable ones') go into the confirmation, so the cancel takes exactly those."""
+
+    ids: list[int]
+    versions: dict[int, int]  # cancellable ids -> the version seen now
+    lines: list[StatusLine]
+    capped: bool = False
+
+    @property
+    def cancel(self) -> int:
+        return len(self.versions)
+
+    @property
+    def keep(self) -> int:
+        return len(self.ids) - len(self.versions)
+
+    @property
+    def confirmed(self) -> str:
+        """``id:version`` for each cancellable id, the bare id for the others."""
+        return ",".join(
+            f"{i}:{self.versions[i]}" if i in self.versions else str(i) for i in self.ids
+        )
+
+
+def plan_cancel(kind: Kind, ids: Sequence[int], tenant: int | None) -> CancelPlan:
+    """Which of the ids can be cancelled now (Pending or Retry, no ambiguous attempt) and why
+    the others cannot, counted by status."""
+    model = kind.model
+    stmt = visible(
+        kind, ids, tenant, model.id, model.status, model.ambiguous_attempt, model.version
+    )
+    versions: dict[int, int] = {}
+    counts: Counter[tuple[str, str | None]] = Counter()
+    for record_id, status, ambiguous, version in db.session.execute(stmt):
+        reason = cancel.cancellable(status, bool(ambiguous))
+        if reason is None:
+            versions[record_id] = version
+        counts[(status, reason)] += 1
+    lines = [
+        StatusLine(status, n, reason)
+        for (status, reason), n in sorted(
+            counts.items(), key=lambda item: (item[0][1] is not None, item[0][0])
+        )
+    ]
+    missing = len(ids) - sum(counts.values())
+    if missing:
+        lines.append(StatusLine("", missing, "no such record"))
+    return CancelPlan(list(ids), versions, lines)
+
+
+def parse_confirmed(value: str) -> tuple[list[int], dict[int, int], str | None]:
+    """A cancel confirmation's ``id:version,id,...``: the ids, the versions, or an error."""
+    ids: list[int] = []
+    versions: dict[int, int] = {}
+    broken = "That confirmation is not valid: select the records again."
+    for part in value.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        raw_id, sep, raw_version = part.partition(":")
+        record_id = parse_id(raw_id)
+        if record_id is None:
+            return [], {}, broken
+        if sep:
+            version = parse_id(raw_version) if raw_version != "0" else 0
+            if version is None or version > 2**31 - 1:
+                return [], {}, broken
+            versions[record_id] = version
+        ids.append(record_id)
+    ids = list(dict.fromkeys(ids))
+    if len(ids) > BULK_CAP:
+        return [], {}, f"Select at most {BULK_CAP:,} records at a time."
+    return ids, versions, None
+
+
+@dataclass
+class CancelOutcome:
+    """Step two's answer: what happened to each record, in three plain groups."""
+
+    cancelled: list[int]
+    claimed: list[tuple[int, str]]  # a worker got there first: (id, what it is now)
+    refused: list[tuple[str, int]]  # never cancellable: (reason, how many)
+
+    @property
+    def text(self) -> str:
+        """The no-JavaScript flash."""
+        parts = [f"{len(self.cancelled):,} cancelled"]
+        if self.claimed:
+            ids = ", ".join(str(i) for i, _ in self.claimed[:20])
+            more = "…" if len(self.claimed) > 20 else ""
+            parts.append(
+                f"{len(self.claimed):,} not cancelled because a worker claimed it first "
+                f"(record {ids}{more})"
+            )
+        if self.refused:
+            total = sum(n for _, n in self.refused)
+            reasons = " · ".join(f"{n:,}: {reason}" for reason, n in self.refused)
+            parts.append(f"{total:,} not cancellable ({reasons})")
+        return "; ".join(parts) + "."
+
+
+def cancel_outcome(report: cancel.CancelReport) -> CancelOutcome:
+    claimed = set(report.claimed)
+    return CancelOutcome(
+        cancelled=report.cancelled,
+        claimed=[(i, report.skipped[i]) for i in report.claimed],
+        refused=skipped_summary({i: r for i, r in report.skipped.items() if i not in claimed}),
+    )
+
+
+# --- template helpers (app-wide: the dashboard and dead-letter pages show records too) -----
+
+
+def when(value: datetime | None) -> str:
+    """A time as every record page shows it: UTC, to the second."""
+    if value is None:
+        return "—"
+    return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def num(value: int) -> str:
+    """A count with thousands separators."""
+    return f"{value:,}"
+
+
+def init_app(app: Flask) -> None:
+    """The record helpers every page's templates may use."""
+    app.add_template_filter(when, "when")
+    app.add_template_filter(num, "num")
+    app.add_template_global(explain.label, "status_label")
+    app.add_template_global(refusal, "retry_refusal")
+    app.add_template_global(expired, "record_expired")
+
+
+# --- the views' shared bodies ------------------------------------------------------------------
+
+
+def index_view(kind: Kind) -> ResponseReturnValue:
+    tenant = viewed_tenant(allow_all=True)
+    filters = parse_filters(request.args)
+    page = None if filters.errors else list_page(kind, filters, tenant)
+    html = render_template(
+        f"{kind.blueprint}/index.html",
+        kind=kind,
+        filters=filters,
+        page=page,
+        all_tenants=tenant is None,
+        statuses=STATUSES,
+        page_size=PAGE_SIZE,
+        window=SUBJECT_WINDOW,
+        bulk_cap=BULK_CAP,
+    )
+    return html, 422 if filters.errors else 200
+
+
+def show_context(kind: Kind, record: Any) -> dict[str, Any]:
+    now = datetime.now(UTC)
+    waited = (now - record.updated_time).total_seconds() if record.updated_time else None
+    return {
+        "kind": kind,
+        "record": record,
+        "explanation": explain.explain(
+            record.status,
+            kind.channel,
+            record.error_code,
+            record.error_message,
+            waited_s=waited,
+            ambiguous=record.ambiguous_attempt,
+        ),
+        "refusal": refusal(record.status),
+        "tenant_name": db.session.scalar(select(Tenant.name).where(Tenant.id == record.tenant_id)),
+        "pretty_json": pretty_json,
+        "channel": kind.channel,
+        "events": events_for(db.session(), kind.channel, record.id),
+    }
+
+
+def expired(record: Any) -> bool:
+    """Past its ``expiresAt``: a retry needs a new one."""
+    return record.expires_at is not None and record.expires_at <= datetime.now(UTC)
+
+
+def retry_one(kind: Kind, record_id: int) -> ResponseReturnValue:
+    """Requeue one record; the list row swaps itself, a page form redirects back.
+
+    A record with an ambiguous attempt, or past its expiry, first gets a confirm page (the
+    risk of a duplicate; a new expiry to fill in); ``confirm=yes`` with what it asks retries.
+    """
+    tenant = viewed_tenant(allow_all=True)
+    record = find_record(kind, record_id, tenant)
+    asks = record.status in RETRYABLE and (record.ambiguous_attempt or expired(record))
+    expires_at = None
+    error = None
+    if asks and expired(record) and request.form.get("confirm") == "yes":
+        try:
+            expires_at = new_expiry(request.form.get("expiresAt", ""), datetime.now(UTC))
+        except AcceptanceError as exc:
+            error = exc.message
+    if asks and (request.form.get("confirm") != "yes" or error):
+        page = render_template(
+            "mail_records/retry.html",
+            kind=kind,
+            record=record,
+            expired=expired(record),
+            error=error,
+            next_url=safe_next(
+                request.form.get("next"), url_for(kind.endpoint("show"), record_id=record_id)
+            ),
+        )
+        return page, 422 if error else 200
+    report = retry_records(db.session(), kind.model, [record_id], tenant, expires_at=expires_at)
+    if report.requeued:
+        message, category = f"Record {record_id} requeued: it will be sent again shortly.", "info"
+        remark = "requeued" + (f" with a new expiry {expires_at.isoformat()}" if expires_at else "")
+    else:
+        message = f"Record {record_id} not retried — {report.skipped[record_id]}."
+        category = "error"
+        remark = f"not retried: {report.skipped[record_id]}"
+    audit(
+        AuditAction.RETRY,
+        tenant_id=record.tenant_id,
+        target_type=kind.model.__name__,
+        target_id=record_id,
+        remark=remark,
+    )
+    db.session.commit()  # the retry and its audit row together
+    if wants_fragment() and request.form.get("view") == "row":
+        row = find_record(kind, record_id, tenant)
+        response = make_response(
+            render_template(
+                f"{kind.blueprint}/_row.html",
+                kind=kind,
+                r=row,
+                all_tenants=tenant is None,
+                names=tenant_names(tenant),
+                row_message=message,
+            )
+        )
+        response.headers["Vary"] = "HX-Request"
+        return response
+    flash(message, category)
+    fallback = url_for(kind.endpoint("show"), record_id=record_id)
+    return redirect(safe_next(request.form.get("next"), fallback))
+
+
+def resend_one(kind: Kind, record_id: int) -> ResponseReturnValue:
+    """Send an Uncertain record's request again as a new message (a new record with a new
+    business key); without ``confirm=yes``, the page that says what that risks."""
+    tenant = viewed_tenant(allow_all=True)
+    record = find_record(kind, record_id, tenant)
+    if record.status != SendStatus.UNCERTAIN.value:
+        flash(
+            f"Record {record_id} is {explain.label(record.status)}, not uncertain: "
+            "retry it instead.",
+            "error",
+        )
+        return redirect(url_for(kind.endpoint("show"), record_id=record_id), 303)
+    error = None
+    if request.form.get("confirm") == "yes":
+        try:
+            accepted = resend_as_new(db.session(), record, current_app.config["SETTINGS"])
+        except AcceptanceError as exc:
+            db.session.rollback()
+            error = f"It cannot be sent again as it was: {exc.message}."
+        else:
+            audit(
+                AuditAction.RETRY,
+                tenant_id=record.tenant_id,
+                target_type=kind.model.__name__,
+                target_id=record_id,
+                remark=f"sent again as a new message: record {accepted.id}",
+            )
+            db.session.commit()  # the new record and its audit row together
+            flash(
+                f"Sent again as a new message, record {accepted.id}. Record {record_id} "
+                "stays uncertain until it is resolved.",
+                "info",
+            )
+            return redirect(url_for(kind.endpoint("show"), record_id=accepted.id), 303)
+    page = render_template("mail_records/resend.html", kind=kind, record=record, error=error)
+    return page, 422 if error else 200
+
+
+@dataclass
+class BulkRequest:
+    """One post of a bulk form (retry or cancel), read once: whose records, the filter it
+    carries, the list to go back to, and whether htmx wants a fragment or the page."""
+
+    kind: Kind
+    verb: str  # "retry" or "cancel": the endpoint is bulk_<verb>, the page bulk_<verb>.html
+    fragments: str  # the fragments' prefix: <prefix>confirm.html and <prefix>outcome.html
+    tenant: int | None
+    form: MultiDict[str, str]
+    filters: Filters
+    list_url: str
+    fragment: bool
+
+    def render(self, step: str, status: int = 200, **context: Any) -> ResponseReturnValue:
+        """The step's fragment (htmx) or the page that holds the confirmation."""
+        page = f"{self.fragments}{step}" if self.fragment else f"bulk_{self.verb}"
+        html = render_template(
+            f"{self.kind.blueprint}/{page}.html",
+            kind=self.kind,
+            filters=self.filters,
+            list_url=self.list_url,
+            verb=self.verb,
+            step=step,
+            **context,
+        )
+        return html, status, {"Vary": "HX-Request"}
+
+    def changed_rows(self, ids: Iterable[int]) -> dict[str, Any]:
+        """The rows on the page (``shown``) among ``ids``, re-read, for the outcome to swap."""
+        shown, _ = parse_ids(self.form.getlist("shown"))
+        wanted = set(shown) & set(ids)
+        rows = []
+        if wanted:
+            model = self.kind.model
+            rows = list(
+                db.session.scalars(
+                    visible(self.kind, wanted, self.tenant).order_by(model.id.desc())
+                )
+            )
+        return {
+            "rows": rows,
+            "all_tenants": self.tenant is None,
+            "names": tenant_names(self.tenant),
+        }
+
+
+def bulk_view(
+    kind: Kind,
+    verb: str,
+    fragments: str,
+    plan: Callable[[Kind, Sequence[int], int | None], RetryPlan | CancelPlan],
+    confirmed: Callable[[BulkRequest], ResponseReturnValue],
+) -> ResponseReturnValue:
+    """A bulk action's two steps on one endpoint: without ``confirm``, ``plan`` counts what
+    would happen to the selection (or everything matching the filter); with ``confirm=yes``,
+    ``confirmed`` does it; ``confirm=no`` clears the confirmation."""
+    form: MultiDict[str, str] = request.form
+    filters = parse_filters(form)
+    bulk = BulkRequest(
+        kind=kind,
+        verb=verb,
+        fragments=fragments,
+        tenant=viewed_tenant(allow_all=True),
+        form=form,
+        filters=filters,
+        list_url=url_for(kind.endpoint("index"), **filters.args()),
+        fragment=wants_fragment(),
+    )
+    decision = form.get("confirm", "")
+    if decision == "no":
+        return ("", 200, {"Vary": "HX-Request"}) if bulk.fragment else redirect(bulk.list_url)
+    if decision == "yes":
+        return confirmed(bulk)
+
+    # Step one: which records, and what would happen to them.
+    if form.get("scope") == "filter":
+        if filters.errors:
+            return bulk.render("confirm", 422, error=next(iter(filters.errors.values())), plan=None)
+        ids, capped = matching_ids(kind, filters, bulk.tenant)
+        if not ids:
+            return bulk.render("confirm", 422, error="No records match this filter.", plan=None)
+    else:
+        ids, error = parse_ids(form.getlist("ids"))
+        capped = False
+        if error or not ids:
+            error = error or f"Select at least one record to {verb}."
+            return bulk.render("confirm", 422, error=error, plan=None)
+    planned = plan(kind, ids, bulk.tenant)
+    planned.capped = capped
+    return bulk.render("confirm", plan=planned, error=None)
+
+
+def bulk_retry_view(kind: Kind) -> ResponseReturnValue:
+    """Two steps on one endpoint: without ``confirm`` count what would happen; with it, do it."""
+    return bulk_view(kind, "retry", "_", plan_retry, _retry_confirmed)
+
+
+def _retry_confirmed(bulk: BulkRequest) -> ResponseReturnValue:
+    """Step two of a bulk retry: requeue the confirmed records."""
+    ids, error = parse_ids([bulk.form.get("confirmed", "")])
+    if error or not ids:
+        return bulk.render("confirm", 422, error=error or "Nothing to retry.", plan=None)
+    report = retry_records(db.session(), bulk.kind.model, ids, bulk.tenant)
+    audit_bulk(AuditAction.BULK_RETRY, bulk, report.requeued, report.skipped, report.tenant_of)
+    db.session.commit()  # the retry and its audit rows together
+    summary = skipped_summary(report.skipped)
+    if not bulk.fragment:
+        flash(_outcome_text(len(report.requeued), summary), "info")
+        return redirect(bulk.list_url)
+    return bulk.render(
+        "outcome", requeued=len(report.requeued), summary=summary, **bulk.changed_rows(ids)
+    )
+
+
+def _outcome_text(done: int, summary: list[tuple[str, int]], verb: str = "requeued") -> str:
+    """The no-JavaScript flash: "3 requeued, 2 skipped (1: already sent · 1: ...)."."""
+    if not summary:
+        return f"{done:,} {verb}."
+    skipped = sum(n for _, n in summary)
+    reasons = " · ".join(f"{n:,}: {reason}" for reason, n in summary)
+    return f"{done:,} {verb}, {skipped:,} skipped ({reasons})."
+
+
+def audit_bulk(
+    action: AuditAction,
+    bulk: BulkRequest,
+    done: Sequence[int],
+    skipped: Mapping[int, str],
+    tenant_of: Mapping[int, int],
+) -> None:
+    """The audit rows of one confirmed bulk request (in its transaction): one row in the
+    viewed tenant.
+
+    An operator looking at every tenant writes one row per tenant whose records the request
+    reached, so each tenant's admins see it in their own log, plus one without a tenant for
+    ids that matched no record. Each remark counts what happened to that tenant's records
+    ("3 requeued, 1 skipped (1: already sent).") and names the first ones changed.
+    """
+    verb = "requeued" if action is AuditAction.BULK_RETRY else "cancelled"
+    groups: dict[int | None, set[int]] = {}
+    for record_id in [*done, *skipped]:
+        groups.setdefault(tenant_of.get(record_id, bulk.tenant), set()).add(record_id)
+    for tenant_id, ids in groups.items():
+        changed = [i for i in done if i in ids]
+        remark = _outcome_text(
+            len(changed), skipped_summary({i: r for i, r in skipped.items() if i in ids}), verb
+        )
+        if changed:
+            listed = ", ".join(str(i) for i in changed[:AUDIT_IDS_LISTED])
+            rest = len(changed) - AUDIT_IDS_LISTED
+            more = f" and {rest:,} more" if rest > 0 else ""
+            remark += f" {verb.capitalize()}: {listed}{more}."
+        audit(action, tenant_id=tenant_id, target_type=bulk.kind.model.__name__, remark=remark)
+
+
+def bulk_cancel_view(kind: Kind) -> ResponseReturnValue:
+    """Two steps, as bulk retry: count what a cancel would do; then cancel by version."""
+    return bulk_view(kind, "cancel", "_cancel_", plan_cancel, _cancel_confirmed)
+
+
+def _cancel_confirmed(bulk: BulkRequest) -> ResponseReturnValue:
+    """Step two of a bulk cancel: cancel the confirmed records at the versions seen."""
+    ids, versions, error = parse_confirmed(bulk.form.get("confirmed", ""))
+    if error or not ids:
+        return bulk.render("confirm", 422, error=error or "Nothing to cancel.", plan=None)
+    report = cancel.cancel_records(db.session(), bulk.kind.model, ids, bulk.tenant, versions)
+    audit_bulk(AuditAction.BULK_CANCEL, bulk, report.cancelled, report.skipped, report.tenant_of)
+    db.session.commit()  # the cancel and its audit rows together
+    outcome = cancel_outcome(report)
+    if not bulk.fragment:
+        flash(outcome.text, "info" if not report.skipped else "error")
+        return redirect(bulk.list_url)
+    return bulk.render("outcome", outcome=outcome, **bulk.changed_rows(ids))
