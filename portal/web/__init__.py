@@ -132,7 +132,7 @@ def _errors(app: Flask) -> None:
     def _http_error(exc: HTTPException) -> Response:
         status = exc.code or 500
         if _wants_json():
-            from portal.web.machine.api import error_response
+            from portal.web.machine.endpoint import error_response
 
             code = (exc.name or "error").lower().replace(" ", "_")
             response = error_response(status, code, exc.description or exc.name or "error")

@@ -392,7 +392,7 @@ def test_a_wrong_type_in_any_field_of_a_single_or_batch_item_is_never_a_500(
 def test_last_used_is_written_once_a_minute_off_the_request_and_shown(
     app: Flask, world: dict[str, Any]
 ) -> None:
-    from portal.web.machine.api import KEY_USES
+    from portal.web.machine.endpoint import KEY_USES
 
     client = app.test_client()
     headers = auth(world["keys"]["acme"])
@@ -420,7 +420,7 @@ def test_last_used_is_written_once_a_minute_off_the_request_and_shown(
 def test_a_key_used_by_another_process_within_the_minute_is_not_written_again(
     app: Flask, world: dict[str, Any]
 ) -> None:
-    from portal.web.machine.api import KEY_USES, KeyUses
+    from portal.web.machine.endpoint import KEY_USES, KeyUses
 
     headers = auth(world["keys"]["acme"])
     app.test_client().post("/api/v1/mail", json=MAIL, headers=headers)
@@ -497,7 +497,7 @@ def test_the_keys_page_chooses_scopes_and_lists_them(app: Flask, world: dict[str
 
 
 def test_revoking_a_key_asks_first_without_javascript(app: Flask, world: dict[str, Any]) -> None:
-    from portal.web.machine.api import KEY_USES
+    from portal.web.machine.endpoint import KEY_USES
 
     key = db.session.scalar(select(ApiKey).where(ApiKey.name == "acme-app"))
     assert key is not None

@@ -3,7 +3,7 @@
 Authorised by an API key with the scope the endpoint needs (``send`` to retry, ``read`` for
 usage), or by a signed-in portal session whose role holds the permission; a session is an
 ambient cookie credential, so those requests must carry the CSRF token (API-key requests need
-none: nothing ambient to forge). Either way the rows reached are ``api.acting_tenant()``'s: the
+none: nothing ambient to forge). Either way the rows reached are ``endpoint.acting_tenant()``'s: the
 key's tenant or the viewed one, another only by ``?tenantId=`` for a platform key or an
 operator viewing every tenant.
 """
@@ -11,13 +11,10 @@ operator viewing every tenant.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
 from datetime import UTC, datetime
-from functools import wraps
-from typing import Any, ParamSpec
+from typing import Any
 
-from flask import Blueprint, Response, current_app, g, jsonify, request
-from flask_login import current_user
+from flask import Blueprint, Response, current_app, jsonify, request
 
 from portal.extensions import csrf, db
 from portal.messaging import quota
@@ -25,56 +22,24 @@ from portal.messaging.acceptance import AcceptanceError
 from portal.messaging.retry import EXPIRED_REASON, MAX_BULK, Model, new_expiry, retry_records
 from portal.models import AuditAction, MailSendRecord, SmsSendRecord
 from portal.models.tenant import ApiScope
-from portal.tenancy import tenant_context
-from portal.web.access import Permission, can, viewed_tenant
-from portal.web.machine.api import (
-    _BadRequest,
-    _json_body,
+from portal.web.access import Permission
+from portal.web.machine.endpoint import (
+    ApiError,
     acting_tenant,
-    api_key_required,
+    api_error_response,
     audit_records,
     error_response,
+    json_body,
+    key_or_session,
     unknown_query_parameter,
 )
 
 bp = Blueprint("operator_api", __name__)
 csrf.exempt(bp)  # checked by hand below, for session-authenticated requests only
 bp.before_request(unknown_query_parameter)
-
-P = ParamSpec("P")
-
-
-def key_or_session(
-    permission: Permission, scope: ApiScope
-) -> Callable[[Callable[P, Response]], Callable[P, Response]]:
-    """An API key with ``scope`` (its tenant), else a portal session with ``permission`` (the
-    viewed tenant)."""
-
-    def decorate(view: Callable[P, Response]) -> Callable[P, Response]:
-        by_key = api_key_required(scope)(view)
-
-        @wraps(view)
-        def wrapper(*args: P.args, **kwargs: P.kwargs) -> Response:
-            if "Authorization" in request.headers or not current_user.is_authenticated:
-                return by_key(*args, **kwargs)
-            if not can(permission):
-                return error_response(403, "forbidden", "your role does not allow this")
-            csrf.protect()  # raises a 400 CSRFError when the token is missing or wrong
-            g.tenant_id = viewed_tenant(allow_all=True)
-            with tenant_context(g.tenant_id):
-                return view(*args, **kwargs)
-
-        return wrapper
-
-    return decorate
-
+bp.register_error_handler(ApiError, api_error_response)
 
 MODELS: dict[str, Model] = {"MailSendRecord": MailSendRecord, "SmsSendRecord": SmsSendRecord}
-
-
-@bp.errorhandler(_BadRequest)
-def _bad_request(exc: _BadRequest) -> Response:
-    return error_response(exc.status, exc.code, exc.message, exc.field)
 
 
 _ID = re.compile(r"[0-9]{1,18}")  # ASCII digits only: str.isdigit() also accepts "²" and "٣"
@@ -83,7 +48,7 @@ _ID = re.compile(r"[0-9]{1,18}")  # ASCII digits only: str.isdigit() also accept
 def _id_arg() -> int:
     raw = request.args.get("id", "")
     if not _ID.fullmatch(raw):
-        raise _BadRequest("invalid", "id must be a positive whole number", 422, "id")
+        raise ApiError("invalid", "id must be a positive whole number", 422, "id")
     return int(raw)
 
 
@@ -94,7 +59,7 @@ def _expiry(body: Any) -> datetime | None:
     try:
         return new_expiry(body["expiresAt"], datetime.now(UTC))
     except AcceptanceError as exc:
-        raise _BadRequest(exc.code, exc.message, 422, "expiresAt") from None
+        raise ApiError(exc.code, exc.message, 422, "expiresAt") from None
 
 
 def _optional_body() -> Any:
@@ -102,7 +67,7 @@ def _optional_body() -> Any:
     other (a portal session's form with its CSRF token) carries nothing for it."""
     if not request.is_json:
         return None
-    return _json_body()
+    return json_body()
 
 
 @bp.post("/<any(MailSendRecord, SmsSendRecord):kind>/retry")
@@ -140,14 +105,14 @@ def retry_by_ids(kind: str) -> Response:
     An optional ``expiresAt`` is the new expiry of every record requeued (expired ones are
     skipped without it)."""
     tenant_id = acting_tenant("no such record", "tenantId")
-    body: Any = _json_body()
+    body: Any = json_body()
     ids = body.get("ids") if isinstance(body, dict) else None
     if not isinstance(ids, list) or not all(
         isinstance(i, int) and not isinstance(i, bool) and 0 < i < 2**63 for i in ids
     ):
-        raise _BadRequest("invalid", "ids must be a list of positive whole numbers", 422, "ids")
+        raise ApiError("invalid", "ids must be a list of positive whole numbers", 422, "ids")
     if len(ids) > MAX_BULK:
-        raise _BadRequest("too_large", f"at most {MAX_BULK} ids at once", 422, "ids")
+        raise ApiError("too_large", f"at most {MAX_BULK} ids at once", 422, "ids")
     report = retry_records(db.session(), MODELS[kind], ids, tenant_id, expires_at=_expiry(body))
     if report.requeued:
         remark = f"{len(report.requeued)} requeued, {len(report.skipped)} skipped"

@@ -57,7 +57,7 @@ from portal.messaging.events import EventType, ProviderEvent
 from portal.models import Channel, MailSendServerConfig, SmsProviderConfig, SmsProviderKind
 from portal.models.secretbox import SecretUnavailable
 from portal.tenancy import tenant_context
-from portal.web.machine.api import error_response
+from portal.web.machine.endpoint import error_response
 
 bp = Blueprint("webhooks", __name__, url_prefix="/webhooks")
 csrf.exempt(bp)  # signed by the provider; no cookie credential is involved

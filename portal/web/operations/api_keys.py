@@ -20,7 +20,7 @@ from portal.models import ApiKey, AuditAction
 from portal.models.tenant import ApiScope, new_api_token
 from portal.web.access import Permission, audit, requires, user
 from portal.web.forms import Form, owned, tier_name, viewed_tier
-from portal.web.machine.api import KEY_USE_INTERVAL_S
+from portal.web.machine.endpoint import KEY_USE_INTERVAL_S
 
 bp = Blueprint("api_keys", __name__, url_prefix="/api-keys")
 
