@@ -92,7 +92,7 @@ def _mail(session: Session, notification_id: int, notice: Notice) -> None:
     """The notice by mail to each user of its tier who asked, as platform-tier sends (so a
     tenant's own server or quota is never used). Their business keys start NOTICE_KEY: the
     scans below never count them, so a notice mail never causes a notice."""
-    from portal.messaging import acceptance
+    from portal.messaging import acceptance, validation
     from portal.models import AppUser, Role
 
     roles = (
@@ -125,7 +125,7 @@ def _mail(session: Session, notification_id: int, notice: Notice) -> None:
                     },
                     settings=_LIMITS,
                 )
-            except acceptance.AcceptanceError as exc:  # an address we cannot mail: inbox only
+            except validation.AcceptanceError as exc:  # an address we cannot mail: inbox only
                 log.warning("notice not mailed: %s", exc.message, extra={"user_id": user_id})
 
 

@@ -28,10 +28,10 @@ from sqlalchemy.orm import Session
 
 from portal.config import Settings
 from portal.messaging import quota, suppression, template_checks, template_versions, templating
-from portal.messaging.acceptance import MAX_SMS_CHARS
 from portal.messaging.classify import MarkerCode
 from portal.messaging.configcache import CONFIGS
 from portal.messaging.outcomes import Claimed
+from portal.messaging.validation import MAX_SMS_CHARS
 from portal.models import (
     Channel,
     ConfigEpoch,

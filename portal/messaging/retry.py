@@ -30,7 +30,7 @@ from sqlalchemy import ColumnElement, and_, case, or_, select, update
 from sqlalchemy.orm import Session
 
 from portal.config import Settings
-from portal.messaging import acceptance
+from portal.messaging import acceptance, validation
 from portal.messaging.classify import MarkerCode
 from portal.models import MailSendRecord, Scope, SendStatus, SmsSendRecord, db_now
 from portal.models.enums import RETRYABLE_BY_HAND
@@ -143,11 +143,11 @@ def new_expiry(raw: Any, now: datetime) -> datetime:
     Raises ``AcceptanceError`` (field ``expiresAt``, status 422) otherwise."""
     if isinstance(raw, str) and _LOCAL_TIME.fullmatch(raw):
         raw += "Z"
-    value = acceptance._expires_at({"expiresAt": raw})  # the one parser of expiresAt
+    value = validation.parse_expires_at({"expiresAt": raw})  # the one parser of expiresAt
     if value is None:
-        raise acceptance.AcceptanceError("required", "expiresAt", "expiresAt is required")
+        raise validation.AcceptanceError("required", "expiresAt", "expiresAt is required")
     if value <= now:
-        raise acceptance.AcceptanceError(
+        raise validation.AcceptanceError(
             "invalid", "expiresAt", "the new expiresAt must be in the future"
         )
     return value
@@ -155,7 +155,7 @@ def new_expiry(raw: Any, now: datetime) -> datetime:
 
 def new_business_key(record: MailSendRecord | SmsSendRecord) -> str:
     """A business key no earlier request used: the old one (or the record id) plus a nonce."""
-    base = (record.business_key or f"record-{record.id}")[: acceptance.MAX_KEY_CHARS - 24]
+    base = (record.business_key or f"record-{record.id}")[: validation.MAX_KEY_CHARS - 24]
     return f"{base}:resend-{uuid.uuid4().hex[:16]}"
 
 

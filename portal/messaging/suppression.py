@@ -15,7 +15,7 @@ from enum import StrEnum
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from portal.messaging.acceptance import AcceptanceError, parse_phone_number
+from portal.messaging.addresses import AddressError, parse_phone_number
 from portal.models import Channel, Suppression, db_now
 
 MAX_ADDRESS_CHARS = 320
@@ -36,7 +36,7 @@ def normalise(channel: Channel | str, address: str) -> str:
     if Channel(channel) is Channel.SMS:
         try:
             e164, _country = parse_phone_number(address, "address")
-        except AcceptanceError as exc:
+        except AddressError as exc:
             raise InvalidAddress(exc.message) from None
         return e164
     value = address.strip() if isinstance(address, str) else ""

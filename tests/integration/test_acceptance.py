@@ -13,7 +13,7 @@ from sqlalchemy.orm import Session
 
 from portal.extensions import db
 from portal.messaging import acceptance
-from portal.messaging.acceptance import AcceptanceError, BusinessKeyConflict
+from portal.messaging.validation import AcceptanceError, BusinessKeyConflict
 from portal.models import (
     MailSendRecipient,
     MailSendRecord,

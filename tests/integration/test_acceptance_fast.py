@@ -21,8 +21,8 @@ from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
 from portal.extensions import db
-from portal.messaging import acceptance
-from portal.messaging.acceptance import AcceptanceError, BusinessKeyConflict
+from portal.messaging import acceptance, validation
+from portal.messaging.validation import AcceptanceError, BusinessKeyConflict
 from portal.models import (
     ApiKey,
     MailSendRecipient,
@@ -123,8 +123,8 @@ def test_pg_statement_writes_what_the_orm_path_writes(app: Flask, acme: int) -> 
     db.session.add(MailTemplate(tenant_id=acme, code="order", subject="Order", text_body="x"))
     db.session.commit()
     with tenant_context(acme, trace_id="trace0001"):
-        req = acceptance.validate_mail(FULL_MAIL, cfg(app), acme)
-        sms = acceptance.validate_sms(SMS | {"businessKey": "s1"}, cfg(app), acme)
+        req = validation.validate_mail(FULL_MAIL, cfg(app), acme)
+        sms = validation.validate_sms(SMS | {"businessKey": "s1"}, cfg(app), acme)
         (orm,) = acceptance._write_orm(
             db.session,
             MailSendRecord,
@@ -436,7 +436,7 @@ def _reference(address: str) -> str | None:
 
 def _ours(address: str) -> str | None:
     try:
-        return acceptance._email(address, "to")
+        return validation._email(address, "to")
     except AcceptanceError:
         return None
 

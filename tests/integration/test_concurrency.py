@@ -19,7 +19,7 @@ from flask import Flask
 from sqlalchemy import func, select
 
 from portal.extensions import db
-from portal.messaging import acceptance
+from portal.messaging import acceptance, validation
 from portal.models import MailSendRecord, TenantMessageQuota, TenantMessageUsage
 from portal.tenancy import tenant_context
 from tests.support.delivery import mail_server, tenant
@@ -74,10 +74,10 @@ def accept(app: Flask, tenant_id: int, n: int) -> list[int]:
     """Accept ``n`` mails in batches of 500 (one transaction, one NOTIFY per batch)."""
     settings = app.config["SETTINGS"]
     ids: list[int] = []
-    for start in range(0, n, acceptance.MAX_BATCH):
+    for start in range(0, n, validation.MAX_BATCH):
         items = [
             {"to": [f"user{i}@example.com"], "subject": f"Load {i}", "text": f"Message {i}"}
-            for i in range(start, min(n, start + acceptance.MAX_BATCH))
+            for i in range(start, min(n, start + validation.MAX_BATCH))
         ]
         with tenant_context(tenant_id):
             accepted = acceptance.send_mail_batch(db.session, items, settings=settings)

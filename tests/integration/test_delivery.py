@@ -12,9 +12,9 @@ from flask import Flask
 from sqlalchemy import func, select
 
 from portal.extensions import db
-from portal.messaging.acceptance import AcceptanceError
 from portal.messaging.backoff import BackoffPolicy
 from portal.messaging.retry import retry_records
+from portal.messaging.validation import AcceptanceError
 from portal.models import (
     DeadLetterMessage,
     MailSendRecord,

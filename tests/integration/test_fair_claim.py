@@ -21,9 +21,9 @@ from sqlalchemy import Engine, select, text
 from portal.delivery.pool import ChannelPool, ChannelSpec, broadcast_cap
 from portal.extensions import db
 from portal.messaging import acceptance
-from portal.messaging.acceptance import AcceptanceError
 from portal.messaging.outcomes import Claimed, record_sent
 from portal.messaging.scan import _CLAIMS, RouteGate, enter_route, gating_routes
+from portal.messaging.validation import AcceptanceError
 from portal.models import Channel, MailSendRecord, MailTemplate, SmsSendRecord, SmsTemplate
 from portal.tenancy import tenant_context
 from tests.support.delivery import tenant

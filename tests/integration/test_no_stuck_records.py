@@ -22,7 +22,6 @@ from sqlalchemy import select, text, update
 
 from portal.extensions import db
 from portal.messaging import acceptance
-from portal.messaging.acceptance import AcceptanceError
 from portal.messaging.backoff import BackoffPolicy
 from portal.messaging.pipeline import MailContext, process_mail
 from portal.messaging.retry import retry_records
@@ -34,6 +33,7 @@ from portal.messaging.transports.smtp import (
     SmtpConnectionPool,
     SmtpServer,
 )
+from portal.messaging.validation import AcceptanceError
 from portal.models import (
     ChoreRun,
     MailSendRecord,

@@ -15,7 +15,7 @@ from sqlalchemy.orm import Session
 
 from portal.config import Settings
 from portal.extensions import db
-from portal.messaging import acceptance, outcomes, sweeper
+from portal.messaging import acceptance, outcomes, sweeper, validation
 from portal.messaging.backoff import BackoffPolicy
 from portal.messaging.outcomes import Claimed
 from portal.messaging.scan import claim_next
@@ -36,10 +36,10 @@ def settings(app: Flask) -> Settings:
 def accept(app: Flask, tenant_id: int, n: int) -> list[int]:
     items = [{"to": [f"u{i}@example.com"], "subject": f"S {i}", "text": "Hi"} for i in range(n)]
     ids: list[int] = []
-    for start in range(0, n, acceptance.MAX_BATCH):
+    for start in range(0, n, validation.MAX_BATCH):
         with tenant_context(tenant_id):
             accepted = acceptance.send_mail_batch(
-                db.session, items[start : start + acceptance.MAX_BATCH], settings=settings(app)
+                db.session, items[start : start + validation.MAX_BATCH], settings=settings(app)
             )
         db.session.commit()
         ids += [a.id for a in accepted]

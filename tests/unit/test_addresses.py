@@ -7,7 +7,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from portal.messaging.acceptance import AcceptanceError, _email
 from portal.messaging.transports.smtp import (
     OutgoingMail,
     message_bytes,
@@ -15,6 +14,7 @@ from portal.messaging.transports.smtp import (
     utf8_message_bytes,
     wire_address,
 )
+from portal.messaging.validation import AcceptanceError, _email
 
 LOCAL = st.one_of(
     st.from_regex(r"[a-zA-Z0-9!#$%&'*+/=?^_`{|}~-]{1,10}(\.[a-z0-9]{1,5})?", fullmatch=True),

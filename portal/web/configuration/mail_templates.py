@@ -32,7 +32,7 @@ from sqlalchemy import select
 from werkzeug.exceptions import RequestEntityTooLarge
 
 from portal.extensions import db
-from portal.messaging import acceptance, template_versions, templating
+from portal.messaging import acceptance, template_versions, templating, validation
 from portal.models import Channel, MailSendServerConfig, MailTemplate
 from portal.redis_store import connect
 from portal.web.access import Permission, requires, user
@@ -84,7 +84,7 @@ def _servers(tier: int) -> list[MailSendServerConfig]:
 def _read(form: Form, tier: int) -> dict[str, Any] | None:
     """Mail's fields: the subject and bodies (compile errors with line and column), priority,
     Reply-To and preferred server."""
-    subject = form.text("subject", required=True, max_len=acceptance.MAX_SUBJECT_CHARS)
+    subject = form.text("subject", required=True, max_len=validation.MAX_SUBJECT_CHARS)
     limit = templating.configured_limits().source_max_chars
     html = form.text("html_body", multiline=True, max_len=limit)
     text = form.text("text_body", multiline=True, max_len=limit)
@@ -335,9 +335,9 @@ def create_attachment(template_id: int) -> ResponseReturnValue:
     if not _CONTENT_TYPE.match(content_type):
         content_type = "application/octet-stream"
     existing = list(template.attachments or [])
-    if len(existing) >= acceptance.MAX_ATTACHMENTS:
+    if len(existing) >= validation.MAX_ATTACHMENTS:
         return _attachment_error(
-            template, f"Attachment: a template has at most {acceptance.MAX_ATTACHMENTS} files"
+            template, f"Attachment: a template has at most {validation.MAX_ATTACHMENTS} files"
         )
     if any(a.get("name") == name for a in existing):
         return _attachment_error(template, f"Attachment {name!r} is already attached")

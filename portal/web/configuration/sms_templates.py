@@ -21,7 +21,7 @@ from flask.typing import ResponseReturnValue
 from sqlalchemy import select
 
 from portal.extensions import db
-from portal.messaging import acceptance, templating
+from portal.messaging import acceptance, addresses, templating, validation
 from portal.models import Channel, SmsProviderConfig, SmsTemplate, SmsTemplateProviderBinding
 from portal.web.access import Permission, requires
 from portal.web.configuration import template_pages
@@ -69,7 +69,7 @@ def segments(text: str) -> Segments:
 
 def _read(form: Form, tier: int) -> dict[str, Any] | None:
     """SMS's one field: the content (a compile error with line and column)."""
-    content = form.text("content", required=True, multiline=True, max_len=acceptance.MAX_SMS_CHARS)
+    content = form.text("content", required=True, multiline=True, max_len=validation.MAX_SMS_CHARS)
     if content is not None:
         try:
             templating.compile_check(content, html=False)
@@ -104,10 +104,10 @@ def _render(content: str, variables_raw: str) -> SmsPreview:
     preview.segments = segments(preview.text)
     if not preview.text.strip():
         preview.errors.append("The message comes out empty with these variables.")
-    elif len(preview.text) > acceptance.MAX_SMS_CHARS:
+    elif len(preview.text) > validation.MAX_SMS_CHARS:
         preview.errors.append(
             f"The message is {len(preview.text):,} characters; "
-            f"at most {acceptance.MAX_SMS_CHARS:,} can be sent."
+            f"at most {validation.MAX_SMS_CHARS:,} can be sent."
         )
     return preview
 
@@ -155,8 +155,8 @@ def _test(template: SmsTemplate, form: Form) -> TestSend:
     phone = form.text("phone", required=True, max_len=32)
     if phone is not None:
         try:
-            phone, _country = acceptance.parse_phone_number(phone, "phone")
-        except acceptance.AcceptanceError as exc:
+            phone, _country = addresses.parse_phone_number(phone, "phone")
+        except addresses.AddressError as exc:
             form.fail("phone", exc.message.removeprefix("phone").strip())
     shown = _preview_of_form(form)
     problem = None

@@ -36,7 +36,7 @@ from sqlalchemy.orm import Session
 
 from portal.config import Settings
 from portal.extensions import db
-from portal.messaging import acceptance, template_dry_run, template_versions, templating
+from portal.messaging import acceptance, template_dry_run, template_versions, templating, validation
 from portal.models import (
     AuditAction,
     Channel,
@@ -152,7 +152,7 @@ class Kind(Generic[T]):
 def read(kind: Kind[T], form: Form, tier: int, template_id: int | None) -> dict[str, Any] | None:
     """Parse and check the editor's fields: the template's column values, or None with the
     form's errors (one a field, in the order of the page)."""
-    code = form.text("code", required=True, max_len=acceptance.MAX_CODE_CHARS)
+    code = form.text("code", required=True, max_len=validation.MAX_CODE_CHARS)
     name = form.text("name", max_len=200)
     own = kind.read(form, tier)
     if code is not None and "code" not in form.errors:
@@ -549,7 +549,7 @@ def blueprint(kind: Kind[T], import_name: str) -> Blueprint:
                     )
                 mark_test(kind, template.tenant_id, accepted.id, test.version)
                 db.session.commit()
-            except acceptance.AcceptanceError as exc:
+            except validation.AcceptanceError as exc:
                 db.session.rollback()
                 result["problem"] = f"The test was not accepted: {exc.message}"
             else:

@@ -15,8 +15,8 @@ from markupsafe import escape
 from sqlalchemy import select
 
 from portal.extensions import csrf, db
-from portal.messaging import acceptance, cancel, uncertain
-from portal.messaging.acceptance import AcceptanceError
+from portal.messaging import acceptance, cancel, uncertain, validation
+from portal.messaging.validation import AcceptanceError
 from portal.metrics import MESSAGE_ACCEPTED
 from portal.models import AuditAction, MailSendRecord, SmsSendRecord
 from portal.models.tenant import ApiScope
@@ -107,7 +107,7 @@ def sms_batch() -> tuple[Response, int]:
 
 def _own_record(model: type[MailSendRecord] | type[SmsSendRecord], record_id: int) -> Any:
     tenant_id = acting_tenant(f"no such {'mail' if model is MailSendRecord else 'SMS'} record")
-    if record_id > acceptance.MAX_ID:
+    if record_id > validation.MAX_ID:
         return None
     where = [model.id == record_id]
     if tenant_id is not None:
@@ -187,7 +187,7 @@ def _ids_body() -> list[int]:
         body: Any = json_body()
         ids = body.get("ids") if isinstance(body, dict) else None
     if not isinstance(ids, list) or not all(
-        isinstance(i, int) and not isinstance(i, bool) and 0 < i <= acceptance.MAX_ID for i in ids
+        isinstance(i, int) and not isinstance(i, bool) and 0 < i <= validation.MAX_ID for i in ids
     ):
         raise ApiError("invalid", "ids must be a list of positive whole numbers", 422, "ids")
     if len(ids) > cancel.MAX_BULK:
@@ -203,7 +203,7 @@ def cancel_one(channel: str, record_id: int) -> Response:
         tenant_id = acting_tenant("no such record")
     except ApiError as exc:
         return _for_portal(error_response(exc.status, exc.code, exc.message, exc.field))
-    if record_id > acceptance.MAX_ID:
+    if record_id > validation.MAX_ID:
         return _for_portal(error_response(404, "not_found", "no such record", "id"))
     model = CHANNEL_MODELS[channel]
     report = cancel.cancel_records(db.session(), model, [record_id], tenant_id)
@@ -282,7 +282,7 @@ def _resolve(channel: str, record_id: int) -> Response:
             raise ApiError("invalid", f"{name} must be a string", 422, name)
         if value is not None and "\x00" in value:  # refused here, not by the database
             raise ApiError("invalid", f"{name} must not contain a NUL character", 422, name)
-    if record_id > acceptance.MAX_ID:
+    if record_id > validation.MAX_ID:
         return error_response(404, "not_found", "no such record", "id")
     by = f"api-key:{g.api_key_id}" if by_key else str(current_user.email)
     try:

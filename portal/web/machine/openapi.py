@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from portal.messaging.acceptance import MAX_BATCH, MAX_RECIPIENTS
+from portal.messaging.validation import MAX_BATCH, MAX_RECIPIENTS
 
 _EMAIL_LIST = {
     "oneOf": [

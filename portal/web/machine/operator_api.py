@@ -18,8 +18,8 @@ from flask import Blueprint, Response, current_app, jsonify, request
 
 from portal.extensions import csrf, db
 from portal.messaging import quota
-from portal.messaging.acceptance import AcceptanceError
 from portal.messaging.retry import EXPIRED_REASON, MAX_BULK, Model, new_expiry, retry_records
+from portal.messaging.validation import AcceptanceError
 from portal.models import AuditAction, MailSendRecord, SmsSendRecord
 from portal.models.tenant import ApiScope
 from portal.web.access import Permission

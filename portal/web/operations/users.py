@@ -21,7 +21,7 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 
 from portal.extensions import db
-from portal.messaging import acceptance
+from portal.messaging import acceptance, validation
 from portal.models import AppUser, AuditAction, Role, Scope, db_now
 from portal.models.base import db_now_plus
 from portal.models.tenant import MAX_PASSWORD_CHARS, password_problem
@@ -186,7 +186,7 @@ def create() -> tuple[str, int]:
         db.session.rollback()
         form.fail("email", CANNOT_INVITE)
         return _index(form, 422)
-    except acceptance.AcceptanceError as exc:
+    except validation.AcceptanceError as exc:
         db.session.rollback()
         form.fail("email", f"cannot be mailed: {exc.message}")
         return _index(form, 422)

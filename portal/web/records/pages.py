@@ -34,7 +34,6 @@ from werkzeug.datastructures import MultiDict
 
 from portal.extensions import db
 from portal.messaging import cancel
-from portal.messaging.acceptance import AcceptanceError
 from portal.messaging.events import events_for
 from portal.messaging.retry import (
     MAX_BULK,
@@ -44,6 +43,7 @@ from portal.messaging.retry import (
     resend_as_new,
     retry_records,
 )
+from portal.messaging.validation import AcceptanceError
 from portal.models import (
     AuditAction,
     Channel,

@@ -11,7 +11,7 @@ from __future__ import annotations
 from flask import Blueprint, render_template
 from flask.typing import ResponseReturnValue
 
-from portal.messaging.acceptance import AcceptanceError, parse_phone_number
+from portal.messaging.addresses import AddressError, parse_phone_number
 from portal.models import Channel, SmsProviderConfig, SmsSendRecord
 from portal.web.access import Permission, can, requires, viewed_tenant
 from portal.web.records.pages import (
@@ -35,7 +35,7 @@ def normalise_number(text: str) -> str:
     """E.164 when the text parses as an international number, else the text as typed."""
     try:
         number, _ = parse_phone_number(text)
-    except AcceptanceError:
+    except AddressError:
         return text
     return number
 
