@@ -3,9 +3,11 @@ edit page, adding and saving a row with its name unique in the tier, deleting af
 page, the audit row of each change, and the answer of Test connection.
 
 Each module describes its row as a ``Pages``, as the template editor's channels describe
-themselves as a ``template_pages.Kind``, and keeps its own routes: each view is one call here
-(or its own code where the pages differ: what a row checks, what blocks its deletion, how its
-connection is tested). Every edit page extends ``templates/shared/config_edit.html``.
+themselves as a ``template_pages.Kind``; ``add_routes`` gives its blueprint the views that are
+the same for every row (new, create, edit, update), and the module keeps its own where the pages
+differ (the list, what blocks a deletion, how its connection is tested). Every edit page extends
+``templates/shared/config_edit.html``, every connection test page is
+``templates/shared/config_test.html``.
 
 Deleting takes two steps and no JavaScript: the Delete button (a GET, or a POST without
 ``confirm=yes``) answers with ``templates/shared/confirm_delete.html``, which says what the
@@ -20,9 +22,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from flask import Response, flash, redirect, render_template, request, url_for
+from flask import Blueprint, Response, flash, redirect, render_template, request, url_for
 from flask.typing import ResponseReturnValue
-from sqlalchemy import ColumnElement, inspect, select, true
+from sqlalchemy import ColumnElement, func, inspect, or_, select, true
 from sqlalchemy import update as sql_update
 from sqlalchemy.exc import IntegrityError
 
@@ -32,11 +34,12 @@ from portal.models import (
     MailReceiveConfig,
     MailSendRecord,
     MailSendServerConfig,
+    SendStatus,
     SmsProviderConfig,
     SmsSendRecord,
 )
 from portal.tenancy import PLATFORM_TENANT_ID
-from portal.web.access import audit
+from portal.web.access import Permission, audit, requires
 from portal.web.forms import Form, is_htmx, owned, tier_name, varies, viewed_tier
 
 C = TypeVar("C", MailSendServerConfig, MailReceiveConfig, SmsProviderConfig)
@@ -58,8 +61,11 @@ class Pages(Generic[C]):
     read: Callable[[Form, C, int], bool]  # check the form and copy it onto the row, in a tier
     context: Callable[[C | None], dict[str, Any]]  # what else the edit page shows
     audit_type: str  # "mail_server": the audit rows' target_type
+    form_of: Callable[[C], Form]  # a saved row's form (secrets left blank)
+    defaults: Mapping[str, str]  # a new row's form
     added_hint: str = ""  # what the message after adding adds
     on_save: Callable[[C], None] | None = None  # after the flush, before the commit
+    test_title: str = "Connection test"  # the test page's heading
 
     @property
     def heading(self) -> str:
@@ -252,7 +258,96 @@ def records_of_tier(
     return true() if tier == PLATFORM_TENANT_ID else model.tenant_id == tier
 
 
-def connection(pages: Pages[C], **context: object) -> Response:
+def connection(pages: Pages[C], row: C, **context: object) -> Response:
     """Test connection's answer: the status box for htmx, a page of its own otherwise."""
-    view = "_connection" if is_htmx() else "test"
-    return varies(Response(render_template(f"{pages.blueprint}/{view}.html", **context)))
+    context = {pages.row_name: row, **context}
+    if is_htmx():
+        html = render_template(f"{pages.blueprint}/_connection.html", **context)
+    else:
+        html = render_template("shared/config_test.html", pages=pages, row=row, **context)
+    return varies(Response(html))
+
+
+# --- the views every configuration row has ----------------------------------------------
+
+
+def add_routes(bp: Blueprint, pages: Pages[C]) -> None:
+    """The views that are the same for every kind of row: ``new`` (an empty form),
+    ``create``, ``edit`` (a saved row's form; secrets are never shown) and ``update`` (the next
+    send or fetch uses the new settings), at the URLs every row has."""
+    row_url = f"/<int:{pages.row_name}_id>"
+    edit_config = requires(Permission.EDIT_CONFIG)
+
+    def new() -> tuple[str, int]:
+        """An empty form for a new row of the viewed tier."""
+        return page(pages, None, Form(dict(pages.defaults), pages.labels))
+
+    def create_view() -> ResponseReturnValue:
+        """Add a row to the viewed tier."""
+        return create(pages)
+
+    def edit(**row_id: int) -> tuple[str, int]:
+        """The row's form (secrets are never shown)."""
+        row = owned(pages.model, row_id[f"{pages.row_name}_id"], viewed_tier())
+        return page(pages, row, pages.form_of(row))
+
+    def update_view(**row_id: int) -> ResponseReturnValue:
+        """Save the row; the next send or fetch through it uses the new settings."""
+        return update(pages, row_id[f"{pages.row_name}_id"])
+
+    bp.add_url_rule("/new", "new", edit_config(new), methods=["GET"])
+    bp.add_url_rule("/", "create", edit_config(create_view), methods=["POST"])
+    bp.add_url_rule(f"{row_url}/edit", "edit", edit_config(edit), methods=["GET"])
+    bp.add_url_rule(row_url, "update", edit_config(update_view), methods=["POST"])
+
+
+# --- servers and providers: what their send records hold them to --------------------------
+
+
+@dataclass(frozen=True)
+class Use:
+    """How send records use a server or provider (its deletion's confirm page says it)."""
+
+    used: bool  # a record points at it: it is never deleted (retries and events need it)
+    waiting: int  # Pending or Retry records prepared for it
+    whose: str  # whose records those are: "any tenant" for a platform-tier row
+
+
+def use_of(
+    model: type[MailSendRecord] | type[SmsSendRecord],
+    row: D,
+    prepared_for: Any,
+    *also: Any,
+) -> Use:
+    """Counted over the records that can use ``row`` (``records_of_tier``): whether any points
+    at it (by ``prepared_for``, the config frozen at preparation, or ``also``), and how many
+    Pending or Retry ones were prepared for it."""
+    scope = records_of_tier(model, row.tenant_id)
+    used = db.session.scalar(
+        select(model.id).where(scope, or_(*(c == row.id for c in (prepared_for, *also)))).limit(1)
+    )
+    waiting = db.session.scalar(
+        select(func.count()).where(
+            scope,
+            model.status.in_([SendStatus.PENDING.value, SendStatus.RETRY.value]),
+            model.prepared_at.is_not(None),
+            prepared_for == row.id,
+        )
+    )
+    whose = "any tenant" if row.tenant_id == PLATFORM_TENANT_ID else tier_name(row.tenant_id)
+    return Use(used is not None, waiting or 0, whose)
+
+
+def delete_unless_used(pages: Pages[D], row: D, deletion: Deletion) -> ResponseReturnValue:
+    """Delete's two steps for a server or provider: the confirm page, then the deletion,
+    unless send records use the row (``deletion.refused``): it is disabled instead."""
+    if not confirmed():
+        return confirm_page(deletion)
+    if deletion.refused:
+        flash(
+            f"Send records use this {pages.row_name}, so it cannot be deleted (their retries go "
+            "through it). Untick Enabled to stop new sends from using it.",
+            "error",
+        )
+        return redirect(pages.url("edit", row), 303)
+    return delete(pages, row)

@@ -240,6 +240,14 @@ PAGES = config_pages.Pages(
     read=_read,
     context=_context,
     audit_type="mail_receiver",
+    form_of=_form_of,
+    defaults={
+        "port": "993",
+        "security": SmtpSecurity.SSL.value,
+        "verify_tls": "on",
+        "folder": "INBOX",
+        "enabled": "on",
+    },
     added_hint=" Test its connection below.",
 )
 
@@ -258,40 +266,7 @@ def index() -> str:
     )
 
 
-@bp.get("/new")
-@requires(Permission.EDIT_CONFIG)
-def new() -> tuple[str, int]:
-    """An empty mailbox form."""
-    defaults = {
-        "port": "993",
-        "security": SmtpSecurity.SSL.value,
-        "verify_tls": "on",
-        "folder": "INBOX",
-        "enabled": "on",
-    }
-    return config_pages.page(PAGES, None, Form(defaults, LABELS))
-
-
-@bp.post("/")
-@requires(Permission.EDIT_CONFIG)
-def create() -> ResponseReturnValue:
-    """Add a bounce mailbox to the viewed tier."""
-    return config_pages.create(PAGES)
-
-
-@bp.get("/<int:box_id>/edit")
-@requires(Permission.EDIT_CONFIG)
-def edit(box_id: int) -> tuple[str, int]:
-    """The mailbox's form (the password is never shown) and how far it has been read."""
-    box = owned(MailReceiveConfig, box_id, viewed_tier())
-    return config_pages.page(PAGES, box, _form_of(box))
-
-
-@bp.post("/<int:box_id>")
-@requires(Permission.EDIT_CONFIG)
-def update(box_id: int) -> ResponseReturnValue:
-    """Save the mailbox; the next fetch run reads it with the new settings."""
-    return config_pages.update(PAGES, box_id)
+config_pages.add_routes(bp, PAGES)
 
 
 @bp.post("/<int:box_id>/enabled")
@@ -453,4 +428,4 @@ def test(box_id: int) -> ResponseReturnValue:
     address = mailbox_address(box, timeout)
     db.session.close()  # no database connection held while the IMAP server answers
     result = ConnectionResult(address) if isinstance(address, str) else check_connection(address)
-    return config_pages.connection(PAGES, box=box, result=result)
+    return config_pages.connection(PAGES, box, result=result)

@@ -16,9 +16,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from flask import Blueprint, flash, redirect, render_template, url_for
+from flask import Blueprint, render_template, url_for
 from flask.typing import ResponseReturnValue
-from sqlalchemy import func, or_, select
 
 from portal.extensions import db
 from portal.messaging import breaker
@@ -27,7 +26,6 @@ from portal.models import (
     Channel,
     MailSendRecord,
     MailSendServerConfig,
-    SendStatus,
     SmtpSecurity,
     UncertainPolicy,
 )
@@ -198,6 +196,8 @@ PAGES = config_pages.Pages(
     read=_read,
     context=_context,
     audit_type="mail_server",
+    form_of=_form_of,
+    defaults={"port": "587", "security": "starttls", "verify_tls": "on", "enabled": "on"},
     added_hint=" Test its connection below.",
     on_save=config_pages.take_default,
 )
@@ -217,70 +217,23 @@ def index() -> str:
     )
 
 
-@bp.get("/new")
-@requires(Permission.EDIT_CONFIG)
-def new() -> tuple[str, int]:
-    """An empty server form."""
-    defaults = {"port": "587", "security": "starttls", "verify_tls": "on", "enabled": "on"}
-    return config_pages.page(PAGES, None, Form(defaults, LABELS))
+config_pages.add_routes(bp, PAGES)
 
 
-@bp.post("/")
-@requires(Permission.EDIT_CONFIG)
-def create() -> ResponseReturnValue:
-    """Add a server to the viewed tier."""
-    return config_pages.create(PAGES)
+def _deletion(server: MailSendServerConfig) -> config_pages.Deletion:
+    """What deleting ``server`` would do (its confirm page; ``refused`` when it may not be).
 
-
-@bp.get("/<int:server_id>/edit")
-@requires(Permission.EDIT_CONFIG)
-def edit(server_id: int) -> tuple[str, int]:
-    """The server's form (the password is never shown)."""
-    server = owned(MailSendServerConfig, server_id, viewed_tier())
-    return config_pages.page(PAGES, server, _form_of(server))
-
-
-@bp.post("/<int:server_id>")
-@requires(Permission.EDIT_CONFIG)
-def update(server_id: int) -> ResponseReturnValue:
-    """Save the server; the next send through it uses the new settings."""
-    return config_pages.update(PAGES, server_id)
-
-
-def _deletion(server: MailSendServerConfig) -> tuple[config_pages.Deletion, bool]:
-    """What deleting ``server`` would do (its confirm page), and whether it may be deleted.
-
-    Counted over the records that can use it (config_pages.records_of_tier). What happens to a
-    prepared mail is the pipeline's rule: a retry replays the server frozen at preparation
-    (read again by id, enabled or not) and never chooses another; with the row gone the attempt
-    fails CONFIG_NOT_RESOLVABLE, a category that is not retried.
+    Counted by ``config_pages.use_of``. What happens to a prepared mail is the pipeline's rule:
+    a retry replays the server frozen at preparation (read again by id, enabled or not) and
+    never chooses another; with the row gone the attempt fails CONFIG_NOT_RESOLVABLE, a
+    category that is not retried.
     """
-    scope = config_pages.records_of_tier(MailSendRecord, server.tenant_id)
-    used = db.session.scalar(
-        select(MailSendRecord.id)
-        .where(
-            scope,
-            or_(
-                MailSendRecord.server_config_id == server.id,
-                MailSendRecord.server_id == server.id,
-            ),
-        )
-        .limit(1)
+    use = config_pages.use_of(
+        MailSendRecord, server, MailSendRecord.server_config_id, MailSendRecord.server_id
     )
-    waiting = (
-        db.session.scalar(
-            select(func.count()).where(
-                scope,
-                MailSendRecord.status.in_([SendStatus.PENDING.value, SendStatus.RETRY.value]),
-                MailSendRecord.prepared_at.is_not(None),
-                MailSendRecord.server_config_id == server.id,
-            )
-        )
-        or 0
-    )
-    whose = "any tenant" if server.tenant_id == PLATFORM_TENANT_ID else tier_name(server.tenant_id)
+    waiting = use.waiting
     prepared = (
-        f"{waiting:,} Pending or Retry mail{'s' if waiting != 1 else ''} of {whose} "
+        f"{waiting:,} Pending or Retry mail{'s' if waiting != 1 else ''} of {use.whose} "
         f"{'are' if waiting != 1 else 'is'} prepared for this server."
     )
     replay = (
@@ -291,7 +244,7 @@ def _deletion(server: MailSendServerConfig) -> tuple[config_pages.Deletion, bool
     )
     facts: list[str] = [prepared]
     refused = None
-    if used is not None:
+    if use.used:
         refused = (
             "Send records use this server, so it cannot be deleted: their retries and delivery "
             "events go through it."
@@ -317,7 +270,7 @@ def _deletion(server: MailSendServerConfig) -> tuple[config_pages.Deletion, bool
                 "It is the default server of this tier: unless you make another one the "
                 f"default, mail that names no server goes to {fallback}."
             )
-    deletion = config_pages.Deletion(
+    return config_pages.Deletion(
         title=f"Delete mail server {server.name!r}?",
         facts=facts,
         action=PAGES.url("delete", server),
@@ -325,7 +278,6 @@ def _deletion(server: MailSendServerConfig) -> tuple[config_pages.Deletion, bool
         button=None if refused else "Delete this server",
         refused=refused,
     )
-    return deletion, refused is None
 
 
 @bp.route("/<int:server_id>/delete", methods=["GET", "POST"])
@@ -334,17 +286,7 @@ def delete(server_id: int) -> ResponseReturnValue:
     """Say what deleting the server would do; with ``confirm=yes``, delete it. A server that
     records use is never deleted (disable it instead)."""
     server = owned(MailSendServerConfig, server_id, viewed_tier())
-    deletion, allowed = _deletion(server)
-    if not config_pages.confirmed():
-        return config_pages.confirm_page(deletion)
-    if not allowed:
-        flash(
-            "Send records use this server, so it cannot be deleted (their retries go through "
-            "it). Untick Enabled to stop new sends from using it.",
-            "error",
-        )
-        return redirect(PAGES.url("edit", server), 303)
-    return config_pages.delete(PAGES, server)
+    return config_pages.delete_unless_used(PAGES, server, _deletion(server))
 
 
 @bp.post("/<int:server_id>/test")
@@ -372,6 +314,4 @@ def test(server_id: int) -> ResponseReturnValue:
                 verify_tls=server.verify_tls,
             )
         )
-    return config_pages.connection(
-        PAGES, server=server, latency_ms=round(latency * 1000), error=error
-    )
+    return config_pages.connection(PAGES, server, latency_ms=round(latency * 1000), error=error)

@@ -21,7 +21,7 @@ from urllib.parse import quote
 import httpx
 from flask import Blueprint, abort, flash, redirect, render_template, request, url_for
 from flask.typing import ResponseReturnValue
-from sqlalchemy import func, select
+from sqlalchemy import select
 
 from portal.extensions import db
 from portal.importer import dedupes, default_uncertain_policy
@@ -30,7 +30,6 @@ from portal.messaging.transports.sms import twilio, vonage
 from portal.models import (
     AuditAction,
     Channel,
-    SendStatus,
     SmsProviderConfig,
     SmsProviderKind,
     SmsProviderRegion,
@@ -38,7 +37,6 @@ from portal.models import (
     UncertainPolicy,
 )
 from portal.models.secretbox import SecretUnavailable
-from portal.tenancy import PLATFORM_TENANT_ID
 from portal.web.access import Permission, audit, requires
 from portal.web.configuration import config_pages
 from portal.web.forms import (
@@ -248,7 +246,10 @@ PAGES = config_pages.Pages(
     read=_read,
     context=_context,
     audit_type="sms_provider",
+    form_of=_form_of,
+    defaults={"provider": "twilio", "enabled": "on"},
     on_save=config_pages.take_default,
+    test_title="Credential check",
 )
 
 
@@ -277,69 +278,25 @@ def index() -> str:
     )
 
 
-@bp.get("/new")
-@requires(Permission.EDIT_CONFIG)
-def new() -> tuple[str, int]:
-    """An empty provider form."""
-    return config_pages.page(PAGES, None, Form({"provider": "twilio", "enabled": "on"}, LABELS))
+config_pages.add_routes(bp, PAGES)
 
 
-@bp.post("/")
-@requires(Permission.EDIT_CONFIG)
-def create() -> ResponseReturnValue:
-    """Add a provider to the viewed tier."""
-    return config_pages.create(PAGES)
+def _deletion(provider: SmsProviderConfig) -> config_pages.Deletion:
+    """What deleting ``provider`` would do (its confirm page; ``refused`` when it may not be).
 
-
-@bp.get("/<int:provider_id>/edit")
-@requires(Permission.EDIT_CONFIG)
-def edit(provider_id: int) -> tuple[str, int]:
-    """The provider's form and its routes (secrets are never shown)."""
-    provider = owned(SmsProviderConfig, provider_id, viewed_tier())
-    return config_pages.page(PAGES, provider, _form_of(provider))
-
-
-@bp.post("/<int:provider_id>")
-@requires(Permission.EDIT_CONFIG)
-def update(provider_id: int) -> ResponseReturnValue:
-    """Save the provider; the next send through it uses the new settings."""
-    return config_pages.update(PAGES, provider_id)
-
-
-def _deletion(provider: SmsProviderConfig) -> tuple[config_pages.Deletion, bool]:
-    """What deleting ``provider`` would do (its confirm page), and whether it may be deleted.
-
-    Counted over the records that can use it (config_pages.records_of_tier). What happens to a
-    prepared SMS is the pipeline's rule: a retry replays the provider frozen at preparation and
-    never picks another; when that provider is disabled or gone the attempt fails
-    CONFIG_NOT_RESOLVABLE, a category that is not retried.
+    Counted by ``config_pages.use_of``. What happens to a prepared SMS is the pipeline's rule:
+    a retry replays the provider frozen at preparation and never picks another; when that
+    provider is disabled or gone the attempt fails CONFIG_NOT_RESOLVABLE, a category that is
+    not retried.
     """
-    scope = config_pages.records_of_tier(SmsSendRecord, provider.tenant_id)
-    used = db.session.scalar(
-        select(SmsSendRecord.id)
-        .where(scope, SmsSendRecord.provider_config_id == provider.id)
-        .limit(1)
-    )
-    waiting = (
-        db.session.scalar(
-            select(func.count()).where(
-                scope,
-                SmsSendRecord.status.in_([SendStatus.PENDING.value, SendStatus.RETRY.value]),
-                SmsSendRecord.prepared_at.is_not(None),
-                SmsSendRecord.provider_config_id == provider.id,
-            )
-        )
-        or 0
-    )
-    whose = (
-        "any tenant" if provider.tenant_id == PLATFORM_TENANT_ID else tier_name(provider.tenant_id)
-    )
+    use = config_pages.use_of(SmsSendRecord, provider, SmsSendRecord.provider_config_id)
     facts: list[str] = [
-        f"{waiting:,} Pending or Retry SMS of {whose} {'are' if waiting != 1 else 'is'} "
+        f"{use.waiting:,} Pending or Retry SMS of {use.whose} "
+        f"{'are' if use.waiting != 1 else 'is'} "
         "prepared for this provider.",
     ]
     refused = None
-    if used is not None:
+    if use.used:
         refused = (
             "Send records use this provider, so it cannot be deleted: their retries and "
             "delivery events go through it."
@@ -364,7 +321,7 @@ def _deletion(provider: SmsProviderConfig) -> tuple[config_pages.Deletion, bool]
                 "default, SMS to countries without a route fail with CONFIG_NOT_RESOLVABLE (a "
                 "tenant left with no enabled provider at all uses the platform's)."
             )
-    deletion = config_pages.Deletion(
+    return config_pages.Deletion(
         title=f"Delete SMS provider {provider.name!r}?",
         facts=facts,
         action=PAGES.url("delete", provider),
@@ -372,7 +329,6 @@ def _deletion(provider: SmsProviderConfig) -> tuple[config_pages.Deletion, bool]
         button=None if refused else "Delete this provider",
         refused=refused,
     )
-    return deletion, refused is None
 
 
 @bp.route("/<int:provider_id>/delete", methods=["GET", "POST"])
@@ -381,17 +337,7 @@ def delete(provider_id: int) -> ResponseReturnValue:
     """Say what deleting the provider would do; with ``confirm=yes``, delete it. A provider
     that records use is never deleted (disable it instead)."""
     provider = owned(SmsProviderConfig, provider_id, viewed_tier())
-    deletion, allowed = _deletion(provider)
-    if not config_pages.confirmed():
-        return config_pages.confirm_page(deletion)
-    if not allowed:
-        flash(
-            "Send records use this provider, so it cannot be deleted (their retries go through "
-            "it). Untick Enabled to stop new sends from using it.",
-            "error",
-        )
-        return redirect(PAGES.url("edit", provider), 303)
-    return config_pages.delete(PAGES, provider)
+    return config_pages.delete_unless_used(PAGES, provider, _deletion(provider))
 
 
 # --- routes by country -----------------------------------------------------------------------
@@ -544,7 +490,7 @@ def check_credentials(provider: SmsProviderConfig, timeout_s: float) -> tuple[fl
 def test(provider_id: int) -> ResponseReturnValue:
     """Check the saved credentials where the provider offers a cheap way to."""
     provider = owned(SmsProviderConfig, provider_id, viewed_tier())
-    context: dict[str, object] = {"provider": provider, "latency_ms": 0, "error": None}
+    context: dict[str, object] = {"latency_ms": 0, "error": None}
     if provider.provider == SmsProviderKind.TEST.value:
         context["note"] = "The test provider accepts every message without any network."
     elif provider.provider in (SmsProviderKind.TWILIO.value, SmsProviderKind.VONAGE.value):
@@ -552,4 +498,4 @@ def test(provider_id: int) -> ResponseReturnValue:
         context.update(latency_ms=round(latency * 1000), error=error)
     else:
         context["unavailable"] = True
-    return config_pages.connection(PAGES, **context)
+    return config_pages.connection(PAGES, provider, **context)
