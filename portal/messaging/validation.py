@@ -281,8 +281,9 @@ def parse_expires_at(data: Mapping[str, Any]) -> datetime | None:
         raise _reject("expiresAt", "expiresAt is outside the years 1 to 9999 in UTC") from None
 
 
-_SAFE_FILENAME = re.compile(r"^[^/\\\x00-\x1f\x7f]{1,255}$")
-_CONTENT_TYPE = re.compile(r"^[A-Za-z0-9][\w.+-]*/[A-Za-z0-9][\w.+-]*$")
+# What an attachment's name and content type may be (the template editor's uploads too).
+SAFE_FILENAME = re.compile(r"^[^/\\\x00-\x1f\x7f]{1,255}$")
+CONTENT_TYPE = re.compile(r"^[A-Za-z0-9][\w.+-]*/[A-Za-z0-9][\w.+-]*$")
 
 
 def _attachments(data: Mapping[str, Any], settings: Settings) -> list[dict[str, Any]] | None:
@@ -303,10 +304,10 @@ def _attachments(data: Mapping[str, Any], settings: Settings) -> list[dict[str, 
         if unknown:
             raise _reject(f"{where}.{sorted(unknown)[0]}", "unknown attachment field")
         name = _str(item, "name", max_len=255, required=True)
-        if name is None or not _SAFE_FILENAME.match(name):
+        if name is None or not SAFE_FILENAME.match(name):
             raise _reject(f"{where}.name", "attachment name must be a plain file name")
         ctype = _str(item, "contentType", max_len=127) or "application/octet-stream"
-        if not _CONTENT_TYPE.match(ctype):
+        if not CONTENT_TYPE.match(ctype):
             raise _reject(f"{where}.contentType", "contentType must look like type/subtype")
         content = item.get("content")
         if not isinstance(content, str):

@@ -28,15 +28,14 @@ from typing import Any
 import redis
 from flask import Response, abort, flash, redirect, request, url_for
 from flask.typing import ResponseReturnValue
-from sqlalchemy import select
 from werkzeug.exceptions import RequestEntityTooLarge
 
 from portal.extensions import db
 from portal.messaging import acceptance, template_versions, templating, validation
-from portal.models import Channel, MailSendServerConfig, MailTemplate
+from portal.models import Channel, MailTemplate
 from portal.redis_store import connect
 from portal.web.access import Permission, requires, user
-from portal.web.configuration import template_pages
+from portal.web.configuration import config_pages, mail_servers, template_pages
 from portal.web.configuration.template_pages import (
     STALE,
     Kind,
@@ -63,22 +62,9 @@ LABELS = template_pages.LABELS | {
 }
 PREVIEW_TTL_S = 1800
 _SLOT = re.compile(r"^[A-Za-z0-9_-]{8,32}$")
-_SAFE_FILENAME = re.compile(r"^[^/\\\x00-\x1f\x7f]{1,255}$")
-_CONTENT_TYPE = re.compile(r"^[A-Za-z0-9][\w.+-]*/[A-Za-z0-9][\w.+-]*$")
 
 
 # --- the editor's fields ---------------------------------------------------------------
-
-
-def _servers(tier: int) -> list[MailSendServerConfig]:
-    """The servers a template of this tier may prefer: its own tier's only."""
-    return list(
-        db.session.scalars(
-            select(MailSendServerConfig)
-            .where(MailSendServerConfig.tenant_id == tier)
-            .order_by(MailSendServerConfig.name)
-        )
-    )
 
 
 def _read(form: Form, tier: int) -> dict[str, Any] | None:
@@ -105,7 +91,7 @@ def _read(form: Form, tier: int) -> dict[str, Any] | None:
     server_id = None
     raw_server = form.raw("preferred_server_id").strip()
     if raw_server:
-        choices = {str(s.id): s.id for s in _servers(tier)}
+        choices = {str(s.id): s.id for s in config_pages.listed(mail_servers.PAGES, tier)}
         server_id = choices.get(raw_server)
         if server_id is None:
             form.fail("preferred_server_id", "must be one of this tier's mail servers")
@@ -145,7 +131,8 @@ def _saved(template: MailTemplate) -> dict[str, Any]:
 def _context(template: MailTemplate | None, tier: int) -> dict[str, Any]:
     return {
         "server_options": [
-            (str(s.id), s.name if s.enabled else f"{s.name} (disabled)") for s in _servers(tier)
+            (str(s.id), s.name if s.enabled else f"{s.name} (disabled)")
+            for s in config_pages.listed(mail_servers.PAGES, tier)
         ],
         "attachment_error": None,
         "attachment_limit": settings().attachment_max_bytes,
@@ -329,10 +316,10 @@ def create_attachment(template_id: int) -> ResponseReturnValue:
     if upload is None or not upload.filename:
         return _attachment_error(template, "Attachment: choose a file to upload")
     name = upload.filename.replace("\\", "/").rsplit("/", 1)[-1].strip()
-    if not _SAFE_FILENAME.match(name):
+    if not validation.SAFE_FILENAME.match(name):
         return _attachment_error(template, "Attachment must have a plain file name")
     content_type = (upload.mimetype or "").lower()
-    if not _CONTENT_TYPE.match(content_type):
+    if not validation.CONTENT_TYPE.match(content_type):
         content_type = "application/octet-stream"
     existing = list(template.attachments or [])
     if len(existing) >= validation.MAX_ATTACHMENTS:

@@ -24,7 +24,7 @@ from portal.extensions import db
 from portal.messaging import acceptance, addresses, templating, validation
 from portal.models import Channel, SmsProviderConfig, SmsTemplate, SmsTemplateProviderBinding
 from portal.web.access import Permission, requires
-from portal.web.configuration import template_pages
+from portal.web.configuration import config_pages, sms_providers, template_pages
 from portal.web.configuration.template_pages import Kind, Preview, TestSend, editor, form_of
 from portal.web.forms import Form, owned, viewed_tier
 
@@ -129,21 +129,13 @@ def _bindings(template: SmsTemplate) -> list[tuple[SmsTemplateProviderBinding, s
     return [(binding, name) for binding, name in rows]
 
 
-def _providers(tier: int) -> list[SmsProviderConfig]:
-    return list(
-        db.session.scalars(
-            select(SmsProviderConfig)
-            .where(SmsProviderConfig.tenant_id == tier)
-            .order_by(SmsProviderConfig.name)
-        )
-    )
-
-
 def _context(template: SmsTemplate | None, tier: int) -> dict[str, Any]:
     return {
         "bindings": _bindings(template) if template is not None else [],
         "binding_form": Form({}, BINDING_LABELS),
-        "provider_options": [(str(p.id), p.name) for p in _providers(tier)],
+        "provider_options": [
+            (str(p.id), p.name) for p in config_pages.listed(sms_providers.PAGES, tier)
+        ],
     }
 
 
@@ -199,7 +191,9 @@ def create_binding(template_id: int) -> ResponseReturnValue:
     template = owned(SmsTemplate, template_id, viewed_tier())
     form = Form(request.form, BINDING_LABELS)
     provider_id = None
-    choices = {str(p.id): p.id for p in _providers(template.tenant_id)}
+    choices = {
+        str(p.id): p.id for p in config_pages.listed(sms_providers.PAGES, template.tenant_id)
+    }
     raw = form.raw("provider_id").strip()
     if not raw:
         form.fail("provider_id", "is required")
