@@ -12,6 +12,9 @@ raw1       the baseline (issue 17): bare psycopg, one statement per record on ou
            the Sent write and the next claim (oldest Pending first) as data-modifying CTEs.
 raw1-fair  raw1 with the product's fair pick SQL (scan.fair_pick_sql): what the fair order
            (issue 13: streams, tenants in turn, Retry merged) costs in SQL alone.
+raw1-oldest raw1 with the pick before issue 13: the oldest due record, Pending or Retry, of
+           any tenant or stream (two index probes merged by due time). raw1-fair/raw1-oldest
+           is what fairness costs (issue 13's budget: 5 %).
 raw        the two-statement bare loop of the earlier figures: claim, then the versioned
            completion (bench/_common.py RAW_*); 2 commits per record, so it flatters us.
 
@@ -48,7 +51,7 @@ from portal.models.direct import holding
 
 DB_NAME = "postroom_bench_claim"
 GOAL = 0.8  # issue 17: ours >= 0.8 x the one-statement bare loop on our own table
-CONTENDERS = ("raw1", "ours", "raw1-fair", "raw")
+CONTENDERS = ("raw1", "ours", "raw1-fair", "raw1-oldest", "raw")
 ORDER = CONTENDERS + tuple(reversed(CONTENDERS))  # ABBA: each sees the same drift
 
 
@@ -193,6 +196,20 @@ def raw1_body(dsn: str, pick: str = RAW1_PICK) -> Body:
                 row = None if got[1] is None else (got[1], got[2])
 
     return body
+
+
+# The pick before issue 13 (oldest due first, Pending or Retry, no streams or tenants' turn),
+# reading the Sent write's result as raw1's does.
+RAW1_OLDEST_PICK = (
+    "WITH pend AS (SELECT r.id, r.updated_time AS due FROM mail_send_record r "
+    "WHERE r.status = 'Pending' AND (SELECT count(*) FROM sent) >= 0 "
+    "ORDER BY r.updated_time LIMIT 1 FOR UPDATE SKIP LOCKED), "
+    "ret AS (SELECT r.id, r.next_retry_at AS due FROM mail_send_record r "
+    "WHERE r.status = 'Retry' AND r.next_retry_at <= now() AND (SELECT count(*) FROM sent) >= 0 "
+    "ORDER BY r.next_retry_at LIMIT 1 FOR UPDATE SKIP LOCKED) "
+    "SELECT id FROM (SELECT id, due FROM pend UNION ALL SELECT id, due FROM ret) u "
+    "ORDER BY due LIMIT 1"
+)
 
 
 def raw1_fair_body(dsn: str) -> Body:
@@ -527,6 +544,7 @@ def main() -> int:
                 "raw1": raw1_body(dsn),
                 "ours": ours_body(engine),
                 "raw1-fair": raw1_fair_body(dsn),
+                "raw1-oldest": raw1_body(dsn, RAW1_OLDEST_PICK),
                 "raw": raw_body(dsn),
             }
             totals = compare(dsn, threads, slice_s, rounds, bodies, ORDER, backlog)
@@ -542,6 +560,7 @@ def main() -> int:
                     f">= {GOAL}",
                     c.verdict(ratio >= GOAL),
                     f"{rate['raw1-fair'] / rate['raw1']:.2f}",
+                    f"{rate['raw1-fair'] / rate['raw1-oldest']:.2f}",
                     f"{rate['ours'] / rate['raw']:.2f}",
                     totals["ours"]["cpu"] / totals["ours"]["n"] * 1e6,
                     totals["raw1"]["cpu"] / totals["raw1"]["n"] * 1e6,
@@ -559,6 +578,7 @@ def main() -> int:
                 "goal",
                 "",
                 "raw1-fair/raw1",
+                "raw1-fair/raw1-oldest",
                 "ours/raw (2 stmts)",
                 "client CPU us/rec: ours",
                 "raw1",
@@ -570,6 +590,7 @@ def main() -> int:
         c.say(
             "raw1: the Sent write + next claim (oldest Pending) in one statement, bare psycopg;"
             "\nraw1-fair: the same with the product's fair pick SQL (what fairness costs in SQL);"
+            "\nraw1-oldest: the same with the pick before issue 13 (oldest due, Pending or Retry);"
             "\nraw: the two-statement loop of earlier figures (claim, then Sent)."
             "\nThe slim-table and procrastinate figures come from ../shared/peers (bench/README)."
         )
