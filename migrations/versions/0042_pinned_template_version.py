@@ -22,12 +22,12 @@ RECORDS = ("mail_send_record", "sms_send_record")
 
 
 def upgrade():
+    # Plain ALTER TABLE on both dialects: a batch operation may make SQLite copy the tables,
+    # losing their AUTOINCREMENT and callback triggers (migration 0031).
     for table in RECORDS:
-        with op.batch_alter_table(table) as batch:
-            batch.add_column(sa.Column("pinned_template_version", sa.Integer(), nullable=True))
+        op.add_column(table, sa.Column("pinned_template_version", sa.Integer(), nullable=True))
 
 
 def downgrade():
     for table in RECORDS:
-        with op.batch_alter_table(table) as batch:
-            batch.drop_column("pinned_template_version")
+        op.execute(f"ALTER TABLE {table} DROP COLUMN pinned_template_version")  # SQLite 3.35+

@@ -8,12 +8,29 @@ happen, and it records no metric and no log line.
 from __future__ import annotations
 
 import logging
+import os
+import socket
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
+from datetime import datetime
 from typing import Any, assert_never
 
 import psycopg
-from sqlalchemy import Boolean, Engine, bindparam, exists, func, select, true, update
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    Engine,
+    Integer,
+    String,
+    Text,
+    bindparam,
+    exists,
+    func,
+    insert,
+    select,
+    true,
+    update,
+)
 from sqlalchemy.orm import Session
 
 from portal.messaging import scan
@@ -21,16 +38,19 @@ from portal.messaging.backoff import BackoffPolicy, DeadLetter, Fail, Retry, Ret
 from portal.messaging.classify import ErrorCategory, MarkerCode, classify, is_retryable
 from portal.metrics import MESSAGE_FAILED, MESSAGE_SENT
 from portal.models import (
+    AttemptOutcome,
     Channel,
     DeadLetterMessage,
     DeadLetterSource,
     DeliveryEvent,
     MailSendRecord,
+    SendAttempt,
     SendStatus,
     SmsSendRecord,
     db_now,
     db_now_plus,
 )
+from portal.models.base import UTCDateTime
 from portal.models.direct import Direct
 
 log = logging.getLogger("portal.delivery")
@@ -59,16 +79,134 @@ class Claimed:
         return replace(self, version=self.version + 1, **changes)
 
 
+_worker: tuple[int, str] | None = None
+
+
+def worker_name() -> str:
+    """This worker process, as attempts name it: host:pid (the pid of the process now, not
+    of the one it was forked from)."""
+    global _worker
+    pid = os.getpid()
+    if _worker is None or _worker[0] != pid:
+        _worker = (pid, f"{socket.gethostname()}:{pid}")
+    return _worker[1]
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """An attempt that reached the transport (issue 14, part 1): written as a ``send_attempt``
+    row by the statement that writes its outcome, numbered by the record's ``attempt_count``.
+    ``code``/``message``: the other side's reply (SMTP code; HTTP status and the provider's
+    code); none for a send it accepted."""
+
+    started_at: datetime  # when the request went out (UTC)
+    duration_s: float | None  # None: not known (a swept attempt's worker never said)
+    config_id: int | None
+    config_name: str | None
+    code: str | None = None
+    message: str | None = None
+    # The worker process that made it (host:pid); None when not known (the stuck-send sweep
+    # writes the attempt of a worker that stopped).
+    worker: str | None = field(default_factory=lambda: worker_name())
+
+    def params(self, ambiguous: bool = False) -> dict[str, Any]:
+        return {
+            "a_started": self.started_at,
+            "a_ms": None if self.duration_s is None else round(self.duration_s * 1000),
+            "a_worker": self.worker,
+            "a_config": self.config_id,
+            "a_config_name": (self.config_name or "")[:200] or None,
+            "a_ambiguous": ambiguous,
+            "a_code": (self.code or "")[:100] or None,
+            "a_message": (self.message or "")[:MAX_ERROR_CHARS] or None,
+        }
+
+
+def _attempt_insert(channel: Channel, written: Any, outcome: AttemptOutcome) -> Any:
+    """INSERT of the attempt row from ``written``, the outcome write's result (a CTE with the
+    record's ``id``, ``tenant_id`` and bumped ``attempt_count``): a row only when the write
+    matched (PostgreSQL; in the same statement)."""
+    values = select(
+        written.c.tenant_id,
+        scan._sql(channel.value),
+        written.c.id,
+        written.c.attempt_count,
+        bindparam("a_started", type_=UTCDateTime),
+        bindparam("a_ms", type_=Integer),
+        bindparam("a_worker", type_=String),
+        bindparam("a_config", type_=BigInteger),
+        bindparam("a_config_name", type_=String),
+        scan._sql(outcome.value),
+        bindparam("a_ambiguous", type_=Boolean),
+        bindparam("a_code", type_=String),
+        bindparam("a_message", type_=Text),
+        written.c.provider_message_id,
+    )
+    columns = [
+        "tenant_id",
+        "channel",
+        "record_id",
+        "number",
+        "started_at",
+        "duration_ms",
+        "worker",
+        "config_id",
+        "config_name",
+        "outcome",
+        "ambiguous",
+        "code",
+        "message",
+        "provider_message_id",
+    ]
+    # The table, not the entity: an ORM INSERT run with parameters is a bulk insert.
+    table: Any = SendAttempt.__table__
+    return insert(table).from_select(columns, values)
+
+
+def _attempt_row(
+    claimed: Claimed,
+    number: int,
+    attempt: Attempt,
+    outcome: AttemptOutcome,
+    *,
+    ambiguous: bool = False,
+    pmid: str | None = None,
+) -> SendAttempt:
+    """The attempt row as an ORM object (SQLite: written after the outcome in its transaction)."""
+    values = attempt.params(ambiguous)
+    return SendAttempt(
+        tenant_id=claimed.tenant_id,
+        channel=claimed.channel.value,
+        record_id=claimed.id,
+        number=number,
+        started_at=values["a_started"],
+        duration_ms=values["a_ms"],
+        worker=values["a_worker"],
+        config_id=values["a_config"],
+        config_name=values["a_config_name"],
+        outcome=outcome.value,
+        ambiguous=values["a_ambiguous"],
+        code=values["a_code"],
+        message=values["a_message"],
+        provider_message_id=pmid,
+    )
+
+
 def _extra(claimed: Claimed, **more: Any) -> dict[str, Any]:
     return {"record_id": claimed.id, "channel": claimed.channel.value} | more
 
 
 def _sent_update(
-    channel: Channel, with_refused: bool, meet_events: bool, with_tenant: bool = False
+    channel: Channel,
+    with_refused: bool,
+    meet_events: bool,
+    with_tenant: bool = False,
+    with_attempt: bool = False,
 ) -> Any:
     """Sent, by version, as an UPDATE; with ``meet_events`` (PostgreSQL), it also returns
     whether delivery events for the record's route and provider id wait unmatched (and with
-    ``with_tenant`` the record's tenant, where the next claim's turn goes on from)."""
+    ``with_tenant`` the record's tenant, where the next claim's turn goes on from). With
+    ``with_attempt`` it counts the attempt and returns what its row needs."""
     model = MODELS[channel]
     values: dict[str, Any] = {
         "status": SendStatus.SENT.value,
@@ -83,13 +221,15 @@ def _sent_update(
     if with_refused:
         refused = MailSendRecord.refused_recipients
         values["refused_recipients"] = bindparam("refused", type_=refused.type)
+    if with_attempt:
+        values["attempt_count"] = model.attempt_count + 1
     statement = (
         update(model)
         .where(model.id == bindparam("rid"), model.version == bindparam("ver"))
         .values(**values)
     )
     if not meet_events:
-        return statement
+        return statement.returning(model.attempt_count) if with_attempt else statement
     # PostgreSQL: the look for waiting events rides on the write, made exact by the event
     # lock (migration 0006), which the WHERE takes before the row lock.
     route = model.server_config_id if channel is Channel.MAIL else model.provider_config_id  # type: ignore[union-attr]
@@ -99,28 +239,39 @@ def _sent_update(
         channel.value, route, model.provider_message_id, type_=Boolean
     ).label("waiting")
     statement = statement.where(locked.is_(True))
-    if with_tenant:
-        return statement.returning(waiting, model.tenant_id)
-    return statement.returning(waiting)
+    returned: list[Any] = [waiting]
+    if with_tenant or with_attempt:
+        returned.append(model.tenant_id)
+    if with_attempt:
+        returned += [model.id, model.attempt_count, model.provider_message_id]
+    return statement.returning(*returned)
 
 
-def _sent_statement(channel: Channel, with_refused: bool, meet_events: bool) -> Direct:
-    statement = _sent_update(channel, with_refused, meet_events)
-    return Direct(statement, list(statement.exported_columns) if meet_events else [])
+def _sent_statement(
+    channel: Channel, with_refused: bool, meet_events: bool, with_attempt: bool
+) -> Direct:
+    statement = _sent_update(channel, with_refused, meet_events, with_attempt=with_attempt)
+    if not meet_events or not with_attempt:
+        return Direct(statement, list(statement.exported_columns))
+    # The attempt's row in the same statement: a data-modifying CTE over the Sent write's.
+    sent = statement.cte(scan.SENT_CTE)
+    attempt = _attempt_insert(channel, sent, AttemptOutcome.SENT).cte("attempt")
+    return Direct(select(sent.c.waiting).add_cte(attempt), [sent.c.waiting])
 
 
-def _sent_and_claim_statement(channel: Channel, with_refused: bool) -> Direct:
+def _sent_and_claim_statement(channel: Channel, with_refused: bool, with_attempt: bool) -> Direct:
     """PostgreSQL: Sent as above and the claim of the worker's next record, in one statement
     (data-modifying CTEs; the two touch different rows: this one is Sending, the claim takes
-    Pending or Retry). One row: (written, waiting, the claimed record's columns or NULLs).
+    Pending or Retry), with the attempt's row (``with_attempt``). One row: (written,
+    waiting, the claimed record's columns or NULLs).
 
     The order is by construction, not by the planner's choice: every scan of the claim that
     locks rows starts from the tenants' turn, which reads the ``sent`` CTE's ``tenant_id``,
     so the Sent write has run (and waited for any lock it needed) before the claim locks
     anything; the claim itself never waits (SKIP LOCKED)."""
-    sent = _sent_update(channel, with_refused, meet_events=True, with_tenant=True).cte(
-        scan.SENT_CTE
-    )
+    sent = _sent_update(
+        channel, with_refused, meet_events=True, with_tenant=True, with_attempt=with_attempt
+    ).cte(scan.SENT_CTE)
     claimed = scan.claim_statement(MODELS[channel]).cte("claimed")
     outcome = select(
         func.count().label("written"), func.bool_or(sent.c.waiting).label("waiting")
@@ -129,6 +280,9 @@ def _sent_and_claim_statement(channel: Channel, with_refused: bool) -> Direct:
     statement = select(outcome.c.written, outcome.c.waiting, *record_columns).select_from(
         outcome.outerjoin(claimed, true())
     )
+    if with_attempt:
+        attempt = _attempt_insert(channel, sent, AttemptOutcome.SENT).cte("attempt")
+        statement = statement.add_cte(attempt)
     return Direct(statement, [outcome.c.written, outcome.c.waiting, *record_columns])
 
 
@@ -148,16 +302,22 @@ def _retained_statement(channel: Channel) -> Direct:
 
 
 _SENT = {
-    (channel, with_refused, meet_events): _sent_statement(channel, with_refused, meet_events)
+    (channel, with_refused, meet_events, with_attempt): _sent_statement(
+        channel, with_refused, meet_events, with_attempt
+    )
     for channel in Channel
     for with_refused in ((False, True) if channel is Channel.MAIL else (False,))
     for meet_events in (False, True)
+    for with_attempt in ((False, True) if meet_events else (False,))
 }
 _RETAINED = {channel: _retained_statement(channel) for channel in Channel}
 _SENT_AND_CLAIM = {
-    (channel, with_refused): _sent_and_claim_statement(channel, with_refused)
+    (channel, with_refused, with_attempt): _sent_and_claim_statement(
+        channel, with_refused, with_attempt
+    )
     for channel in Channel
     for with_refused in ((False, True) if channel is Channel.MAIL else (False,))
+    for with_attempt in (False, True)
 }
 
 
@@ -168,14 +328,17 @@ def record_sent(
     *,
     refused: dict[str, Any] | None = None,
     duplicate: bool = False,
+    attempt: Attempt | None = None,
 ) -> bool:
-    """Sent, by version, in one statement. A failure to write it is not a send failure: it is
-    logged at ERROR and left to the stuck-send sweep (at least once).
+    """Sent, by version, in one statement, with the attempt's row when ``attempt`` says one
+    reached the transport. A failure to write it is not a send failure: it is logged at
+    ERROR and left to the stuck-send sweep (at least once).
 
     ``duplicate``: the provider refused the idempotency key as already used, so an earlier
     attempt was accepted (its id may be unknown); said in the log line.
     """
     with_refused = bool(refused) and claimed.channel is Channel.MAIL
+    with_attempt = attempt is not None
     params: dict[str, Any] = {
         "rid": claimed.id,
         "ver": claimed.version,
@@ -183,13 +346,20 @@ def record_sent(
     }
     if with_refused:
         params["refused"] = refused
+    if attempt is not None:
+        params |= attempt.params()
     meet_events = engine.dialect.name == "postgresql"
     request = scan.next_claim_for(MODELS[claimed.channel]) if meet_events else None
     try:
-        if request is None:
-            count, rows = _SENT[(claimed.channel, with_refused, meet_events)].run(engine, **params)
+        if attempt is not None and not meet_events:
+            count, rows = _sent_with_attempt_row(engine, claimed, attempt, with_refused, params)
+        elif request is None:
+            statement = _SENT[(claimed.channel, with_refused, meet_events, with_attempt)]
+            count, rows = statement.run(engine, **params)
         else:
-            count, rows = _sent_and_claimed(claimed, with_refused, params, request, engine)
+            count, rows = _sent_and_claimed(
+                claimed, with_refused, with_attempt, params, request, engine
+            )
     except Exception:
         log.exception(
             "sent, but recording it failed; the stuck-send sweep will retry it",
@@ -208,9 +378,30 @@ def record_sent(
     return True
 
 
+def _sent_with_attempt_row(
+    engine: Engine,
+    claimed: Claimed,
+    attempt: Attempt,
+    with_refused: bool,
+    params: dict[str, Any],
+) -> tuple[int, list[Sequence[Any]]]:
+    """SQLite (no data-modifying CTEs): the Sent write, then the attempt's row, in one
+    transaction; returns what the Sent statement alone would."""
+    statement = _sent_update(claimed.channel, with_refused, False, with_attempt=True)
+    with Session(engine) as session, session.begin():
+        number = session.execute(statement, params).scalar()
+        if number is None:
+            return 0, []
+        session.add(
+            _attempt_row(claimed, number, attempt, AttemptOutcome.SENT, pmid=params["pmid"])
+        )
+    return 1, [(False,)]
+
+
 def _sent_and_claimed(
     claimed: Claimed,
     with_refused: bool,
+    with_attempt: bool,
     params: dict[str, Any],
     request: scan.NextClaim,
     engine: Engine,
@@ -218,7 +409,8 @@ def _sent_and_claimed(
     """The Sent write with the worker's next claim (``scan.claiming_next``); hands the claimed
     record to the request and returns what the Sent statement alone would."""
     try:
-        _n, rows = _SENT_AND_CLAIM[(claimed.channel, with_refused)].run(engine, **params)
+        statement = _SENT_AND_CLAIM[(claimed.channel, with_refused, with_attempt)]
+        _n, rows = statement.run(engine, **params)
     except psycopg.errors.DeadlockDetected:
         # Not expected (see _sent_and_claim_statement), and never an error if it happens:
         # the statement was rolled back whole, so it is a lost race for the claim; the Sent
@@ -226,7 +418,7 @@ def _sent_and_claimed(
         log.warning(
             "the Sent write with the next claim deadlocked; written alone", extra=_extra(claimed)
         )
-        return _SENT[(claimed.channel, with_refused, True)].run(engine, **params)
+        return _SENT[(claimed.channel, with_refused, True, with_attempt)].run(engine, **params)
     written, waiting, *record = rows[0]
     request.ran = True
     loader = scan.loader_for(request.model)
@@ -315,6 +507,7 @@ def defer(engine: Engine, claimed: Claimed, code: str, message: str, delay_s: fl
                 next_retry_at=db_now_plus(delay_s),
                 error_code=code[:100],
                 error_message=message[:MAX_ERROR_CHARS],
+                deferral_count=model.deferral_count + 1,
             )
             .execution_options(synchronize_session=False)
         )
@@ -339,6 +532,7 @@ def handle_failure(
     ambiguous: bool = False,
     consume_retry: bool = True,
     hold: bool = False,
+    attempt: Attempt | None = None,
 ) -> RetryDecision | None:
     """Classify a failure and carry out the decision by version; None when the race was lost.
 
@@ -350,6 +544,9 @@ def handle_failure(
     ``ambiguous`` (the request was written, no answer came) marks the attempt ambiguous; it is
     never cleared by a later write. With ``hold`` (the config's uncertain policy), an ambiguous
     failure ends Uncertain instead of being retried: it is never resent automatically.
+
+    ``attempt``: the failure is the transport's answer (or its silence): the attempt's row is
+    written by the same statement (PostgreSQL) or transaction (SQLite).
     """
     category = classify(code, message)
     if consume_retry:
@@ -369,13 +566,10 @@ def handle_failure(
         if hold:
             values |= {"status": SendStatus.UNCERTAIN.value, "next_retry_at": None}
             with Session(engine) as session, session.begin():
-                held = session.execute(
-                    update(model)
-                    .where(model.id == claimed.id, model.version == claimed.version)
-                    .values(**values)
-                    .execution_options(synchronize_session=False)
+                held = write_outcome(
+                    session, claimed, values, attempt, AttemptOutcome.UNCERTAIN, ambiguous
                 )
-            if held.rowcount != 1:  # type: ignore[attr-defined]
+            if not held:
                 return None
             MESSAGE_FAILED.labels(claimed.channel.value, claimed.provider, "uncertain").inc()
             log.error(
@@ -392,6 +586,8 @@ def handle_failure(
             }
             if consume_retry:
                 values["retry_count"] = model.retry_count + 1
+            else:  # a deferral (a full rate-limit window): counted, no attempt row
+                values["deferral_count"] = model.deferral_count + 1
             outcome = "retry"
         case Fail():
             values |= {"status": SendStatus.FAILED.value, "next_retry_at": None}
@@ -402,13 +598,10 @@ def handle_failure(
         case _:
             assert_never(decision)
     with Session(engine) as session, session.begin():
-        result = session.execute(
-            update(model)
-            .where(model.id == claimed.id, model.version == claimed.version)
-            .values(**values)
-            .execution_options(synchronize_session=False)
+        written = write_outcome(
+            session, claimed, values, attempt, AttemptOutcome(outcome), ambiguous
         )
-        if result.rowcount != 1:  # type: ignore[attr-defined]
+        if not written:
             return None
         if isinstance(decision, DeadLetter):
             session.add(dead_letter_row(claimed, code, message))
@@ -427,6 +620,46 @@ def handle_failure(
     else:
         log.error("send failed (%s): %s", outcome, message, extra=extra)
     return decision
+
+
+def write_outcome(
+    session: Session,
+    claimed: Claimed,
+    values: dict[str, Any],
+    attempt: Attempt | None,
+    outcome: AttemptOutcome,
+    ambiguous: bool,
+    *conditions: Any,
+) -> bool:
+    """A failure's write, by version (and ``conditions``), in the caller's transaction, with
+    the attempt's row when there is one (PostgreSQL: one statement); False when the race was
+    lost."""
+    model = MODELS[claimed.channel]
+    statement = update(model).where(
+        model.id == claimed.id, model.version == claimed.version, *conditions
+    )
+    if attempt is None:
+        result = session.execute(
+            statement.values(**values).execution_options(synchronize_session=False)
+        )
+        return bool(result.rowcount == 1)  # type: ignore[attr-defined]
+    statement = statement.values(**values, attempt_count=model.attempt_count + 1)
+    params = attempt.params(ambiguous)
+    if session.get_bind().dialect.name == "postgresql":
+        written = statement.returning(
+            model.id, model.tenant_id, model.attempt_count, model.provider_message_id
+        ).cte("written")
+        row = _attempt_insert(claimed.channel, written, outcome).add_cte(written)
+        return (
+            session.execute(row.returning(SendAttempt.__table__.c.id), params).first() is not None
+        )
+    number = session.execute(
+        statement.returning(model.attempt_count).execution_options(synchronize_session=False)
+    ).scalar()
+    if number is None:
+        return False
+    session.add(_attempt_row(claimed, number, attempt, outcome, ambiguous=ambiguous))
+    return True
 
 
 def deferral(policy: BackoffPolicy, category: ErrorCategory, wait_s: float | None) -> RetryDecision:

@@ -15,6 +15,7 @@ import sqlite3
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
 
 import httpx
 import psycopg
@@ -517,11 +518,12 @@ def _attempt(ctx: MailContext, record: MailSendRecord, holding: _Holding) -> Non
     if not _cleared(ctx, claimed, None if gated else gate, config):
         return
     mail = _outgoing(record, prepared, config, skip)
-    started = time.perf_counter()
+    started_at, started = datetime.now(UTC), time.perf_counter()
     try:
         sent = ctx.pool.send(server, mail)
     except SmtpSendError as error:
-        SEND_DURATION.labels("mail").observe(time.perf_counter() - started)
+        took = time.perf_counter() - started
+        SEND_DURATION.labels("mail").observe(took)
         _observed(
             ctx,
             claimed,
@@ -537,13 +539,23 @@ def _attempt(ctx: MailContext, record: MailSendRecord, holding: _Holding) -> Non
             policy=ctx.policy,
             ambiguous=error.after_data,
             hold=config.uncertain_policy == UncertainPolicy.HOLD.value,
+            attempt=outcomes.Attempt(
+                started_at, took, config.id, config.name, error.code, error.message
+            ),
         )
         return
-    SEND_DURATION.labels("mail").observe(time.perf_counter() - started)
+    took = time.perf_counter() - started
+    SEND_DURATION.labels("mail").observe(took)
     refused = {k: list(v) for k, v in sent.refused.items()}
     # Suppressed recipients were left out; the record says so beside the server's refusals.
     refused |= {a: [SUPPRESSED, why] for a, why in skip.items()}
-    outcomes.record_sent(ctx.engine, claimed, prepared.message_id, refused=refused or None)
+    outcomes.record_sent(
+        ctx.engine,
+        claimed,
+        prepared.message_id,
+        refused=refused or None,
+        attempt=outcomes.Attempt(started_at, took, config.id, config.name, "250", sent.reply),
+    )
     _observed(ctx, claimed, config.id, answered=True)
 
 
@@ -680,12 +692,25 @@ def _attempt_sms(ctx: SmsContext, record: SmsSendRecord, holding: _Holding) -> N
         signature=prepared.signature,
         variables=prepared.variables,
     )
-    started = time.perf_counter()
+    started_at, started = datetime.now(UTC), time.perf_counter()
     answer = sms_transport.send(ctx.client, account, outgoing)
-    SEND_DURATION.labels("sms").observe(time.perf_counter() - started)
+    took = time.perf_counter() - started
+    SEND_DURATION.labels("sms").observe(took)
+    attempt = outcomes.Attempt(
+        started_at,
+        took,
+        config.id,
+        config.name,
+        answer.reply or answer.code,
+        answer.message,
+    )
     if answer.accepted:
         outcomes.record_sent(
-            ctx.engine, claimed, answer.provider_message_id, duplicate=answer.duplicate
+            ctx.engine,
+            claimed,
+            answer.provider_message_id,
+            duplicate=answer.duplicate,
+            attempt=attempt,
         )
         _observed(ctx, claimed, config.id, answered=True)
         return
@@ -705,4 +730,5 @@ def _attempt_sms(ctx: SmsContext, record: SmsSendRecord, holding: _Holding) -> N
         retry_after_s=answer.retry_after_s,
         ambiguous=answer.ambiguous,
         hold=config.uncertain_policy == UncertainPolicy.HOLD.value,
+        attempt=attempt,
     )

@@ -33,6 +33,7 @@ from portal.models import (
     MailSendRecipient,
     MailSendRecord,
     ReceivedMail,
+    SendAttempt,
     SendStatus,
     SmsSendRecord,
     Suppression,
@@ -139,19 +140,22 @@ WITH recipients AS (DELETE FROM mail_send_recipient WHERE :mail AND record_id = 
                 RETURNING 1),
      callbacks AS (DELETE FROM callback_delivery
                    WHERE channel = :channel AND record_id = ANY(:ids) RETURNING 1),
+     attempts AS (DELETE FROM send_attempt
+                  WHERE channel = :channel AND record_id = ANY(:ids) RETURNING 1),
      dead_letters AS (DELETE FROM dead_letter_message
                       WHERE channel = :channel AND event_id = ANY(:text_ids) RETURNING 1),
      records AS (DELETE FROM {table} WHERE id = ANY(:ids) RETURNING 1)
 SELECT (SELECT count(*) FROM recipients), (SELECT count(*) FROM bounce_mails),
        (SELECT count(*) FROM events), (SELECT count(*) FROM callbacks),
-       (SELECT count(*) FROM dead_letters), (SELECT count(*) FROM records)
+       (SELECT count(*) FROM attempts), (SELECT count(*) FROM dead_letters),
+       (SELECT count(*) FROM records)
 """
-_PG_KINDS = ("recipients", "bounce_mails", "events", "callbacks", "dead_letters")
+_PG_KINDS = ("recipients", "bounce_mails", "events", "callbacks", "attempts", "dead_letters")
 
 
 def delete_records(session: Session, channel: Channel, ids: list[int]) -> Counter[str]:
     """Delete records ``ids`` of one channel with their recipients, events, callback
-    deliveries, bounce mails and dead letters (the caller chose them and commits)."""
+    deliveries, attempts, bounce mails and dead letters (the caller chose them and commits)."""
     out: Counter[str] = Counter()
     if not ids:
         return out
@@ -167,8 +171,8 @@ def delete_records(session: Session, channel: Channel, ids: list[int]) -> Counte
                 "mail": channel is Channel.MAIL,
             },
         ).one()
-        out.update(dict(zip(_PG_KINDS, row[:5], strict=True)))
-        out[f"{channel.value}_records"] += row[5]
+        out.update(dict(zip(_PG_KINDS, row[:6], strict=True)))
+        out[f"{channel.value}_records"] += row[6]
         return +out  # only the kinds that deleted something
 
     def gone(statement: Any) -> int:
@@ -187,6 +191,11 @@ def delete_records(session: Session, channel: Channel, ids: list[int]) -> Counte
     out["callbacks"] += gone(
         delete(CallbackDelivery).where(
             CallbackDelivery.channel == channel.value, CallbackDelivery.record_id.in_(ids)
+        )
+    )
+    out["attempts"] += gone(
+        delete(SendAttempt).where(
+            SendAttempt.channel == channel.value, SendAttempt.record_id.in_(ids)
         )
     )
     out["dead_letters"] += gone(

@@ -22,18 +22,19 @@ mode); on SQLite it simply runs, since the version check already makes parallel 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from sqlalchemy import Engine, exists, func, select, update
+from sqlalchemy import Engine, exists, func, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 from portal.config import Settings
 from portal.messaging.classify import MarkerCode
-from portal.messaging.outcomes import MODELS, Claimed, dead_letter_row
+from portal.messaging.outcomes import MODELS, Attempt, Claimed, dead_letter_row, write_outcome
 from portal.metrics import MESSAGE_FAILED
 from portal.models import (
+    AttemptOutcome,
     Channel,
     ChoreRun,
     MailSendRecord,
@@ -79,6 +80,7 @@ def sweep_stuck_sends(engine: Engine, settings: Settings) -> SweepReport:
                     model.retry_count,
                     model.prepared_at.is_not(None),
                     _route(channel),
+                    model.updated_time,
                 )
                 .where(
                     model.status == SendStatus.SENDING.value,
@@ -88,8 +90,11 @@ def sweep_stuck_sends(engine: Engine, settings: Settings) -> SweepReport:
                 .limit(BATCH)
             ).all()
             holding = _holding_routes(session, channel)
-        for record_id, version, tenant_id, trace_id, retry_count, prepared, route in stuck:
+            names = _route_names(session, channel, {row[6] for row in stuck if row[5]})
+        for record_id, version, tenant_id, trace_id, retry_count, prepared, route, at in stuck:
             claimed = Claimed(channel, record_id, version, tenant_id, retry_count)
+            # A prepared record may have reached its server: its attempt gets a row.
+            attempt = Attempt(at, None, route, names.get(route), worker=None) if prepared else None
             with tenant_context(tenant_id, trace_id):
                 outcome = _transition(
                     engine,
@@ -97,6 +102,7 @@ def sweep_stuck_sends(engine: Engine, settings: Settings) -> SweepReport:
                     settings,
                     ambiguous=prepared,
                     hold=prepared and route in holding,
+                    attempt=attempt,
                 )
             if outcome is not None:
                 counts = {
@@ -168,6 +174,15 @@ def _holding_routes(session: Session, channel: Channel) -> set[int]:
     )
 
 
+def _route_names(session: Session, channel: Channel, ids: set[Any]) -> dict[int, str]:
+    """The names of these mail servers or SMS providers (for the attempts' rows)."""
+    config = MailSendServerConfig if channel is Channel.MAIL else SmsProviderConfig
+    ids.discard(None)
+    if not ids:
+        return {}
+    return dict(session.execute(select(config.id, config.name).where(config.id.in_(ids))).all())
+
+
 def _transition(
     engine: Engine,
     claimed: Claimed,
@@ -175,6 +190,7 @@ def _transition(
     *,
     ambiguous: bool = False,
     hold: bool = False,
+    attempt: Attempt | None = None,
 ) -> str | None:
     model = MODELS[claimed.channel]
     exhausted = claimed.retry_count >= settings.max_retries
@@ -201,24 +217,21 @@ def _transition(
             "next_retry_at": db_now(),
             "retry_count": model.retry_count + 1,
         }
+    if attempt is not None:
+        attempt = replace(attempt, code=code, message=reason)
+    values |= {"updated_time": db_now(), "error_code": code, "error_message": reason}
+    values["version"] = model.version + 1
     with Session(engine) as session, session.begin():
-        result = session.execute(
-            update(model)
-            .where(
-                model.id == claimed.id,
-                model.version == claimed.version,
-                model.status == SendStatus.SENDING.value,
-            )
-            .values(
-                version=model.version + 1,
-                updated_time=db_now(),
-                error_code=code,
-                error_message=reason,
-                **values,
-            )
-            .execution_options(synchronize_session=False)
+        written = write_outcome(
+            session,
+            claimed,
+            values,
+            attempt,
+            AttemptOutcome.SWEPT,
+            ambiguous,
+            model.status == SendStatus.SENDING.value,
         )
-        if result.rowcount != 1:  # type: ignore[attr-defined]
+        if not written:
             return None  # the worker finished it, or another sweep got there first
         if exhausted:
             session.add(dead_letter_row(claimed, code, reason))

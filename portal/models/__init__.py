@@ -1,5 +1,6 @@
 """SQLAlchemy models, one module per aggregate."""
 
+from portal.models.attempts import AttemptOutcome, SendAttempt
 from portal.models.audit import AuditAction, AuditEvent, LoginThrottle, add_audit
 from portal.models.base import Base, UTCDateTime, db_now, db_now_plus
 from portal.models.breaker import BreakerState
@@ -41,6 +42,7 @@ __all__ = [
     "ApiKey",
     "ApiScope",
     "AppUser",
+    "AttemptOutcome",
     "AuditAction",
     "AuditEvent",
     "Base",
@@ -66,6 +68,7 @@ __all__ = [
     "ReceivedMail",
     "Role",
     "Scope",
+    "SendAttempt",
     "SendStatus",
     "SmsProviderConfig",
     "SmsProviderKind",

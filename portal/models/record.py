@@ -112,6 +112,10 @@ class SendRecordMixin:
     )
     version: Mapped[int] = mapped_column(Integer, default=0, server_default=text("0"))
     retry_count: Mapped[int] = mapped_column(Integer, default=0, server_default=text("0"))
+    # Attempts that reached the transport (each a ``send_attempt`` row) and deferrals that
+    # did not (a rate limit, an open breaker, a full route: no row).
+    attempt_count: Mapped[int] = mapped_column(Integer, default=0, server_default=text("0"))
+    deferral_count: Mapped[int] = mapped_column(Integer, default=0, server_default=text("0"))
     next_retry_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     error_code: Mapped[str | None] = mapped_column(String(100))
     error_message: Mapped[str | None] = mapped_column(Text)

@@ -18,6 +18,7 @@ import os
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -377,13 +378,15 @@ def test_the_next_claim_in_the_sent_write_walks_the_fair_indexes_too(
             .order_by(model.id)
             .limit(1)
         ).one()
-    direct = outcomes._SENT_AND_CLAIM[(Channel(channel), False)]
+    direct = outcomes._SENT_AND_CLAIM[(Channel(channel), False, True)]  # with the attempt's row
     statement = compiled(direct.statement)
     table = model.__tablename__
     assert f"postroom_claim_one_{table}(coalesce((SELECT s.tenant_id FROM sent s)" in (
         statement.sql
     )
+    attempt = outcomes.Attempt(datetime.now(UTC), 0.01, None, "relay", "250", "ok")
     params = {**statement.params, "rid": rid, "ver": ver, "pmid": "<plan@test>"}
+    params |= attempt.params()
     plan, inner = nested_plans(plans_engine, Captured(statement.sql, params))
     print(f"\n[{channel} sent + claim_statement] {plan.summary()}")
     for each in inner:

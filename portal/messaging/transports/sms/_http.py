@@ -141,10 +141,13 @@ def error_result(
             f"{provider} answered HTTP {status}: {text}",
             retry_after_s=wait,
             connection=status in _PROVIDER_DOWN,
+            reply=str(status),
         )
     message = f"{provider} {provider_code}: {provider_message or '(no message)'} (HTTP {status})"
     if status in _STATUS_DECIDES:
         code = f"HTTP_{status}"
     else:
         code = codes.get(provider_code) or f"{own_code_prefix}{provider_code}"
-    return SmsResult.failed(code, message, retry_after_s=wait)
+    return SmsResult.failed(
+        code, message, retry_after_s=wait, reply=f"{status} {provider_code}"[:100]
+    )

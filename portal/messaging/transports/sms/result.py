@@ -83,6 +83,9 @@ class SmsResult:
     # The provider itself failed, whatever the message (no connection; 502/503/504 without a
     # per-message code): its circuit breaker counts these, and only these.
     connection: bool = False
+    # The provider's reply as the attempt's row shows it: the HTTP status, then the
+    # provider's own code ("400 21211"); None when no HTTP answer came.
+    reply: str | None = None
 
     @classmethod
     def sent(cls, provider_message_id: str | None) -> SmsResult:
@@ -105,6 +108,7 @@ class SmsResult:
         retry_after_s: float | None = None,
         ambiguous: bool = False,
         connection: bool = False,
+        reply: str | None = None,
     ) -> SmsResult:
         """The attempt failed; ``code`` decides the category."""
         return cls(
@@ -114,4 +118,5 @@ class SmsResult:
             retry_after_s=retry_after_s,
             ambiguous=ambiguous,
             connection=connection,
+            reply=reply,
         )

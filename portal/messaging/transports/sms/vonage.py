@@ -106,6 +106,7 @@ def send(client: httpx.Client, account: ProviderAccount, sms: OutgoingSms) -> Sm
             f"{label} answered HTTP {answer.status_code} without message statuses: "
             f"{_http.excerpt(answer)}",
             ambiguous=True,
+            reply=str(answer.status_code),
         )
     refused = next((p for p in parts if str(p.get("status", "")) != "0"), None)
     if refused is None:
@@ -116,4 +117,8 @@ def send(client: httpx.Client, account: ProviderAccount, sms: OutgoingSms) -> Sm
     message = f"{label} status {status}: {text}"
     if len(parts) > 1 and refused is not parts[0]:
         message += f" (part {parts.index(refused) + 1} of {len(parts)}; earlier parts accepted)"
-    return SmsResult.failed(CODES.get(status) or f"VONAGE_{status}", message)
+    return SmsResult.failed(
+        CODES.get(status) or f"VONAGE_{status}",
+        message,
+        reply=f"{answer.status_code} {status}"[:100],
+    )

@@ -1,0 +1,217 @@
+"""Issue 14, part 1: every attempt that reached the transport is a row, written by the
+statement that writes the attempt's outcome; deferrals add none and are counted on the record.
+Against real PostgreSQL (and SQLite where it says so), a real SMTP server in the test process
+and a local HTTP server playing the SMS providers."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from flask import Flask
+from sqlalchemy import select, update
+
+from portal.extensions import db
+from portal.messaging import outcomes, retention, scan
+from portal.messaging.backoff import BackoffPolicy
+from portal.messaging.outcomes import Attempt, Claimed
+from portal.messaging.sweeper import sweep_stuck_sends
+from portal.models import Channel, MailSendRecord, MailSendServerConfig, SendAttempt, SendStatus
+from tests.support.delivery import accept_mail, drain, mail_server, record, tenant
+from tests.support.sms import UK, accept_sms, drain_sms, provider, sms_record
+from tests.support.sms_provider import FakeSmsProvider
+from tests.support.smtp_server import ScriptedSmtpServer
+
+FAST = BackoffPolicy(max_retries=5, base_s=0.02, quota_floor_s=0.05, retry_after_cap_s=1.0)
+
+
+@pytest.fixture
+def smtp() -> Iterator[ScriptedSmtpServer]:
+    with ScriptedSmtpServer() as server:
+        yield server
+
+
+@pytest.fixture
+def acme(app: Flask, smtp: ScriptedSmtpServer) -> int:
+    row = tenant("acme")
+    mail_server(row.id, smtp, name="acme-smtp")
+    db.session.commit()
+    return row.id
+
+
+def attempts(channel: str, record_id: int) -> list[SendAttempt]:
+    db.session.expire_all()
+    return list(
+        db.session.scalars(
+            select(SendAttempt)
+            .where(SendAttempt.channel == channel, SendAttempt.record_id == record_id)
+            .order_by(SendAttempt.number)
+        )
+    )
+
+
+def test_each_mail_attempt_is_a_row_with_the_servers_reply(
+    app: Flask, smtp: ScriptedSmtpServer, acme: int
+) -> None:
+    smtp.fail_next(2, "451 4.7.1 Greylisted, try again later", stage="rcpt")
+    before = datetime.now(UTC) - timedelta(seconds=1)
+    rid = accept_mail(app, acme)
+    drain(app, policy=FAST)
+    row = record(rid)
+    assert (row.status, row.retry_count, row.attempt_count, row.deferral_count) == (
+        "Sent",
+        2,
+        3,
+        0,
+    )
+    rows = attempts("mail", rid)
+    assert [a.number for a in rows] == [1, 2, 3]
+    assert [a.outcome for a in rows] == ["retry", "retry", "sent"]
+    assert [a.code for a in rows] == ["451 4.7.1", "451 4.7.1", "250"]  # with enhanced codes
+    assert "Greylisted" in (rows[0].message or "")
+    assert all(a.config_name == "acme-smtp" and a.config_id == row.server_config_id for a in rows)
+    assert all(a.tenant_id == acme and not a.ambiguous for a in rows)
+    assert all(a.worker and ":" in a.worker for a in rows)  # host:pid
+    for a in rows:
+        assert before <= a.started_at <= a.finished_at
+        assert a.duration_ms is not None
+        assert a.duration_ms >= 0
+    assert rows[2].provider_message_id == row.provider_message_id
+    assert rows[0].provider_message_id is None
+
+
+def test_a_refused_mail_ends_with_a_failed_attempt_and_one_without_a_server_has_none(
+    app: Flask, smtp: ScriptedSmtpServer, acme: int
+) -> None:
+    smtp.fail_next(1, "550 5.1.1 No such user", stage="rcpt")
+    refused = accept_mail(app, acme)
+    drain(app, policy=FAST)
+    (only,) = attempts("mail", refused)
+    assert (only.outcome, only.code, record(refused).status) == ("failed", "550 5.1.1", "Failed")
+    # A record that never reached a server (its tenant has none) has no attempt.
+    lonely = tenant("lonely")
+    db.session.commit()
+    nowhere = accept_mail(app, lonely.id)
+    drain(app, policy=FAST)
+    assert record(nowhere).status in ("Failed", "DeadLetter", "Retry")
+    assert attempts("mail", nowhere) == []
+    assert record(nowhere).attempt_count == 0
+
+
+def test_a_deferral_adds_no_attempt_and_is_counted_on_the_record(
+    app: Flask, smtp: ScriptedSmtpServer, acme: int
+) -> None:
+    rid = accept_mail(app, acme)
+    row = scan.claim_due(db.engine, MailSendRecord, 1)[0]
+    claimed = Claimed(Channel.MAIL, row.id, row.version, row.tenant_id, row.retry_count)
+    assert outcomes.defer(db.engine, claimed, "SERVER_UNAVAILABLE", "breaker open", 60)
+    after = record(rid)
+    assert (after.status, after.deferral_count, after.attempt_count) == ("Retry", 1, 0)
+    assert attempts("mail", rid) == []
+
+
+def test_the_sent_write_with_the_next_claim_writes_the_attempt_in_the_same_statement(
+    app: Flask, acme: int
+) -> None:
+    first, second = accept_mail(app, acme), accept_mail(app, acme)
+    (held,) = scan.claim_due(db.engine, MailSendRecord, 1)
+    claimed = Claimed(Channel.MAIL, held.id, held.version, held.tenant_id, held.retry_count)
+    attempt = Attempt(datetime.now(UTC), 0.012, 7, "relay", "250", "2.0.0 Ok: queued as ABC")
+    with scan.claiming_next(MailSendRecord, lambda: True) as nxt:
+        assert outcomes.record_sent(db.engine, claimed, "<m1@test>", attempt=attempt)
+    assert nxt.ran
+    assert [r.id for r in nxt.records] == [second]  # the next claim rode along
+    (row,) = attempts("mail", first)
+    assert (row.number, row.outcome, row.code, row.duration_ms) == (1, "sent", "250", 12)
+    assert (row.config_id, row.config_name, row.provider_message_id) == (7, "relay", "<m1@test>")
+    assert row.message == "2.0.0 Ok: queued as ABC"
+    # A Sent write that lost its race (version moved on) writes no attempt either.
+    stale = Claimed(Channel.MAIL, second, 0, acme, 0)
+    assert not outcomes.record_sent(db.engine, stale, "<m2@test>", attempt=attempt)
+    assert attempts("mail", second) == []
+
+
+def test_an_ambiguous_failure_is_an_ambiguous_attempt(app: Flask, acme: int) -> None:
+    rid = accept_mail(app, acme)
+    (held,) = scan.claim_due(db.engine, MailSendRecord, 1)
+    claimed = Claimed(Channel.MAIL, held.id, held.version, held.tenant_id, held.retry_count)
+    attempt = Attempt(datetime.now(UTC), 30.0, 7, "relay", "TIMEOUT", "no reply after DATA")
+    decision = outcomes.handle_failure(
+        db.engine,
+        claimed,
+        "TIMEOUT",
+        "no reply after DATA",
+        policy=FAST,
+        ambiguous=True,
+        hold=True,
+        attempt=attempt,
+    )
+    assert decision is not None
+    (row,) = attempts("mail", rid)
+    assert (row.outcome, row.ambiguous, row.code, row.duration_ms) == (
+        "uncertain",
+        True,
+        "TIMEOUT",
+        30_000,
+    )
+    assert record(rid).status == "Uncertain"
+
+
+def test_a_swept_attempt_is_a_row_without_a_worker(app: Flask, acme: int) -> None:
+    rid = accept_mail(app, acme)
+    (held,) = scan.claim_due(db.engine, MailSendRecord, 1)
+    settings = app.config["SETTINGS"]
+    # Prepared, then its worker vanished mid-send long ago.
+
+    config = db.session.scalar(
+        select(MailSendServerConfig).where(MailSendServerConfig.tenant_id == acme)
+    )
+    assert config is not None
+    db.session.execute(
+        update(MailSendRecord)
+        .where(MailSendRecord.id == rid)
+        .values(
+            prepared_at=datetime.now(UTC),
+            server_config_id=config.id,
+            updated_time=datetime.now(UTC) - timedelta(hours=1),
+        )
+    )
+    db.session.commit()
+    sweep_stuck_sends(db.engine, settings)
+    (row,) = attempts("mail", rid)
+    assert (row.outcome, row.ambiguous, row.worker, row.duration_ms) == ("swept", True, None, None)
+    assert (row.config_id, row.config_name) == (config.id, config.name)
+    assert row.code == "ZOMBIE_RECOVERED"
+    assert record(rid).status == SendStatus.RETRY.value
+    assert held.id == rid
+
+
+def test_each_sms_attempt_shows_the_http_status_and_the_providers_code(
+    app: Flask, acme: int
+) -> None:
+    with FakeSmsProvider(hang_s=2.0) as server:
+        provider(acme, "twilio", server, name="tw")
+        db.session.commit()
+        server.script(UK, "server_error", "invalid_number")
+        rid = accept_sms(app, acme)
+        drain_sms(app, policy=FAST)
+    rows = attempts("sms", rid)
+    assert [(a.number, a.outcome, a.code) for a in rows] == [
+        (1, "retry", "500 20500"),
+        (2, "failed", "400 21211"),
+    ]
+    assert all(a.config_name == "tw" for a in rows)
+    assert sms_record(rid).attempt_count == 2
+
+
+def test_retention_deletes_a_records_attempts_with_it(
+    app: Flask, smtp: ScriptedSmtpServer, acme: int
+) -> None:
+    rid = accept_mail(app, acme)
+    drain(app, policy=FAST)
+    assert len(attempts("mail", rid)) == 1
+    deleted = retention.delete_records(db.session(), Channel.MAIL, [rid])
+    db.session.commit()
+    assert deleted["attempts"] == 1
+    assert attempts("mail", rid) == []
