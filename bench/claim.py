@@ -36,8 +36,8 @@ import pstats
 import threading
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 import _common as c
