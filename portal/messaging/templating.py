@@ -54,6 +54,7 @@ from liquid.exceptions import (
     BlockNestingError,
     ContextDepthError,
     LiquidError,
+    LiquidSyntaxError,
     LocalNamespaceLimitError,
     LoopIterationLimitError,
     OutputStreamLimitError,
@@ -633,7 +634,7 @@ def _parse(env: _SandboxEnvironment, source: str, *, draft: bool = False) -> Bou
             _check_shape(source, env.limits if draft else _stored_ceiling(env.limits))
             found = env.from_string(source)
         except Exception as exc:
-            found = _to_render_error(exc, source, env.limits)
+            found = _to_render_error(exc, source, env.limits, env)
         _parsed.put(key, found)
     if isinstance(found, TemplateRenderError):
         # A copy: the kept one is raised in many threads and must not collect tracebacks.
@@ -661,11 +662,13 @@ def _render(
     except Exception as exc:
         # Any failure inside the engine is this template's failure: the caller marks the
         # record TEMPLATE_NOT_RESOLVABLE instead of the worker crashing on tenant input.
-        raise _to_render_error(exc, source, env.limits) from exc
+        raise _to_render_error(exc, source, env.limits, env) from exc
     return buffer.getvalue()
 
 
-def _to_render_error(exc: Exception, source: str, limits: TemplateLimits) -> TemplateRenderError:
+def _to_render_error(
+    exc: Exception, source: str, limits: TemplateLimits, env: Environment | None = None
+) -> TemplateRenderError:
     if isinstance(exc, TemplateRenderError):
         return exc
     if not isinstance(exc, LiquidError):
@@ -674,7 +677,57 @@ def _to_render_error(exc: Exception, source: str, limits: TemplateLimits) -> Tem
     message = _friendly_message(exc, limits)
     if token is not None and token.start_index >= 0 and token.source == source:
         return _error_at(message, source, token.start_index)
+    found = _locate(message, source, env) if isinstance(exc, LiquidSyntaxError) else None
+    unclosed = _EXPECTED_END.match(message)
+    if unclosed is not None:
+        end = unclosed.group(1)
+        message = f"the {{% {end.removeprefix('end')} %}} block is never closed: add {{% {end} %}}"
+    if found is not None:
+        return _error_at(message, source, found)
     return TemplateRenderError(message)
+
+
+# Markup as python-liquid reads it: an output statement, or a tag and its name.
+_MARKUP = re.compile(r"\{\{.*?\}\}|\{%-?\s*(\w*).*?%\}", re.S)
+_BLOCK_ENDS = {name: f"end{name}" for name in (*_BLOCKS, "raw", "doc")}
+_EXPECTED_END = re.compile(r"expected tag (end\w+)")
+
+
+def _locate(message: str, source: str, env: Environment | None) -> int | None:
+    """Where a syntax error is, when the engine says what but not where (it reports the end
+    of the expression it was reading, which has no position): the block that is never
+    closed (an unclosed ``{% if %}``), or else the first statement that fails on its own
+    with the same message (``{% for x in %}``). Only ever on the error path."""
+    unclosed = _EXPECTED_END.match(message)
+    if unclosed is not None:
+        stack: list[tuple[str, int]] = []
+        for markup in _MARKUP.finditer(source):
+            name = markup.group(1) or ""
+            if name in _BLOCK_ENDS:
+                stack.append((name, markup.start()))
+            elif stack and _BLOCK_ENDS[stack[-1][0]] == name:
+                stack.pop()
+        return next(
+            (at for name, at in reversed(stack) if _BLOCK_ENDS[name] == unclosed.group(1)), None
+        )
+    if env is None:
+        return None
+    for markup in _MARKUP.finditer(source):
+        name = markup.group(1)
+        snippet = markup.group()
+        if name in _BLOCK_ENDS:
+            snippet += "{% " + _BLOCK_ENDS[name] + " %}"
+        elif name is not None and (name.startswith("end") or name in _INNER_TAGS):
+            continue  # only meaningful inside its block
+        try:
+            env.from_string(snippet)
+        except LiquidError as exc:
+            if str(exc.message) == message:
+                return markup.start()
+    return None
+
+
+_INNER_TAGS = frozenset({"else", "elsif", "when", "break", "continue"})
 
 
 def _friendly_message(exc: LiquidError, limits: TemplateLimits) -> str:

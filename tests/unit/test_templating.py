@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import re
 import time
 from typing import Any
 
@@ -107,6 +108,27 @@ def test_syntax_error_has_line_and_column() -> None:
     assert error.column >= 3
     assert "line 2" in str(error)
     assert f"column {error.column}" in str(error)
+
+
+@pytest.mark.parametrize(
+    ("source", "line", "column", "message"),
+    [
+        # The engine reports these at "the end of the expression", which has no position.
+        ("Hi {{ name }}\n{% for x in %}{{ x }}{% endfor %}", 2, 1, "expected a primitive"),
+        ("Hi\n  {% if vip %}Welcome", 2, 3, "the {% if %} block is never closed"),
+        ("{% for a in b %}{% if a %}x{% endif %}", 1, 1, "add {% endfor %}"),
+        ("{% if a %}{% if b %}x{% endif %}\n", 1, 1, "add {% endif %}"),
+        ("Total: {{ amount | }}", 1, 8, "expected"),
+        ("A\nB\n{% unless x %}y", 3, 1, "the {% unless %} block is never closed"),
+    ],
+)
+def test_errors_at_the_end_of_an_expression_still_say_where(
+    source: str, line: int, column: int, message: str
+) -> None:
+    for html in (True, False):
+        with pytest.raises(TemplateRenderError, match=re.escape(message)) as caught:
+            compile_check(source, html=html)
+        assert (caught.value.line, caught.value.column) == (line, column), str(caught.value)
 
 
 def test_unknown_filter_is_reported_at_save() -> None:
