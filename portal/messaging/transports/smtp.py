@@ -37,6 +37,7 @@ __all__ = [
     "SmtpSendError",
     "SmtpServer",
     "build_message",
+    "connection_hint",
     "message_bytes",
     "test_connection",
     "wire_address",
@@ -913,3 +914,53 @@ def test_connection(server: SmtpServer) -> tuple[float, str | None]:
 
 # pytest would otherwise try to collect the function above when a test imports it by name.
 test_connection.__test__ = False  # type: ignore[attr-defined]
+
+
+def connection_hint(server: SmtpServer, error: str) -> str | None:
+    """What a failed connection test most likely means, in plain words, and what to change
+    (the raw error, e.g. ``[SSL: WRONG_VERSION_NUMBER]``, names no setting); None when the
+    error says nothing we recognise."""
+    text = error.lower()
+    where = f"{server.host}:{server.port}"
+    if any(k in text for k in ("wrong_version_number", "unknown protocol", "record layer")):
+        return (
+            f"Port {server.port} does not start with TLS: it speaks plain SMTP first and "
+            "then switches with STARTTLS. Choose STARTTLS (usually port 587 or 25), or SSL "
+            "on port 465."
+        )
+    implicit_tls_port = server.port == 465 and server.security is not Security.SSL
+    if implicit_tls_port and any(k in text for k in ("timed out", "unexpectedly closed")):
+        return "Port 465 expects TLS from the first byte: choose SSL, or port 587 with STARTTLS."
+    if "auth extension not supported" in text:
+        if server.security is Security.PLAIN:
+            return (
+                "The server offers login only over an encrypted connection: choose STARTTLS "
+                "(or SSL on port 465)."
+            )
+        return (
+            "The server offers no login on this port: clear Username and Password if it "
+            "needs none, or use its submission port (587) with STARTTLS."
+        )
+    if "starttls extension not supported" in text:
+        return (
+            f"The server does not offer STARTTLS on port {server.port}: choose SSL if it is "
+            "port 465, Plain only on a trusted network, or use its submission port (587)."
+        )
+    if "certificate verify failed" in text or "certificate_verify_failed" in text:
+        return (
+            f"The server's certificate is not valid for {server.host}: use the host name on "
+            "its certificate, or, for a server of your own with a self-signed certificate, "
+            "turn off certificate checking for it."
+        )
+    if "connection refused" in text:
+        return f"Nothing accepts connections on {where}: check the host and the port."
+    if any(k in text for k in ("name or service not known", "name resolution", "nodename")):
+        return f"The host name {server.host} does not resolve: check its spelling."
+    if text.startswith(("535", "534", "530")) or "authentication" in text:
+        return "The server refused the username or password: check both (and the account)."
+    if "timed out" in text:
+        return (
+            f"No answer from {where} in time: check the host and the port; a firewall may "
+            "be dropping the connection."
+        )
+    return None
