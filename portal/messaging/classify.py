@@ -65,8 +65,7 @@ MARKER_HELP: dict[MarkerCode, tuple[str, str]] = {
         "Create, enable or fix the template, then press Retry.",
     ),
     MarkerCode.CONFIG_NOT_RESOLVABLE: (
-        "No send server is available, the server has neither a from address nor a username, "
-        "or no SMS provider serves the recipient's country.",
+        "No mail server or SMS provider could be used for it.",
         "Complete the configuration, then press Retry.",
     ),
     MarkerCode.MONTHLY_QUOTA_EXCEEDED: (
@@ -122,6 +121,33 @@ MARKER_HELP: dict[MarkerCode, tuple[str, str]] = {
         "Read the operator's reason; send a new message if it should still go out.",
     ),
 }
+
+# Where a marker means something different per channel ("mail" | "sms"): the channel's own words.
+CHANNEL_MARKER_HELP: dict[tuple[MarkerCode, str], tuple[str, str]] = {
+    (MarkerCode.CONFIG_NOT_RESOLVABLE, "mail"): (
+        "No mail server could be used: none is enabled as the default, the one it was "
+        "prepared for was deleted or disabled, or the server has neither a from address nor "
+        "a username.",
+        "Enable a default mail server (or fix the one named in the error), then press Retry.",
+    ),
+    (MarkerCode.CONFIG_NOT_RESOLVABLE, "sms"): (
+        "No SMS provider could be used: none has a route for the recipient's country and "
+        "there is no default provider, or the provider it was prepared for was deleted or "
+        "disabled.",
+        "Add a route for the country or a default SMS provider (or re-enable the one named "
+        "in the error), then press Retry.",
+    ),
+}
+
+
+def marker_help(marker: MarkerCode, channel: str | None = None) -> tuple[str, str]:
+    """(what happened, what to do) for a marker, in the channel's own words where they differ."""
+    if channel is not None:
+        own = CHANNEL_MARKER_HELP.get((marker, channel))
+        if own is not None:
+            return own
+    return MARKER_HELP[marker]
+
 
 DEFERRAL_HELP: dict[DeferralCode, tuple[str, str]] = {
     DeferralCode.SERVER_UNAVAILABLE: (

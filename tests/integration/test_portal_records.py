@@ -818,3 +818,24 @@ def test_the_status_decides_what_to_do_unless_the_error_does() -> None:
     assert "Check with the provider" in uncertain.todo  # not "tried again automatically"
     failed = explain.explain("Failed", Channel.MAIL, "MONTHLY_QUOTA_EXCEEDED")
     assert "Raise the quota" in failed.todo
+
+
+@pytest.mark.parametrize("code", ["451", "HTTP_503", "QUOTA_EXCEEDED", "ZOMBIE_RECOVERED", None])
+def test_a_dead_letter_never_says_it_is_tried_again_by_itself(code: str | None) -> None:
+    # Its retries are used up: nothing happens by itself any more (issue 14, part 5).
+    dead = explain.explain("DeadLetter", Channel.MAIL, code, "no answer")
+    assert "Nothing" not in dead.todo
+    assert "press Retry" in dead.todo
+    # A cause that is not retried by itself still says what to fix.
+    quota = explain.explain("DeadLetter", Channel.SMS, "MONTHLY_QUOTA_EXCEEDED")
+    assert "Raise the quota" in quota.todo
+
+
+def test_config_not_resolvable_is_explained_in_the_channels_own_words() -> None:
+    sms = explain.explain("Failed", Channel.SMS, "CONFIG_NOT_RESOLVABLE", "no provider for FR")
+    assert sms.cause is not None
+    assert "SMS provider" in sms.cause.happened
+    assert "mail" not in (sms.cause.happened + sms.todo).lower()
+    mail = explain.explain("Failed", Channel.MAIL, "CONFIG_NOT_RESOLVABLE")
+    assert mail.cause is not None
+    assert "mail server" in mail.cause.happened

@@ -6,11 +6,13 @@ import pytest
 
 from portal.messaging.classify import (
     CATEGORY_HELP,
+    CHANNEL_MARKER_HELP,
     MARKER_HELP,
     ErrorCategory,
     MarkerCode,
     classify,
     is_retryable,
+    marker_help,
 )
 
 T = ErrorCategory.TRANSIENT
@@ -150,6 +152,22 @@ def test_every_marker_and_category_has_help() -> None:
     for what, todo in [*MARKER_HELP.values(), *CATEGORY_HELP.values()]:
         assert what.endswith(".")
         assert todo.endswith(".")
+
+
+def test_config_not_resolvable_speaks_of_the_channels_own_configuration() -> None:
+    mail_what, mail_todo = marker_help(MarkerCode.CONFIG_NOT_RESOLVABLE, "mail")
+    sms_what, sms_todo = marker_help(MarkerCode.CONFIG_NOT_RESOLVABLE, "sms")
+    assert "mail server" in mail_what
+    assert "SMS" not in mail_what + mail_todo
+    assert "SMS provider" in sms_what
+    assert "route" in sms_todo
+    assert "mail" not in (sms_what + sms_todo).lower()
+    for what, todo in CHANNEL_MARKER_HELP.values():
+        assert what.endswith(".")
+        assert todo.endswith(".")
+    # A marker with no channel's own words reads the same on both.
+    same = MARKER_HELP[MarkerCode.EXPIRED]
+    assert marker_help(MarkerCode.EXPIRED, "sms") == marker_help(MarkerCode.EXPIRED) == same
 
 
 def test_enums_are_stored_as_their_names() -> None:

@@ -14,11 +14,12 @@ from enum import StrEnum
 from portal.messaging.classify import (
     CATEGORY_HELP,
     DEFERRAL_HELP,
-    MARKER_HELP,
     DeferralCode,
     ErrorCategory,
     MarkerCode,
     classify,
+    is_retryable,
+    marker_help,
 )
 from portal.models import Channel, SendStatus
 
@@ -186,8 +187,9 @@ def label(status: str) -> str:
         return status
 
 
-def cause_of(code: str | None, message: str | None) -> Cause | None:
-    """What an error code (or, failing that, its message) says happened, or None if no error."""
+def cause_of(code: str | None, message: str | None, channel: Channel | None = None) -> Cause | None:
+    """What an error code (or, failing that, its message) says happened, or None if no error
+    (in the channel's own words where a marker means something different per channel)."""
     if not code and not message:
         return None
     category = classify(code, message)
@@ -198,12 +200,19 @@ def cause_of(code: str | None, message: str | None) -> Cause | None:
         return Cause(DEFERRAL_LABEL[deferral], code, category, happened, todo)
     if normalised in _MARKERS:
         marker = MarkerCode(normalised)
-        happened, todo = MARKER_HELP[marker]
+        happened, todo = marker_help(marker, channel.value if channel else None)
         # A marker added to the domain before it gets a label here still reads sensibly.
         title = MARKER_LABEL.get(marker, marker.value.replace("_", " ").capitalize())
         return Cause(title, code, category, happened, todo)
     happened, todo = CATEGORY_HELP[category]
     return Cause(CATEGORY_LABEL[category], code, category, happened, todo)
+
+
+def _retried_by_itself(status: SendStatus, cause: Cause) -> bool:
+    """A dead letter's cause that would be retried by itself (a transient failure, a full
+    window): its retries are used up, so nothing happens by itself any more; the status says
+    what to do (fix the cause, press Retry), not the cause ("Nothing: tried again")."""
+    return status is SendStatus.DEAD_LETTER and is_retryable(cause.category)
 
 
 def explain(
@@ -229,10 +238,10 @@ def explain(
         )
     help_ = STATUS_HELP[known]
     # A Sent record may still carry an old attempt's error; it no longer explains anything.
-    cause = None if known is SendStatus.SENT else cause_of(error_code, error_message)
+    cause = None if known is SendStatus.SENT else cause_of(error_code, error_message, channel)
     if known is SendStatus.SENT:
         todo = SENT_TODO[channel]
-    elif cause is not None and known in CAUSE_DECIDES:
+    elif cause is not None and known in CAUSE_DECIDES and not _retried_by_itself(known, cause):
         todo = cause.todo
     else:
         # Waiting, in flight, uncertain, cancelled or suppressed: the status says what to do,
