@@ -18,6 +18,8 @@ from portal.messaging.backoff import BackoffPolicy
 from portal.messaging.outcomes import Attempt, Claimed
 from portal.messaging.sweeper import sweep_stuck_sends
 from portal.models import Channel, MailSendRecord, MailSendServerConfig, SendAttempt, SendStatus
+from portal.tenancy import PLATFORM_TENANT_ID
+from tests.conftest import make_api_key
 from tests.support.delivery import accept_mail, drain, mail_server, record, tenant
 from tests.support.sms import UK, accept_sms, drain_sms, provider, sms_record
 from tests.support.sms_provider import FakeSmsProvider
@@ -215,3 +217,39 @@ def test_retention_deletes_a_records_attempts_with_it(
     db.session.commit()
     assert deleted["attempts"] == 1
     assert attempts("mail", rid) == []
+
+
+def test_the_api_returns_each_attempt_oldest_first_and_the_worker_only_to_operators(
+    app: Flask, smtp: ScriptedSmtpServer, acme: int
+) -> None:
+    smtp.fail_next(1, "451 4.7.1 Greylisted", stage="rcpt")
+    rid = accept_mail(app, acme)
+    drain(app, policy=FAST)
+    tenant_key = make_api_key(acme)
+    operator_key = make_api_key(PLATFORM_TENANT_ID, "ops")
+    other_key = make_api_key(tenant("globex").id)
+    db.session.commit()
+    client = app.test_client()
+    body = client.get(
+        f"/api/v1/mail/{rid}", headers={"Authorization": f"Bearer {tenant_key}"}
+    ).get_json()
+    first, second = body["attempts"]
+    assert (first["number"], first["outcome"], first["code"]) == (1, "retry", "451 4.7.1")
+    assert (second["number"], second["outcome"], second["code"]) == (2, "sent", "250")
+    assert first["server"] == "acme-smtp"
+    assert first["startedAt"].endswith("Z")
+    assert first["ambiguous"] is False
+    assert "worker" not in first
+    seen = client.get(
+        f"/api/v1/mail/{rid}",
+        query_string={"tenantId": acme},
+        headers={"Authorization": f"Bearer {operator_key}"},
+    ).get_json()
+    assert ":" in seen["attempts"][0]["worker"]
+    # Another tenant learns nothing, attempts included.
+    assert (
+        client.get(
+            f"/api/v1/mail/{rid}", headers={"Authorization": f"Bearer {other_key}"}
+        ).status_code
+        == 404
+    )

@@ -18,7 +18,7 @@ from portal.extensions import csrf, db
 from portal.messaging import acceptance, cancel, uncertain, validation
 from portal.messaging.validation import AcceptanceError
 from portal.metrics import MESSAGE_ACCEPTED
-from portal.models import AuditAction, MailSendRecord, SmsSendRecord
+from portal.models import AuditAction, MailSendRecord, SendAttempt, SmsSendRecord
 from portal.models.tenant import ApiScope
 from portal.web.access import Permission, can
 from portal.web.machine.endpoint import (
@@ -34,7 +34,7 @@ from portal.web.machine.endpoint import (
     unknown_query_parameter,
 )
 from portal.web.machine.openapi import openapi_document
-from portal.web.machine.serialise import mail_record_json, sms_record_json
+from portal.web.machine.serialise import attempts_json, mail_record_json, sms_record_json
 
 bp = Blueprint("api", __name__, url_prefix="/api/v1")
 csrf.exempt(bp)  # API keys, not cookies: there is no ambient credential to forge.
@@ -115,6 +115,19 @@ def _own_record(model: type[MailSendRecord] | type[SmsSendRecord], record_id: in
     return db.session.scalar(select(model).where(*where))
 
 
+def _attempts(record: MailSendRecord | SmsSendRecord) -> dict[str, Any]:
+    """``attempts``: every attempt that reached the transport, oldest first."""
+    channel = "mail" if isinstance(record, MailSendRecord) else "sms"
+    rows = list(
+        db.session.scalars(
+            select(SendAttempt)
+            .where(SendAttempt.channel == channel, SendAttempt.record_id == record.id)
+            .order_by(SendAttempt.number)
+        )
+    )
+    return {"attempts": attempts_json(record, rows, g.tenant_id)}
+
+
 @bp.get("/mail/<int:record_id>")
 @api_key_required(ApiScope.READ)
 def mail_show(record_id: int) -> Response:
@@ -122,7 +135,7 @@ def mail_show(record_id: int) -> Response:
     record = _own_record(MailSendRecord, record_id)
     if record is None:
         return error_response(404, "not_found", "no such mail record", "id")
-    return jsonify(mail_record_json(record, g.tenant_id))
+    return jsonify(mail_record_json(record, g.tenant_id) | _attempts(record))
 
 
 @bp.get("/sms/<int:record_id>")
@@ -132,7 +145,7 @@ def sms_show(record_id: int) -> Response:
     record = _own_record(SmsSendRecord, record_id)
     if record is None:
         return error_response(404, "not_found", "no such SMS record", "id")
-    return jsonify(sms_record_json(record, g.tenant_id))
+    return jsonify(sms_record_json(record, g.tenant_id) | _attempts(record))
 
 
 # --- cancel and resolve ----------------------------------------------------------------

@@ -264,6 +264,52 @@ _COMMON_RECORD = {
 }
 
 
+def _attempts(route: str, what: str) -> dict[str, Any]:
+    """``attempts`` of one record: every attempt that reached the transport, oldest first."""
+    return {
+        "type": "array",
+        "description": (
+            "Every attempt that reached the server or provider, oldest first. A deferral "
+            "that never reached it (a rate limit, a server marked down) is not an attempt."
+        ),
+        "items": {
+            "type": "object",
+            "required": ["number", "startedAt", "finishedAt", "outcome", "ambiguous"],
+            "properties": {
+                "number": {"type": "integer", "minimum": 1},
+                "startedAt": {"type": "string", "format": "date-time"},
+                "finishedAt": {"type": "string", "format": "date-time"},
+                "durationMs": _NULLABLE_INT,
+                "outcome": {
+                    "type": "string",
+                    "enum": ["sent", "retry", "failed", "dead_letter", "uncertain", "swept"],
+                    "description": "swept: the worker stopped mid-send; the stuck-send sweep "
+                    "moved the record on.",
+                },
+                "ambiguous": {"type": "boolean"},
+                "code": {
+                    "type": "string",
+                    "nullable": True,
+                    "description": what,
+                },
+                "message": _NULLABLE_STR,
+                route: {
+                    "type": "string",
+                    "nullable": True,
+                    "description": f"The {route}'s name (a platform one is named as the "
+                    f"platform {'mail' if route == 'server' else 'SMS'} service).",
+                },
+                "providerMessageId": _NULLABLE_STR,
+                "worker": {
+                    "type": "string",
+                    "nullable": True,
+                    "description": "The worker process (host:pid); platform operators only.",
+                },
+            },
+        },
+    }
+
+
 _METADATA = {
     "type": "object",
     "maxProperties": 20,
@@ -600,6 +646,9 @@ def _document() -> dict[str, Any]:
                         "subject": _NULLABLE_STR,
                         "templateId": _NULLABLE_INT,
                         "serverId": _NULLABLE_INT,
+                        "attempts": _attempts(
+                            "server", "The SMTP reply code with its enhanced code ('451 4.7.1')."
+                        ),
                     },
                 },
                 "SmsRecord": {
@@ -611,6 +660,11 @@ def _document() -> dict[str, Any]:
                         "countryCode": _NULLABLE_STR,
                         "content": _NULLABLE_STR,
                         "providerId": _NULLABLE_INT,
+                        "attempts": _attempts(
+                            "provider",
+                            "The HTTP status followed by the provider's own code ('400 21211'), "
+                            "or our code when no HTTP answer came (TIMEOUT, NETWORK_ERROR).",
+                        ),
                     },
                 },
             },

@@ -5,8 +5,11 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from portal.models import MailSendRecord, Scope, SmsSendRecord
+from portal.models import MailSendRecord, Scope, SendAttempt, SmsSendRecord
 from portal.tenancy import PLATFORM_TENANT_ID
+
+# What a tenant sees instead of a platform-tier server's or provider's name.
+PLATFORM_ROUTE = {"mail": "platform mail service", "sms": "platform SMS service"}
 
 
 def _time(value: datetime | None) -> str | None:
@@ -66,3 +69,33 @@ def sms_record_json(record: SmsSendRecord, caller_tenant: int) -> dict[str, Any]
         "content": record.rendered_content or record.content,
         "providerId": None if hidden else record.provider_config_id,
     }
+
+
+def attempts_json(
+    record: MailSendRecord | SmsSendRecord, attempts: list[SendAttempt], caller_tenant: int
+) -> list[dict[str, Any]]:
+    """A record's attempts, oldest first (issue 14): when, how it ended, the reply's code and
+    text, and the server or provider by name (a platform-tier one as "platform mail
+    service" for a tenant); the worker process only for platform operators."""
+    operator = caller_tenant == PLATFORM_TENANT_ID
+    hidden = _platform_hidden(record, caller_tenant)
+    out = []
+    for attempt in attempts:
+        channel = attempt.channel
+        route = PLATFORM_ROUTE[channel] if hidden else attempt.config_name
+        item: dict[str, Any] = {
+            "number": attempt.number,
+            "startedAt": _time(attempt.started_at),
+            "finishedAt": _time(attempt.finished_at),
+            "durationMs": attempt.duration_ms,
+            "outcome": attempt.outcome,
+            "ambiguous": bool(attempt.ambiguous),
+            "code": attempt.code,
+            "message": attempt.message,
+            "server" if channel == "mail" else "provider": route,
+            "providerMessageId": attempt.provider_message_id,
+        }
+        if operator:
+            item["worker"] = attempt.worker
+        out.append(item)
+    return out
