@@ -76,6 +76,8 @@ class AuditEvent(Base):
     __table_args__ = (
         Index("idx_audit_event_tenant_time", "tenant_id", "created_time"),
         Index("idx_audit_event_time", "created_time"),
+        # A record's timeline: the rows that name it (or its dead letter) as their target.
+        Index("idx_audit_event_target", "target_type", "target_id"),
     )
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True)

@@ -253,3 +253,52 @@ def test_the_api_returns_each_attempt_oldest_first_and_the_worker_only_to_operat
         ).status_code
         == 404
     )
+
+
+def test_the_record_page_shows_attempts_events_and_actions_in_time_order(
+    app: Flask, smtp: ScriptedSmtpServer, acme: int
+) -> None:
+    from tests.integration.test_portal_templates import Portal, user
+
+    user("admin@acme.test", "tenant_admin", acme)
+    db.session.commit()
+    smtp.fail_next(1, "451 4.7.1 Greylisted", stage="rcpt")
+    rid = accept_mail(app, acme)
+    drain(app, policy=FAST)
+    portal = Portal(app, "admin@acme.test")
+    page = portal.get(f"/mail-records/{rid}")
+    assert page.status_code == 200
+    text = page.text
+    order = [
+        text.index("Accepted</span>"),
+        text.index("Attempt 1: Failed; will be retried"),
+        text.index("Attempt 2: Accepted by the server"),
+    ]
+    assert order == sorted(order)
+    assert "451 4.7.1" in text
+    assert "acme-smtp" in text
+    assert "worker " not in text  # the worker process is for platform operators
+
+
+def test_a_retry_pressed_by_a_person_is_on_the_timeline_with_who_did_it(
+    app: Flask, smtp: ScriptedSmtpServer, acme: int
+) -> None:
+    from tests.integration.test_portal_templates import Portal, user
+
+    user("admin@acme.test", "tenant_admin", acme)
+    db.session.commit()
+    smtp.fail_next(1, "550 5.1.1 No such user", stage="rcpt")
+    rid = accept_mail(app, acme)
+    drain(app, policy=FAST)
+    assert record(rid).status == "Failed"
+    portal = Portal(app, "admin@acme.test")
+    assert portal.post(f"/mail-records/{rid}/retry").status_code in (302, 303)
+    drain(app, policy=FAST)
+    text = portal.get(f"/mail-records/{rid}").text
+    order = [
+        text.index("Attempt 1: Refused; not retried"),
+        text.index("Retry pressed"),
+        text.index("Attempt 2: Accepted by the server"),
+    ]
+    assert order == sorted(order)
+    assert "by admin@acme.test" in text

@@ -56,6 +56,7 @@ from portal.models.enums import RETRYABLE_BY_HAND
 from portal.tenancy import PLATFORM_TENANT_ID
 from portal.web.access import audit, is_operator, viewed_tenant
 from portal.web.records import explain
+from portal.web.records.timeline import timeline
 from portal.web.security import safe_next
 
 PAGE_SIZE = 50
@@ -669,6 +670,7 @@ def show_context(kind: Kind, record: Any) -> dict[str, Any]:
         "pretty_json": pretty_json,
         "channel": kind.channel,
         "events": events_for(db.session(), kind.channel, record.id),
+        "timeline": timeline(db.session(), kind.channel, record, operator=is_operator()),
     }
 
 
