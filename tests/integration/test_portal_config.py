@@ -356,6 +356,7 @@ def test_test_connection_says_hello_logs_in_and_reports_latency_or_the_error(
         refused = admin.post(url, htmx=True)
         assert "Failed" in refused.text
         assert "535" in refused.text
+        assert "refused the username or password" in refused.text  # in plain words too
         page = admin.post(url)  # without JavaScript: a page
         assert "<h1>Connection test: acme-smtp</h1>" in page.text
     server.port = 1
@@ -363,6 +364,7 @@ def test_test_connection_says_hello_logs_in_and_reports_latency_or_the_error(
     unreachable = admin.post(url, htmx=True)
     assert unreachable.status_code == 200
     assert "Failed" in unreachable.text
+    assert "Nothing accepts connections on" in unreachable.text
 
 
 class _ProviderApi:

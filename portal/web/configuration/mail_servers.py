@@ -21,7 +21,12 @@ from flask.typing import ResponseReturnValue
 
 from portal.extensions import db
 from portal.messaging import breaker
-from portal.messaging.transports.smtp import Security, SmtpServer, test_connection
+from portal.messaging.transports.smtp import (
+    Security,
+    SmtpServer,
+    connection_hint,
+    test_connection,
+)
 from portal.models import (
     Channel,
     MailSendRecord,
@@ -296,22 +301,26 @@ def test(server_id: int) -> ResponseReturnValue:
     server = owned(MailSendServerConfig, server_id, viewed_tier())
     timeout = settings().smtp_connect_timeout_s
     error: str | None
+    hint: str | None = None
     try:
         password = server.password
     except SecretUnavailable:
         latency, error = 0.0, "The stored password cannot be decrypted: enter it again and save."
     else:
-        latency, error = test_connection(
-            SmtpServer(
-                key=f"test:{server.id}:{server.config_version}",
-                host=server.host,
-                port=server.port,
-                security=Security(server.security),
-                username=server.username,
-                password=password,
-                connect_timeout_s=timeout,
-                read_timeout_s=timeout,
-                verify_tls=server.verify_tls,
-            )
+        tested = SmtpServer(
+            key=f"test:{server.id}:{server.config_version}",
+            host=server.host,
+            port=server.port,
+            security=Security(server.security),
+            username=server.username,
+            password=password,
+            connect_timeout_s=timeout,
+            read_timeout_s=timeout,
+            verify_tls=server.verify_tls,
         )
-    return config_pages.connection(PAGES, server, latency_ms=round(latency * 1000), error=error)
+        latency, error = test_connection(tested)
+        if error is not None:
+            hint = connection_hint(tested, error)  # the raw error names no setting
+    return config_pages.connection(
+        PAGES, server, latency_ms=round(latency * 1000), error=error, hint=hint
+    )
