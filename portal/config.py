@@ -138,6 +138,8 @@ class Settings:
     # A valid API key is remembered per process this long (0: asked at every request); a
     # revocation reaches other processes within it.
     api_key_cache_s: float = 5.0
+    # Requests per minute one API key may make to the record lists (GET /api/v1/mail, /sms).
+    api_list_per_minute: int = 120
     # A portal session ends after this long without a request, and this long after sign-in.
     session_idle_s: float = 1800.0
     session_max_s: float = 43200.0
@@ -201,6 +203,7 @@ class Settings:
             template_max_chars=_positive(env, "TEMPLATE_MAX_CHARS", 50_000),
             pool_ping_idle_s=_float(env, "POOL_PING_IDLE_S", 1.0),
             api_key_cache_s=_float(env, "API_KEY_CACHE_S", 5.0),
+            api_list_per_minute=_positive(env, "API_LIST_PER_MINUTE", 120),
             session_idle_s=_float(env, "SESSION_IDLE_S", 1800.0),
             session_max_s=_float(env, "SESSION_MAX_S", 43200.0),
             public_base_url=_base_url(env),

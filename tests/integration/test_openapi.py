@@ -19,6 +19,8 @@ OPERATIONS = [
     ("POST", "/api/v1/mail/batch"),
     ("POST", "/api/v1/sms"),
     ("POST", "/api/v1/sms/batch"),
+    ("GET", "/api/v1/mail"),
+    ("GET", "/api/v1/sms"),
     ("GET", "/api/v1/mail/{id}"),
     ("GET", "/api/v1/sms/{id}"),
     ("POST", "/api/v1/mail/{id}/cancel"),

@@ -87,6 +87,7 @@ PARAMS: dict[str, Param] = {
     "templateCode": Param("code", of=("mail_template", "sms_template")),
     "code": text("walker-code"),  # a new template's code, as its author types it
     "q": Param("code", of=("search",)),
+    "toPrefix": Param("code", of=("search",)),  # the API lists (issue 14): another's address
     "actor": Param("code", of=("user_email",)),
     # enums
     "status": enum(*SEND_STATUSES),
@@ -180,6 +181,12 @@ PARAMS: dict[str, Param] = {
     "sms_days": text("30"),
     # the inbox: notices by mail on (1) or off
     "on": enum("1", "0"),
+    # the API lists (issue 14): time filters, page size, a cursor
+    "createdFrom": text("2020-01-01T00:00:00Z"),
+    "createdTo": text("2099-01-01T00:00:00Z"),
+    "updatedFrom": text("2020-01-01T00:00:00Z"),
+    "limit": text("10"),
+    "cursor": TEXT,
     # the machinery
     "csrf_token": Param("csrf"),
     "next": Param("next"),

@@ -21,6 +21,7 @@ from portal.metrics import MESSAGE_ACCEPTED
 from portal.models import AuditAction, MailSendRecord, SendAttempt, SmsSendRecord
 from portal.models.tenant import ApiScope
 from portal.web.access import Permission, can
+from portal.web.machine import listing
 from portal.web.machine.endpoint import (
     ApiError,
     acting_tenant,
@@ -126,6 +127,20 @@ def _attempts(record: MailSendRecord | SmsSendRecord) -> dict[str, Any]:
         )
     )
     return {"attempts": attempts_json(record, rows, g.tenant_id)}
+
+
+@bp.get("/mail")
+@api_key_required(ApiScope.READ)
+def mail_list() -> Response:
+    """The caller's mail records, newest first, filtered, in pages (``listing``)."""
+    return listing.record_list("mail")
+
+
+@bp.get("/sms")
+@api_key_required(ApiScope.READ)
+def sms_list() -> Response:
+    """The caller's SMS records, newest first, filtered, in pages (``listing``)."""
+    return listing.record_list("sms")
 
 
 @bp.get("/mail/<int:record_id>")

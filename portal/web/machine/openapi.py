@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from portal.messaging.validation import MAX_BATCH, MAX_RECIPIENTS
 
@@ -68,6 +68,100 @@ def _get(summary: str, ok_ref: str) -> dict[str, Any]:
         }
     }
 
+
+def _query(name: str, description: str, schema: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "name": name,
+        "in": "query",
+        "required": False,
+        "description": description,
+        "schema": schema,
+    }
+
+
+def _list(noun: str, record_ref: str) -> dict[str, Any]:
+    """GET of a channel's records: newest first, filtered, in keyset pages (issue 14)."""
+    mail = noun == "mail"
+    to = "an email address" if mail else "a phone number in international form (+447911123456)"
+    stamp = {"type": "string", "format": "date-time"}
+    return {
+        "get": {
+            "summary": f"List {noun} records, newest first",
+            "security": [{"apiKey": []}],
+            "description": (
+                "Needs the read scope. Each key may list API_LIST_PER_MINUTE times a minute "
+                "(120 unless configured; 429 with Retry-After beyond). Pass nextCursor as "
+                "cursor for the next page; the same filters must be given again."
+            ),
+            "parameters": [
+                _TENANT_PARAM,
+                _query("to", f"Only records to exactly {to}.", {"type": "string"}),
+                _query(
+                    "toPrefix",
+                    "Only records to "
+                    + ("addresses" if mail else "numbers (digits, with or without +)")
+                    + " starting with this (at least 3 characters).",
+                    {"type": "string", "minLength": 3, "maxLength": 320},
+                ),
+                _query(
+                    "status", "Only records in this status.", cast(Any, _COMMON_RECORD["status"])
+                ),
+                _query(
+                    "templateCode",
+                    "Only records sent by this template code.",
+                    {"type": "string", "minLength": 1, "maxLength": 100},
+                ),
+                _query(
+                    "businessKey",
+                    "Only the record with this business key.",
+                    {"type": "string", "minLength": 1, "maxLength": 200},
+                ),
+                _query("createdFrom", "Created at or after this time.", stamp),
+                _query("createdTo", "Created before this time.", stamp),
+                _query(
+                    "updatedFrom",
+                    "Changed at or after this time (to sync without status callbacks).",
+                    stamp,
+                ),
+                _query("stream", "Only records of this stream.", _STREAM_ENUM),
+                _query(
+                    "limit",
+                    "Records per page (default 50).",
+                    {"type": "integer", "minimum": 1, "maximum": 500},
+                ),
+                _query(
+                    "cursor",
+                    "Where the page starts: a nextCursor this API gave.",
+                    {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,40}$"},
+                ),
+            ],
+            "responses": {
+                "200": {
+                    "description": "One page of records",
+                    "content": {
+                        "application/json": {
+                            "schema": {
+                                "type": "object",
+                                "required": ["items", "nextCursor"],
+                                "properties": {
+                                    "items": {"type": "array", "items": {"$ref": record_ref}},
+                                    "nextCursor": {
+                                        "type": "string",
+                                        "nullable": True,
+                                        "description": "null on the last page",
+                                    },
+                                },
+                            }
+                        }
+                    },
+                },
+                **_errors("401", "403", "404", "422", "429"),
+            },
+        }
+    }
+
+
+_STREAM_ENUM: dict[str, Any] = {"type": "string", "enum": ["transactional", "broadcast"]}
 
 _TENANT_PARAM: dict[str, Any] = {
     "name": "tenantId",
@@ -365,7 +459,8 @@ def _document() -> dict[str, Any]:
                 "Accept one mail",
                 "#/components/schemas/MailRequest",
                 "#/components/schemas/Accepted",
-            ),
+            )
+            | _list("mail", "#/components/schemas/MailRecord"),
             "/api/v1/mail/batch": _post(
                 "Accept up to 500 mails, all or none",
                 "#/components/schemas/MailBatch",
@@ -373,7 +468,8 @@ def _document() -> dict[str, Any]:
             ),
             "/api/v1/sms": _post(
                 "Accept one SMS", "#/components/schemas/SmsRequest", "#/components/schemas/Accepted"
-            ),
+            )
+            | _list("SMS", "#/components/schemas/SmsRecord"),
             "/api/v1/sms/batch": _post(
                 "Accept up to 500 SMS, all or none",
                 "#/components/schemas/SmsBatch",
