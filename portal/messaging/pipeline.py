@@ -328,7 +328,7 @@ def _suppressed(
     return blocked
 
 
-def _frozen(record: MailSendRecord) -> PreparedMail:
+def frozen_mail(record: MailSendRecord) -> PreparedMail:
     """What an earlier attempt prepared; retries replay it as it is."""
     assert record.server_config_id is not None
     assert record.message_id_header is not None
@@ -363,12 +363,14 @@ def _server(config: MailSendServerConfig, settings: Settings) -> SmtpServer:
     )
 
 
-def _outgoing(
+def outgoing_mail(
     record: MailSendRecord,
     prepared: PreparedMail,
     config: MailSendServerConfig,
     skip: dict[str, str] | None = None,
 ) -> OutgoingMail:
+    """The mail as the transport sends it (also what an attempt's .eml is rebuilt from):
+    ``skip`` holds the recipients the suppression list left out."""
     from_addr = config.from_address or config.username or ""
 
     def kept(addresses: list[str] | None) -> list[str]:
@@ -470,7 +472,7 @@ def _attempt(ctx: MailContext, record: MailSendRecord, holding: _Holding) -> Non
         holding.claimed = claimed
         gated = True
     else:
-        prepared = _frozen(record)
+        prepared = frozen_mail(record)
     config = prepared.server
     problem = "the mail server this record was prepared for no longer exists"
     if config is None:  # a retry: the server as it is now (a saved change applies)
@@ -517,7 +519,7 @@ def _attempt(ctx: MailContext, record: MailSendRecord, holding: _Holding) -> Non
     holding.claimed = claimed
     if not _cleared(ctx, claimed, None if gated else gate, config):
         return
-    mail = _outgoing(record, prepared, config, skip)
+    mail = outgoing_mail(record, prepared, config, skip)
     started_at, started = datetime.now(UTC), time.perf_counter()
     try:
         sent = ctx.pool.send(server, mail)

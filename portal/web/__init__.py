@@ -47,6 +47,7 @@ UNLISTED = [
     "tenants",
     "machine.webhooks",
     "operations.inbox",
+    "records.attempt_files",
 ]
 
 

@@ -302,3 +302,52 @@ def test_a_retry_pressed_by_a_person_is_on_the_timeline_with_who_did_it(
     ]
     assert order == sorted(order)
     assert "by admin@acme.test" in text
+
+
+def test_an_attempts_eml_is_the_message_as_sent_without_bcc(
+    app: Flask, smtp: ScriptedSmtpServer, acme: int
+) -> None:
+    from email import message_from_bytes
+    from email.utils import parsedate_to_datetime
+
+    from tests.integration.test_portal_templates import Portal, user
+
+    user("admin@acme.test", "tenant_admin", acme)
+    user("other@globex.test", "tenant_admin", tenant("globex").id)
+    db.session.commit()
+    rid = accept_mail(app, acme, cc=["cc@example.com"], bcc=["secret@example.com"])
+    drain(app, policy=FAST)
+    (sent,) = smtp.messages
+    (attempt,) = attempts("mail", rid)
+    portal = Portal(app, "admin@acme.test")
+    download = portal.get(f"/mail-records/{rid}/attempts/1.eml")
+    assert download.status_code == 200
+    assert download.mimetype == "message/rfc822"
+    assert "attachment" in download.headers["Content-Disposition"]
+    rebuilt = message_from_bytes(download.data)
+    assert rebuilt["Message-ID"] == sent.message["Message-ID"] == record(rid).message_id_header
+    assert rebuilt["Subject"] == sent.message["Subject"]
+    assert rebuilt["To"] == sent.message["To"]
+    assert rebuilt["Cc"] == "cc@example.com"
+    assert rebuilt["Bcc"] is None
+    assert b"secret@example.com" not in download.data
+    assert abs(parsedate_to_datetime(rebuilt["Date"]) - attempt.started_at) < timedelta(seconds=1)
+    assert rebuilt.get_payload() == sent.message.get_payload()  # the same body, as sent
+    page = portal.get(f"/mail-records/{rid}/attempts/1")
+    assert page.status_code == 200
+    assert "Message-ID" in page.text
+    assert "was saved after this attempt" not in page.text
+    # The server saved since: the page says the From may differ.
+    server = db.session.scalar(
+        select(MailSendServerConfig).where(MailSendServerConfig.tenant_id == acme)
+    )
+    assert server is not None
+    server.from_name = "Changed"
+    server.updated_time = datetime.now(UTC)
+    db.session.commit()
+    assert "was saved after this attempt" in portal.get(f"/mail-records/{rid}/attempts/1").text
+    # No such attempt, another tenant's record: 404.
+    assert portal.get(f"/mail-records/{rid}/attempts/2.eml").status_code == 404
+    other = Portal(app, "other@globex.test")
+    assert other.get(f"/mail-records/{rid}/attempts/1.eml").status_code == 404
+    assert other.get(f"/mail-records/{rid}/attempts/1").status_code == 404

@@ -152,6 +152,7 @@ class OutgoingMail:
     priority: int | None = None  # 1 = highest .. 5 = lowest
     read_receipt_to: str | None = None
     extra_headers: dict[str, str] = field(default_factory=dict)
+    date: datetime | None = None  # the Date header; None: now (an attempt's, for its .eml)
 
 
 @dataclass
@@ -333,7 +334,7 @@ def _header_fields(mail: OutgoingMail) -> list[tuple[str, HeaderValue]]:
         raise ValueError(f"Message-ID must look like <id@host>: {mail.message_id!r}")
     fields: list[tuple[str, HeaderValue]] = [
         ("Message-ID", mail.message_id),
-        ("Date", format_datetime(datetime.now(UTC))),
+        ("Date", format_datetime(mail.date or datetime.now(UTC))),
         ("From", _address("From", mail.from_addr, _check_text("From name", mail.from_name or ""))),
     ]
     if mail.to:
