@@ -137,9 +137,7 @@ def ours_body(engine: Engine, separate: bool = False) -> Body:
             attempt = Attempt(datetime.now(UTC), 0.0, None, "bench", "250", "2.0.0 Ok")
             with claiming_next(MailSendRecord, lambda: not separate and not stop.is_set()) as nxt:
                 run.count(
-                    record_sent(
-                        engine, claimed, f"<bench-{record.id}@bench.test>", attempt=attempt
-                    )
+                    record_sent(engine, claimed, f"<bench-{record.id}@bench.test>", attempt=attempt)
                 )
             record = nxt.records[0] if nxt.records else None  # type: ignore[assignment]
 
