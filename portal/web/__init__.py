@@ -48,7 +48,22 @@ UNLISTED = [
     "machine.webhooks",
     "operations.inbox",
     "records.attempt_files",
+    "records.search",
+    "records.recipients",
 ]
+
+
+def _sign_in_first() -> Any:
+    """Someone not signed in asked for a page: the sign-in page, back to that page after. The
+    portal's front door (``/``) opens on the sign-in page as it is, without "Sign in to see
+    that page" (nobody asked for a page yet)."""
+    from flask import flash, redirect
+    from flask_login.utils import login_url
+
+    if request.path != "/":
+        flash(login_manager.login_message or "", "info")
+        return redirect(login_url("auth.login", request.full_path.rstrip("?")))
+    return redirect(url_for("auth.login"))
 
 
 @dataclass(frozen=True)
@@ -61,18 +76,20 @@ class NavItem:
 def register_blueprints(app: Flask) -> None:
     """Register every blueprint module: the unlisted ones, then the page groups."""
     from portal.web import access, security
-    from portal.web.records import pages
+    from portal.web.records import pages, recipients
 
     login_manager.init_app(app)
     login_manager.login_view = "auth.login"
     login_manager.login_message = "Sign in to see that page."
     login_manager.session_protection = "strong"
+    login_manager.unauthorized_handler(_sign_in_first)
     for path in UNLISTED + [path for path, _, _ in PAGES]:
         module = importlib.import_module(f"portal.web.{path}")
         app.register_blueprint(module.bp)
     access.init_app(app)
     security.init_app(app)
     pages.init_app(app)
+    recipients.init_app(app)
     _context(app)
     _errors(app)
 

@@ -379,3 +379,24 @@ def test_sign_in_failures_and_sign_out_are_audited_without_the_password(app: Fla
         text = " ".join(str(v) for v in vars(row).values())
         assert "wrong-secret-xyz" not in text
         assert PASSWORD not in text
+
+
+def test_the_front_door_opens_on_the_sign_in_page_without_a_complaint(app: Flask) -> None:
+    client = app.test_client()
+    door = client.get("/")
+    assert door.status_code == 302
+    assert door.headers["Location"].endswith("/auth/login")
+    assert "Sign in to see that page" not in client.get(door.headers["Location"]).text
+    deep = client.get("/mail-records/?status=Failed")
+    assert deep.status_code == 302
+    assert "next=" in deep.headers["Location"]
+    page = client.get(deep.headers["Location"])
+    assert "Sign in to see that page" in page.text
+
+
+def test_every_page_names_its_icon(app: Flask) -> None:
+    client = app.test_client()
+    assert 'rel="icon"' in client.get("/auth/login").text
+    icon = client.get("/static/favicon.svg")
+    assert icon.status_code == 200
+    assert icon.mimetype == "image/svg+xml"
