@@ -167,6 +167,9 @@ class Settings:
     # a direct connection (DATABASE_DIRECT_URL), which a pooled one cannot hold.
     database_pooler: str | None = None
     database_direct_url: str | None = None
+    # A tenant without a country reads national phone numbers in the search box as this
+    # country's (ISO 3166 alpha-2).
+    default_country: str = "GB"
     extra: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
@@ -217,6 +220,7 @@ class Settings:
             callback_give_up_s=_float(env, "CALLBACK_GIVE_UP_S", 86400.0),
             retention_interval_s=_float(env, "RETENTION_INTERVAL_S", 3600.0),
             retention_days_default=_retention_days(env),
+            default_country=_country(env),
             database_pooler=_pooler(env),
             database_direct_url=(
                 normalise_database_url(env["DATABASE_DIRECT_URL"])
@@ -256,6 +260,13 @@ def _pooler(env: dict[str, str]) -> str | None:
     if value != "transaction":
         raise ConfigError(f"DATABASE_POOLER must be transaction or empty, got {value!r}")
     return value
+
+
+def _country(env: dict[str, str]) -> str:
+    raw = (env.get("DEFAULT_COUNTRY") or "GB").strip().upper()
+    if len(raw) != 2 or not raw.isalpha() or not raw.isascii():
+        raise ConfigError(f"DEFAULT_COUNTRY must be an ISO 3166 alpha-2 code like GB, got {raw!r}")
+    return raw
 
 
 def _retention_days(env: dict[str, str]) -> int | None:

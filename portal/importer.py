@@ -23,6 +23,7 @@ from sqlalchemy import inspect, select
 from sqlalchemy.orm import Session
 
 from portal.config import Settings
+from portal.messaging.search import country_code
 from portal.models import (
     ApiKey,
     ApiScope,
@@ -196,7 +197,7 @@ def import_config(session: Session, data: Any) -> ImportReport:
 
 
 _ALLOWED: dict[str, set[str]] = {
-    "tenants": {"slug", "name", "active", "mailRetentionDays", "smsRetentionDays"},
+    "tenants": {"slug", "name", "active", "mailRetentionDays", "smsRetentionDays", "country"},
     "users": {"email", "name", "password", "role", "tenant", "active"},
     "apiKeys": {"tenant", "name", "token", "scopes"},
     "mailServers": {
@@ -332,6 +333,13 @@ class _Importer:
         ):
             if name in e.data:
                 setattr(row, attribute, e.number(name, lo=2, hi=36500))
+        # How the search box reads a national phone number; omitted keeps what is stored,
+        # null falls back to DEFAULT_COUNTRY.
+        if "country" in e.data:
+            try:
+                row.country = country_code(e.data["country"])
+            except ValueError as exc:
+                raise e.fail(str(exc)) from None
 
     def _users(self, e: _Entry) -> None:
         email = e.email("email", required=True)

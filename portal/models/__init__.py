@@ -28,6 +28,7 @@ from portal.models.events import (
 from portal.models.mail import MailSendRecipient, MailSendRecord, MailSendServerConfig, MailTemplate
 from portal.models.notifications import Notification, NotificationRead
 from portal.models.quota import TenantMessageQuota, TenantMessageUsage
+from portal.models.search import MailSendSubject, RecipientToken
 from portal.models.sms import (
     SmsProviderConfig,
     SmsProviderRegion,
@@ -62,10 +63,12 @@ __all__ = [
     "MailSendRecipient",
     "MailSendRecord",
     "MailSendServerConfig",
+    "MailSendSubject",
     "MailTemplate",
     "Notification",
     "NotificationRead",
     "ReceivedMail",
+    "RecipientToken",
     "Role",
     "Scope",
     "SendAttempt",

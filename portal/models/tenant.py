@@ -57,6 +57,9 @@ class Tenant(Base):
     # RETENTION_DAYS_DEFAULT says otherwise. At least 2, past the resend window.
     mail_retention_days: Mapped[int | None] = mapped_column(Integer)
     sms_retention_days: Mapped[int | None] = mapped_column(Integer)
+    # ISO 3166 alpha-2: how a national phone number typed in the search box is read (issue
+    # 14); None: the platform's DEFAULT_COUNTRY.
+    country: Mapped[str | None] = mapped_column(String(2))
     created_time: Mapped[datetime] = mapped_column(UTCDateTime, server_default=db_now())
     updated_time: Mapped[datetime] = mapped_column(
         UTCDateTime, server_default=db_now(), onupdate=db_now()

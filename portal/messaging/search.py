@@ -1,0 +1,305 @@
+"""What a search box's text means, and the conditions that find it, for either channel.
+
+People type what they have in front of them: a whole address or part of one (``carol``,
+``carol@``, ``@example.com``), a word of a subject, a phone number as it is written in their
+country (``07911 123456``) or without its ``+``, a record id, a Message-ID, a provider's
+message id or their own business key. ``interpret`` reads the text into ``Term``s, each with
+the words the results page shows ("phone number +447911123456 (GB)"); ``conditions`` turns
+them into one channel's WHERE.
+
+Every condition walks an index: the record tables' primary key and business-key constraint,
+SMS's (tenant_id, phone_number, id), and the insert-only side tables (``mail_send_recipient``,
+``mail_send_subject``, ``send_attempt``) with their trigram indexes on PostgreSQL (migration
+0046). The record tables get no index for search.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+import phonenumbers
+from sqlalchemy import ColumnElement, or_, select
+
+from portal.messaging.addresses import AddressError, email_address, parse_phone_number
+from portal.models import (
+    Channel,
+    MailSendRecipient,
+    MailSendRecord,
+    MailSendSubject,
+    SendAttempt,
+    SmsSendRecord,
+)
+
+MAX_ID = 2**63 - 1
+# Our own Message-IDs are "<mail-<record id>@<domain>>" (preparation.message_id_for).
+_MESSAGE_ID = re.compile(r"<?mail-([1-9]\d{0,18})@([^<>\s@]+)>?", re.IGNORECASE)
+_PHONE = re.compile(r"\+?[\d\s().\-/]+")
+_DIGITS = re.compile(r"\D")
+_RECORD_ID = re.compile(r"#?([1-9]\d{0,18})")
+
+
+class TermKind(StrEnum):
+    RECORD_ID = "record_id"
+    MESSAGE_ID = "message_id"
+    ADDRESS = "address"
+    ADDRESS_PART = "address_part"
+    SUBJECT = "subject"
+    PHONE = "phone"
+    BUSINESS_KEY = "business_key"
+    PROVIDER_ID = "provider_id"
+
+
+# Which channels each kind of term can find.
+_CHANNELS: dict[TermKind, frozenset[Channel]] = {
+    TermKind.RECORD_ID: frozenset(Channel),
+    TermKind.MESSAGE_ID: frozenset({Channel.MAIL}),
+    TermKind.ADDRESS: frozenset({Channel.MAIL}),
+    TermKind.ADDRESS_PART: frozenset({Channel.MAIL}),
+    TermKind.SUBJECT: frozenset({Channel.MAIL}),
+    TermKind.PHONE: frozenset({Channel.SMS}),
+    TermKind.BUSINESS_KEY: frozenset(Channel),
+    TermKind.PROVIDER_ID: frozenset(Channel),
+}
+
+
+@dataclass(frozen=True)
+class Term:
+    """One reading of the text: what kind, its normalised value, and how the page says it."""
+
+    kind: TermKind
+    value: str
+    label: str
+    # Also looked for (a business key, a provider id): said after the main readings.
+    secondary: bool = False
+
+    @property
+    def channels(self) -> frozenset[Channel]:
+        return _CHANNELS[self.kind]
+
+
+@dataclass(frozen=True)
+class Understanding:
+    """Everything the text may mean; the results match any of it."""
+
+    text: str
+    terms: tuple[Term, ...]
+
+    @property
+    def description(self) -> str:
+        main = [t.label for t in self.terms if not t.secondary]
+        also = [t.label for t in self.terms if t.secondary]
+        text = " or ".join(main)
+        if also:
+            text += ("; also " if main else "") + " or ".join(also)
+        return text
+
+    @property
+    def channels(self) -> frozenset[Channel]:
+        return frozenset(c for t in self.terms for c in t.channels)
+
+    def of(self, kind: TermKind) -> list[Term]:
+        return [t for t in self.terms if t.kind is kind]
+
+
+def country_code(raw: Any) -> str | None:
+    """An ISO 3166 alpha-2 country the phone library knows (upper-cased), None for empty;
+    ``ValueError`` otherwise."""
+    if raw is None or (isinstance(raw, str) and not raw.strip()):
+        return None
+    if not isinstance(raw, str):
+        raise ValueError("country must be an ISO 3166 alpha-2 code like GB")
+    code = raw.strip().upper()
+    if code not in phonenumbers.SUPPORTED_REGIONS:
+        raise ValueError(f"country {raw!r} is not an ISO 3166 alpha-2 code like GB or DE")
+    return code
+
+
+def _phone_terms(text: str, country: str) -> list[Term]:
+    """A number in international form, with 00 or without its +, or national for ``country``."""
+    digits = _DIGITS.sub("", text)
+    if not 5 <= len(digits) <= 17:
+        return []
+    readings: list[tuple[str, str]] = []  # (what parse_phone_number gets, the country said)
+    stripped = text.strip()
+    if stripped.startswith("+"):
+        readings.append(("+" + digits, ""))
+    elif digits.startswith("00"):
+        readings.append(("+" + digits[2:], ""))
+    else:
+        try:
+            national = phonenumbers.parse(stripped, country)
+        except phonenumbers.NumberParseException:
+            national = None
+        if national is not None and phonenumbers.is_valid_number(national):
+            e164 = phonenumbers.format_number(national, phonenumbers.PhoneNumberFormat.E164)
+            readings.append((e164, country))
+        readings.append(("+" + digits, ""))
+    terms: dict[str, Term] = {}
+    for candidate, read_in in readings:
+        try:
+            number, region = parse_phone_number(candidate, "q")
+        except AddressError:
+            continue
+        if number not in terms:
+            where = read_in or region
+            label = f"phone number {number}" + (f" ({where})" if where else "")
+            terms[number] = Term(TermKind.PHONE, number, label)
+    if not terms:  # kept as typed when it would not parse (rows written before validation)
+        terms[stripped] = Term(TermKind.PHONE, stripped, f"phone number “{stripped}” as typed")
+    return list(terms.values())
+
+
+def _address_terms(text: str) -> list[Term]:
+    """A whole address (normalised as acceptance keeps it) or a part of one."""
+    try:
+        address = email_address(text, "q").lower()
+    except AddressError:
+        part = text.lower()
+        if part.endswith("@"):
+            label = f"an address starting with “{part}”"
+        elif part.startswith("@"):
+            label = f"an address at {part[1:]}" if part[1:] else "an address"
+        else:
+            label = f"an address containing “{part}”"
+        return [Term(TermKind.ADDRESS_PART, part, label)]
+    return [Term(TermKind.ADDRESS, address, f"email address {address}")]
+
+
+def _also(text: str) -> list[Term]:
+    """A single token may also be a business key or a provider's message id (exact)."""
+    return [
+        Term(TermKind.BUSINESS_KEY, text, f"business key “{text}”", secondary=True),
+        Term(TermKind.PROVIDER_ID, text, f"provider message id “{text}”", secondary=True),
+    ]
+
+
+def interpret(raw: str, country: str) -> Understanding:
+    """Every reading of ``raw`` worth looking for; ``country`` reads national numbers."""
+    text = raw.strip()
+    terms: list[Term] = []
+    single = bool(text) and not any(ch.isspace() for ch in text)
+    message_id = _MESSAGE_ID.fullmatch(text)
+    if not text:
+        pass
+    elif message_id and int(message_id.group(1)) <= MAX_ID:
+        value = f"<mail-{message_id.group(1)}@{message_id.group(2)}>"
+        terms.append(Term(TermKind.MESSAGE_ID, value, f"Message-ID {value}"))
+    elif "@" in text and single:
+        terms += _address_terms(text)
+        terms += _also(text)
+    elif _PHONE.fullmatch(text) and any(ch.isdigit() for ch in text):
+        record_id = _RECORD_ID.fullmatch(text)
+        if record_id and int(record_id.group(1)) <= MAX_ID:
+            terms.append(Term(TermKind.RECORD_ID, record_id.group(1), f"record id {text}"))
+        terms += _phone_terms(text, country)
+        if single:
+            terms += _also(text)
+    else:
+        record_id = _RECORD_ID.fullmatch(text)
+        if record_id and int(record_id.group(1)) <= MAX_ID:
+            terms.append(Term(TermKind.RECORD_ID, record_id.group(1), f"record id {text}"))
+        terms.append(Term(TermKind.SUBJECT, text, f"mail subject containing “{text}”"))
+        if single:
+            terms.append(
+                Term(TermKind.ADDRESS_PART, text.lower(), f"an address containing “{text}”")
+            )
+            terms += _also(text)
+    return Understanding(text, tuple(terms))
+
+
+def escape_like(text: str) -> str:
+    return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+
+
+def _address_pattern(part: str) -> str:
+    if part.endswith("@") and not part.startswith("@"):
+        return escape_like(part) + "%"
+    if part.startswith("@") and not part.endswith("@"):
+        return "%" + escape_like(part)
+    return "%" + escape_like(part) + "%"
+
+
+Scope = Callable[[Any], ColumnElement[bool]]
+
+
+def conditions(
+    understanding: Understanding, channel: Channel, scope: Scope
+) -> ColumnElement[bool] | None:
+    """One channel's WHERE for ``understanding`` (any term matches), or None when nothing in
+    it can be that channel's. ``scope`` restricts a tenant_id column to the viewer's tenants
+    (the side tables' sub-selects carry it so their indexes lead with the tenant)."""
+    model: type[MailSendRecord] | type[SmsSendRecord] = (
+        MailSendRecord if channel is Channel.MAIL else SmsSendRecord
+    )
+    found: list[ColumnElement[bool]] = []
+    for term in understanding.terms:
+        if channel not in term.channels:
+            continue
+        match term.kind:
+            case TermKind.RECORD_ID:
+                found.append(model.id == int(term.value))
+            case TermKind.MESSAGE_ID:
+                record_id = int(term.value[6 : term.value.index("@")])
+                found.append(
+                    (MailSendRecord.id == record_id)
+                    & (MailSendRecord.message_id_header == term.value)
+                )
+            case TermKind.ADDRESS:
+                found.append(
+                    MailSendRecord.id.in_(
+                        select(MailSendRecipient.record_id).where(
+                            scope(MailSendRecipient.tenant_id),
+                            MailSendRecipient.address == term.value,
+                        )
+                    )
+                )
+            case TermKind.ADDRESS_PART:
+                found.append(
+                    MailSendRecord.id.in_(
+                        select(MailSendRecipient.record_id).where(
+                            scope(MailSendRecipient.tenant_id),
+                            MailSendRecipient.address.like(
+                                _address_pattern(term.value), escape="\\"
+                            ),
+                        )
+                    )
+                )
+            case TermKind.SUBJECT:
+                found.append(
+                    MailSendRecord.id.in_(
+                        select(MailSendSubject.record_id).where(
+                            scope(MailSendSubject.tenant_id),
+                            MailSendSubject.subject.ilike(
+                                f"%{escape_like(term.value)}%", escape="\\"
+                            ),
+                        )
+                    )
+                )
+            case TermKind.PHONE:
+                found.append(
+                    scope(SmsSendRecord.tenant_id) & (SmsSendRecord.phone_number == term.value)
+                )
+            case TermKind.BUSINESS_KEY:
+                found.append(scope(model.tenant_id) & (model.business_key == term.value))
+            case TermKind.PROVIDER_ID:
+                found.append(
+                    model.id.in_(
+                        select(SendAttempt.record_id).where(
+                            SendAttempt.provider_message_id == term.value,
+                            SendAttempt.channel == channel.value,
+                            scope(SendAttempt.tenant_id),
+                        )
+                    )
+                )
+    if not found:
+        return None
+    return found[0] if len(found) == 1 else or_(*found)
+
+
+def reading_country(tenant_country: str | None, default: str) -> str:
+    """The country national numbers are read in: the tenant's, else the platform default."""
+    return tenant_country or default
