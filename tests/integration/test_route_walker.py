@@ -62,6 +62,9 @@ PARAMS: dict[str, Param] = {
     "record_id": ids_of(*RECORDS),
     "recordId": ids_of(*RECORDS),
     "before": ids_of(*RECORDS),
+    # the search results' keyset cursor, one per channel (issue 14): an id or "end"
+    "mail_before": ids_of(*RECORDS),
+    "sms_before": ids_of(*RECORDS),
     "template_id": ids_of("mail_template", "sms_template"),
     "templateId": ids_of("mail_template", "sms_template"),
     "server_id": ids_of("mail_server"),
@@ -75,6 +78,7 @@ PARAMS: dict[str, Param] = {
     "box_id": ids_of("receiver"),
     "config_id": ids_of("mail_server", "sms_provider"),
     "letter_id": ids_of("dead_letter"),
+    "letter_ids": ids_of("dead_letter", multi=True),  # bulk dead-letter triage (issue 14)
     "suppression_id": ids_of("suppression"),
     "user_id": ids_of("user"),
     "event_id": ids_of("event"),
@@ -109,6 +113,8 @@ PARAMS: dict[str, Param] = {
     "priority": enum("3", "1", "5"),
     "reason": enum("manual", "hard_bounce", "complaint"),
     "action": enum(*(a.value for a in AuditAction)),
+    "all_tenants": enum("yes", ""),  # the all-tenants view's explicit choice (issue 14)
+    "include_blocked": enum("yes", ""),  # bulk retry: also those that would fail again
     "remove_password": enum("on", ""),
     "remove_secret": enum("on", ""),
     "remove_webhook_secret": enum("on", ""),
@@ -460,13 +466,14 @@ def test_every_route_refuses_other_tiers_ids_and_shows_none_of_their_data(
     after = snapshot(db.session, tenant_ids)
     changes = snapshot_changes(before, after)
     # New platform-tier rows are allowed: an invitation is mailed through the platform tier's
-    # own delivery path (a new Pending record and its recipient); existing rows may not change.
+    # own delivery path (a new Pending record, its recipient and its subject's search row);
+    # existing rows may not change.
     outcome.problems += [
         f"ROW CHANGED by a tenant identity: {c}"
         for c in changes
         if not (
             ": added " in c
-            and c.startswith(("mail_send_record ", "mail_send_recipient "))
+            and c.startswith(("mail_send_record ", "mail_send_recipient ", "mail_send_subject "))
             and "'tenant_id': -1" in c
         )
     ]

@@ -1,65 +1,33 @@
-"""Mail records: search by address or subject, filters, keyset pages, detail, the message as sent,
-retry (one and bulk) and bulk cancel.
+"""Mail records: search, filters, keyset pages, detail, the message as sent, retry (one and
+bulk) and bulk cancel.
 
-The machinery is the channel-neutral ``pages``; what is mail's own is the search (an address
-goes through ``mail_send_recipient``'s index, a subject is looked for in a bounded window of
-recent records), the columns a row shows and the detail page.
+The machinery is the channel-neutral ``pages``; the box reads text as every search box does
+(``search_box``: an address or part of one, a subject word, an id), kept to mail; what is
+mail's own is the columns a row shows and the detail page.
 """
 
 from __future__ import annotations
 
 from flask import Blueprint, make_response, render_template
 from flask.typing import ResponseReturnValue
-from sqlalchemy import ColumnElement, or_, select
 
-from portal.models import (
-    Channel,
-    MailSendRecipient,
-    MailSendRecord,
-    MailSendServerConfig,
-)
+from portal.models import Channel, MailSendRecord, MailSendServerConfig
 from portal.web.access import Permission, can, requires, viewed_tenant
 from portal.web.records.pages import (
     Kind,
-    Search,
     bulk_cancel_view,
     bulk_retry_view,
     config_names,
-    escape_like,
     find_record,
     index_view,
     resend_one,
     retry_one,
     show_context,
-    tenant_scope,
-    window_floor,
 )
+from portal.web.records.search_box import channel_search
 from portal.web.security import sandboxed
 
 bp = Blueprint("mail_records", __name__, url_prefix="/mail-records")
-
-
-def _mail_search(q: str, tenant: int | None, before: int | None) -> Search:
-    if "@" in q:
-        address = q.lower()
-        recipients = select(MailSendRecipient.record_id).where(
-            tenant_scope(MailSendRecipient.tenant_id, tenant),
-            MailSendRecipient.address == address,
-        )
-        if before is not None:  # keeps the index range scan short on older pages too
-            recipients = recipients.where(MailSendRecipient.record_id < before)
-        return Search([MailSendRecord.id.in_(recipients)], f"to, cc or bcc {address}")
-    pattern = f"%{escape_like(q)}%"
-    floor = window_floor(MailSendRecord, tenant, before)
-    clauses: list[ColumnElement[bool]] = [
-        or_(
-            MailSendRecord.rendered_subject.ilike(pattern, escape="\\"),
-            MailSendRecord.subject.ilike(pattern, escape="\\"),
-        )
-    ]
-    if floor is not None:
-        clauses.append(MailSendRecord.id >= floor)
-    return Search(clauses, f"subject containing “{q}”", floor)
 
 
 MAIL = Kind(
@@ -70,11 +38,11 @@ MAIL = Kind(
     platform_service="platform mail service",
     title="Mail records",
     noun="mail",
-    search_label="Email address or subject",
-    search_hint="An exact address finds every mail to, cc or bcc it; other text searches "
-    "subjects of recent mail.",
+    search_label="Email address, part of one, subject word or id",
+    search_hint="carol@example.com, carol, @example.com, a word of the subject, a record id, "
+    "Message-ID or business key.",
     preview_heading="Subject",
-    search=_mail_search,
+    search=channel_search(Channel.MAIL),
     list_columns=(
         "to_addrs",
         "cc_addrs",

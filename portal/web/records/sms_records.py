@@ -2,8 +2,8 @@
 cancel.
 
 The pages work exactly as mail's (both are ``pages`` with a channel parameter); what differs
-is the search (a number, normalised to E.164 when it parses, through the
-``idx_sms_send_recipient`` index) and what a row and the detail show.
+is what a row and the detail show; the box reads text as every search box does
+(``search_box``), kept to SMS.
 """
 
 from __future__ import annotations
@@ -11,12 +11,10 @@ from __future__ import annotations
 from flask import Blueprint, render_template
 from flask.typing import ResponseReturnValue
 
-from portal.messaging.addresses import AddressError, parse_phone_number
 from portal.models import Channel, SmsProviderConfig, SmsSendRecord
 from portal.web.access import Permission, can, requires, viewed_tenant
 from portal.web.records.pages import (
     Kind,
-    Search,
     bulk_cancel_view,
     bulk_retry_view,
     config_names,
@@ -25,26 +23,10 @@ from portal.web.records.pages import (
     resend_one,
     retry_one,
     show_context,
-    tenant_scope,
 )
+from portal.web.records.search_box import channel_search
 
 bp = Blueprint("sms_records", __name__, url_prefix="/sms-records")
-
-
-def normalise_number(text: str) -> str:
-    """E.164 when the text parses as an international number, else the text as typed."""
-    try:
-        number, _ = parse_phone_number(text)
-    except AddressError:
-        return text
-    return number
-
-
-def _sms_search(q: str, tenant: int | None, before: int | None) -> Search:
-    number = normalise_number(q)
-    # tenant_scope leads the (tenant_id, phone_number, id) index even across all tenants.
-    clauses = [tenant_scope(SmsSendRecord.tenant_id, tenant), SmsSendRecord.phone_number == number]
-    return Search(clauses, f"sent to {number}")
 
 
 SMS = Kind(
@@ -55,10 +37,11 @@ SMS = Kind(
     platform_service="platform SMS service",
     title="SMS records",
     noun="text message",
-    search_label="Phone number",
-    search_hint="In international form, like +447812345678; spaces are fine.",
+    search_label="Phone number or id",
+    search_hint="+447400123456, 447400123456, or as written in your country (07400 123456); "
+    "a record id, provider message id or business key.",
     preview_heading="Message",
-    search=_sms_search,
+    search=channel_search(Channel.SMS),
     list_columns=("phone_number", "content", "rendered_content"),
 )
 

@@ -1,0 +1,392 @@
+"""The one search box (issue 14, part 2) and the recipient page (part 3), through Flask's test
+client on PostgreSQL: each kind of input, national numbers per tenant country, both channels
+on one page newest first with keyset pages, what the page says it understood, and tenant
+isolation of the recipient page's token."""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from flask import Flask
+from sqlalchemy import select, update
+
+from portal.extensions import db
+from portal.messaging import search, suppression
+from portal.models import (
+    DeliveryEvent,
+    MailSendRecord,
+    MailSendSubject,
+    RecipientToken,
+    SendAttempt,
+    SmsSendRecord,
+    Tenant,
+)
+from portal.web.records import pages
+from tests.integration.test_portal_records import (
+    ADMIN,
+    OPERATOR,
+    SUPPORT,
+    World,
+    cheap_passwords,
+    mail,
+    signed_in,
+    sms,
+    world,
+)
+
+__all__ = ["cheap_passwords", "world"]  # fixtures, imported for pytest
+
+
+def results(app: Flask, q: str, who: str = SUPPORT, view: str | int | None = None) -> str:
+    client, _ = signed_in(app, who, view)
+    response = client.get("/search/", query_string={"q": q})
+    assert response.status_code == 200, response.text
+    return str(response.text)
+
+
+def understood(page: str) -> str:
+    found = re.search(r'<p class="result-note" id="understood">\s*(.*?)\s*</p>', page, re.S)
+    assert found is not None
+    return found.group(1)
+
+
+def mail_link(record_id: int) -> str:
+    return f'href="/mail-records/{record_id}"'
+
+
+def sms_link(record_id: int) -> str:
+    return f'href="/sms-records/{record_id}"'
+
+
+# --- reading the text (no database) --------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("typed", "country", "said"),
+    [
+        ("07911 123456", "GB", "phone number +447911123456 (GB)"),
+        ("030 1234567", "DE", "phone number +49301234567 (DE)"),
+        ("447911123456", "US", "phone number +447911123456"),
+        ("+44 7911 123456", "DE", "phone number +447911123456"),
+        ("0044 7911 123456", "DE", "phone number +447911123456"),
+        ("Invoice", "GB", "mail subject containing “Invoice”"),
+        ("carol@", "GB", "an address starting with “carol@”"),
+        ("@example.com", "GB", "an address at example.com"),
+        ("Carol@Example.com", "GB", "email address carol@example.com"),
+        ("<mail-42@example.com>", "GB", "Message-ID <mail-42@example.com>"),
+        ("42", "GB", "record id 42"),
+        ("order-77", "GB", "business key “order-77”"),
+    ],
+)
+def test_the_text_is_read_as_people_mean_it(typed: str, country: str, said: str) -> None:
+    assert said in search.interpret(typed, country).description
+
+
+def test_country_codes_are_checked() -> None:
+    assert search.country_code(" de ") == "DE"
+    assert search.country_code("") is None
+    with pytest.raises(ValueError, match="ISO 3166"):
+        search.country_code("XX")
+
+
+# --- the results page ---------------------------------------------------------------------------
+
+
+def test_a_full_address_finds_mail_in_this_tenant_only(app: Flask, world: World) -> None:
+    page = results(app, "ANN@example.com")
+    assert mail_link(world.mail) in page
+    assert mail_link(world.mail_other) not in page  # globex's, same address
+    assert mail_link(world.sent_mail) not in page
+    assert "email address ann@example.com" in understood(page)
+
+
+def test_a_partial_address_and_a_domain(app: Flask, world: World) -> None:
+    carol = mail(world.acme, to="carol@shop.example.org", subject="Hello")
+    for typed in ("carol", "carol@", "@shop.example.org", "shop.example"):
+        page = results(app, typed)
+        assert mail_link(carol) in page, typed
+        assert mail_link(world.mail) not in page, typed
+    # "carol@" is a prefix: an address with carol@ in the middle is not one.
+    mail(world.acme, to="xcarol@other.example", subject="Not her")
+    assert "xcarol@other.example" not in results(app, "carol@")
+
+
+def test_a_subject_word_never_lands_on_an_empty_sms_list(app: Flask, world: World) -> None:
+    invoice = mail(world.acme, subject="Your Invoice for March")
+    page = results(app, "invoice")
+    assert mail_link(invoice) in page
+    assert "mail subject containing “invoice”" in understood(page)
+    assert "No text message records match" not in page
+    client, _ = signed_in(app, SUPPORT)
+    # The dashboard's box lands here too.
+    dashboard = client.get("/").text
+    assert 'action="/search/"' in dashboard
+
+
+def test_a_rendered_subject_is_found_once_preparation_writes_it(app: Flask, world: World) -> None:
+    templated = mail(world.acme, subject=None, template_code="welcome")
+    db.session.execute(
+        update(MailSendRecord)
+        .where(MailSendRecord.id == templated)
+        .values(rendered_subject="Welcome aboard, Dana")
+    )
+    db.session.commit()
+    assert mail_link(templated) in results(app, "aboard")
+    rows = db.session.scalars(
+        select(MailSendSubject.subject).where(MailSendSubject.record_id == templated)
+    ).all()
+    assert rows == ["Welcome aboard, Dana"]
+
+
+@pytest.mark.parametrize(
+    ("country", "typed"),
+    [
+        (None, "07911 123456"),  # DEFAULT_COUNTRY: GB
+        ("GB", "07911123456"),
+        ("DE", "+44 7911 123456"),
+        ("DE", "447911123456"),
+        ("DE", "0044 7911 123456"),
+    ],
+)
+def test_phone_numbers_as_people_write_them(
+    app: Flask, world: World, country: str | None, typed: str
+) -> None:
+    db.session.execute(update(Tenant).where(Tenant.id == world.acme).values(country=country))
+    db.session.commit()
+    page = results(app, typed)
+    assert sms_link(world.sms) in page
+    assert sms_link(world.sms_other) not in page
+    assert "phone number +447911123456" in understood(page)
+
+
+def test_a_national_number_is_read_in_the_tenant_country(app: Flask, world: World) -> None:
+    berlin = sms(world.acme, number="+49301234567")
+    db.session.execute(update(Tenant).where(Tenant.id == world.acme).values(country="DE"))
+    db.session.commit()
+    page = results(app, "030 1234567")
+    assert sms_link(berlin) in page
+    assert "phone number +49301234567 (DE)" in understood(page)
+    # The same digits in GB are another number (or none): not Berlin's.
+    db.session.execute(update(Tenant).where(Tenant.id == world.acme).values(country="GB"))
+    db.session.commit()
+    assert sms_link(berlin) not in results(app, "030 1234567")
+
+
+def test_default_country_setting(app: Flask, world: World) -> None:
+    berlin = sms(world.acme, number="+49301234567")
+    settings = app.config["SETTINGS"]
+    app.config["SETTINGS"] = settings.replace(default_country="DE")
+    try:
+        assert sms_link(berlin) in results(app, "030 1234567")
+    finally:
+        app.config["SETTINGS"] = settings
+
+
+def test_ids_message_id_provider_id_and_business_key(app: Flask, world: World) -> None:
+    keyed = mail(world.acme, business_key="order-77", subject="Keyed")
+    db.session.execute(
+        update(MailSendRecord)
+        .where(MailSendRecord.id == world.sent_mail)
+        .values(message_id_header=f"<mail-{world.sent_mail}@example.com>")
+    )
+    db.session.add(
+        SendAttempt(
+            tenant_id=world.acme,
+            channel="sms",
+            record_id=world.sms,
+            number=1,
+            started_at=datetime.now(UTC),
+            outcome="sent",
+            ambiguous=False,
+            provider_message_id="SM0123456789abcdef",
+        )
+    )
+    db.session.commit()
+    page = results(app, str(world.mail))
+    assert mail_link(world.mail) in page
+    assert f"record id {world.mail}" in understood(page)
+    page = results(app, f"<mail-{world.sent_mail}@example.com>")
+    assert mail_link(world.sent_mail) in page
+    assert mail_link(world.mail) not in page
+    page = results(app, "SM0123456789abcdef")
+    assert sms_link(world.sms) in page
+    assert "provider message id “SM0123456789abcdef”" in understood(page)
+    page = results(app, "order-77")
+    assert mail_link(keyed) in page
+    # Another tenant's id is not found by guessing.
+    assert mail_link(world.mail_other) not in results(app, str(world.mail_other))
+
+
+def test_both_channels_together_newest_first_in_keyset_pages(
+    app: Flask, world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("portal.web.records.search.PAGE_SIZE", 3)
+    start = datetime(2026, 1, 1, tzinfo=UTC)
+    made = []
+    for i in range(4):  # alternate channels, each a minute newer than the last
+        when = start + timedelta(minutes=2 * i)
+        made.append(
+            (
+                "mail",
+                mail(world.acme, to="dup@example.com", subject="k", business_key=f"k{i}m"),
+                when,
+            )
+        )
+        made.append(("sms", sms(world.acme, business_key=f"k{i}s"), when + timedelta(minutes=1)))
+    for channel, record_id, when in made:
+        model = MailSendRecord if channel == "mail" else SmsSendRecord
+        db.session.execute(update(model).where(model.id == record_id).values(created_time=when))
+    db.session.commit()
+    # "k" reads as a subject word (mail) and a provider message id (both channels).
+    client, _ = signed_in(app, SUPPORT)
+    seen: list[str] = []
+    url = "/search/?q=k"
+    for channel, record_id, _ in made:
+        if channel == "sms":
+            db.session.add(
+                SendAttempt(
+                    tenant_id=world.acme,
+                    channel="sms",
+                    record_id=record_id,
+                    number=1,
+                    started_at=start,
+                    outcome="sent",
+                    ambiguous=False,
+                    provider_message_id="k",
+                )
+            )
+    db.session.commit()
+    for _ in range(5):
+        page = client.get(url).text
+        seen += re.findall(r'href="/(mail|sms)-records/(\d+)">Record', page)
+        older = re.search(r'href="([^"]*)" rel="next"', page)
+        if older is None:
+            break
+        url = older.group(1).replace("&amp;", "&")
+    expected = [(c, str(r)) for c, r, _ in sorted(made, key=lambda m: m[2], reverse=True)]
+    assert [(c, r) for c, r in seen] == expected
+
+
+def test_the_operator_searches_every_tenant(app: Flask, world: World) -> None:
+    page = results(app, "ann@example.com", OPERATOR, "all")
+    assert mail_link(world.mail) in page
+    assert mail_link(world.mail_other) in page
+    assert "every tenant" in understood(page)
+
+
+def test_each_list_reads_the_box_the_same_way(app: Flask, world: World) -> None:
+    client, _ = signed_in(app, SUPPORT)
+    page = client.get("/sms-records/", query_string={"q": "07911 123456"}).text
+    assert sms_link(world.sms) in page
+    page = client.get("/mail-records/", query_string={"q": "@example.com"}).text
+    assert mail_link(world.mail) in page
+    page = client.get("/sms-records/", query_string={"q": "Invoice March"}).text
+    assert "never a sms" in page
+
+
+def test_too_long_a_search_is_a_422(app: Flask, world: World) -> None:
+    client, _ = signed_in(app, SUPPORT)
+    response = client.get("/search/", query_string={"q": "x" * (pages.MAX_SEARCH_CHARS + 1)})
+    assert response.status_code == 422
+
+
+# --- the recipient page -------------------------------------------------------------------------
+
+
+def recipient_href(page: str, address: str) -> str:
+    found = re.search(r'href="(/recipients/[A-Za-z0-9_-]+)"[^>]*>' + re.escape(address), page)
+    assert found is not None, address
+    return found.group(1)
+
+
+def test_the_recipient_page_from_a_search_result(app: Flask, world: World) -> None:
+    older = mail(
+        world.acme,
+        to="ann@example.com",
+        status="Sent",
+        subject="Earlier",
+        sent_at=datetime(2026, 1, 2, tzinfo=UTC),
+        read_at=datetime(2026, 1, 3, tzinfo=UTC),
+    )
+    suppression.suppress(
+        db.session(),
+        world.acme,
+        "mail",
+        "ann@example.com",
+        suppression.SuppressionReason.HARD_BOUNCE,
+        detail="550 5.1.1 user unknown",
+        by="bounce mailbox",
+        record_id=world.mail,
+    )
+    db.session.add(
+        DeliveryEvent(
+            tenant_id=world.acme,
+            channel="mail",
+            config_id=1,
+            provider="smtp",
+            dedup_key="b1",
+            recipient="ann@example.com",
+            event_type="bounced",
+            record_id=world.mail,
+        )
+    )
+    db.session.commit()
+    client, _ = signed_in(app, SUPPORT)
+    page = client.get("/search/", query_string={"q": "ann@example.com"}).text
+    href = recipient_href(page, "ann@example.com")
+    assert "ann" not in href  # the address stays out of the URL
+    response = client.get(href)
+    assert response.status_code == 200
+    assert response.headers["Referrer-Policy"] == "same-origin"
+    text = response.text
+    assert mail_link(world.mail) in text
+    assert mail_link(older) in text
+    assert mail_link(world.mail_other) not in text
+    assert "50 %" in text  # one sent, one failed
+    assert "2026-01-02 00:00:00" in text  # last delivered
+    assert "Suppressed" in text
+    assert "a hard bounce" in text
+    assert "bounce mailbox" in text
+    assert "A tenant admin can take it off the list" in text  # support cannot
+    assert "Bounced" in text
+    assert "Read 2026-01-03 00:00:00" in text
+    assert "Most recent failure" in text
+    assert "What to do:" in text
+    admin, _ = signed_in(app, ADMIN)
+    assert "Take off the suppression list" in admin.get(href).text
+
+
+def test_another_tenants_recipient_token_is_a_404(app: Flask, world: World) -> None:
+    operator, _ = signed_in(app, OPERATOR, "all")
+    page = operator.get("/search/", query_string={"q": "+447911123456"}).text
+    hrefs = set(re.findall(r'href="(/recipients/[A-Za-z0-9_-]+)"', page))
+    assert len(hrefs) == 2  # acme's and globex's: one token each
+    tokens = {
+        row.tenant_id: f"/recipients/{row.token}"
+        for row in db.session.scalars(select(RecipientToken))
+    }
+    client, _ = signed_in(app, SUPPORT)
+    assert client.get(tokens[world.acme]).status_code == 200
+    assert client.get(tokens[world.globex]).status_code == 404
+    assert client.get("/recipients/not-a-token").status_code == 404
+    assert operator.get(tokens[world.globex]).status_code == 200
+
+
+def test_the_recipient_page_pages_by_keyset(
+    app: Flask, world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("portal.web.records.recipients.PAGE_SIZE", 2)
+    ids = [sms(world.acme, number="+447911123457") for _ in range(3)]
+    client, _ = signed_in(app, SUPPORT)
+    page = client.get("/search/", query_string={"q": "07911 123457"}).text
+    href = recipient_href(page, "+447911123457")
+    first = client.get(href).text
+    assert sms_link(ids[2]) in first
+    assert sms_link(ids[1]) in first
+    assert sms_link(ids[0]) not in first
+    older = re.search(r'href="([^"]*)" rel="next"', first)
+    assert older is not None
+    second = client.get(older.group(1).replace("&amp;", "&")).text
+    assert sms_link(ids[0]) in second
