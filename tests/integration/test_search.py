@@ -390,3 +390,14 @@ def test_the_recipient_page_pages_by_keyset(
     assert older is not None
     second = client.get(older.group(1).replace("&amp;", "&")).text
     assert sms_link(ids[0]) in second
+
+
+def test_every_record_page_links_its_recipients(app: Flask, world: World) -> None:
+    cc = mail(world.acme, to="dana@example.com", cc_addrs=["Eve@Example.com"], subject="Copy")
+    client, _ = signed_in(app, SUPPORT)
+    page = client.get(f"/mail-records/{cc}").text
+    for address in ("dana@example.com", "Eve@Example.com"):
+        assert client.get(recipient_href(page, address)).status_code == 200
+    page = client.get(f"/sms-records/{world.sms}").text
+    recipient = client.get(recipient_href(page, "+447911123456")).text
+    assert sms_link(world.sms) in recipient
