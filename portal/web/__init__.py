@@ -34,6 +34,7 @@ PAGES: list[tuple[str, str, str]] = [
     ("operations.api_keys", "API keys", "api_keys"),
     ("configuration.callbacks", "Status callbacks", "api_keys"),
     ("configuration.retention", "Retention", "edit_config"),
+    ("configuration.tenant_settings", "Tenant settings", "edit_config"),
     ("operations.users", "Users", "manage_users"),
     ("operations.audit", "Audit log", "view_audit"),
 ]

@@ -401,3 +401,40 @@ def test_every_record_page_links_its_recipients(app: Flask, world: World) -> Non
     page = client.get(f"/sms-records/{world.sms}").text
     recipient = client.get(recipient_href(page, "+447911123456")).text
     assert sms_link(world.sms) in recipient
+
+
+# --- the tenant's country ------------------------------------------------------------------------
+
+
+def test_import_config_sets_keeps_and_checks_the_country(app: Flask, world: World) -> None:
+    from portal.importer import ConfigImportError, import_config
+
+    tenant = {"slug": "acme", "name": "Acme"}
+    import_config(db.session(), {"tenants": [tenant | {"country": "de"}]})
+    db.session.commit()
+    assert db.session.get(Tenant, world.acme).country == "DE"  # type: ignore[union-attr]
+    import_config(db.session(), {"tenants": [tenant]})  # omitted: kept
+    db.session.commit()
+    assert db.session.get(Tenant, world.acme).country == "DE"  # type: ignore[union-attr]
+    with pytest.raises(ConfigImportError, match="ISO 3166"):
+        import_config(db.session(), {"tenants": [tenant | {"country": "XX"}]})
+    db.session.rollback()
+    import_config(db.session(), {"tenants": [tenant | {"country": None}]})  # the default
+    db.session.commit()
+    assert db.session.get(Tenant, world.acme).country is None  # type: ignore[union-attr]
+
+
+def test_the_tenant_settings_page_sets_the_country(app: Flask, world: World) -> None:
+    berlin = sms(world.acme, number="+49301234567")
+    admin, csrf = signed_in(app, ADMIN)
+    assert "(the platform default)" in admin.get("/tenant-settings/").text
+    bad = admin.post("/tenant-settings/", data={"country": "XX", "csrf_token": csrf})
+    assert bad.status_code == 422
+    assert "two-letter country code" in bad.text
+    saved = admin.post("/tenant-settings/", data={"country": "de", "csrf_token": csrf})
+    assert saved.status_code == 303
+    db.session.expire_all()
+    assert db.session.get(Tenant, world.acme).country == "DE"  # type: ignore[union-attr]
+    assert sms_link(berlin) in results(app, "030 1234567")
+    support, _ = signed_in(app, SUPPORT)
+    assert support.get("/tenant-settings/").status_code == 403
