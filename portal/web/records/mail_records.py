@@ -38,7 +38,7 @@ MAIL = Kind(
     platform_service="platform mail service",
     title="Mail records",
     noun="mail",
-    search_label="Email address, part of one, subject word or id",
+    search_label="Email address or subject",
     search_hint="carol@example.com, carol, @example.com, a word of the subject, a record id, "
     "Message-ID or business key.",
     preview_heading="Subject",

@@ -37,7 +37,7 @@ SMS = Kind(
     platform_service="platform SMS service",
     title="SMS records",
     noun="text message",
-    search_label="Phone number or id",
+    search_label="Phone number",
     search_hint="+447400123456, 447400123456, or as written in your country (07400 123456); "
     "a record id, provider message id or business key.",
     preview_heading="Message",
