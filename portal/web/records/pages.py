@@ -14,7 +14,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, date, datetime, time, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from flask import (
     Flask,
@@ -33,7 +33,7 @@ from sqlalchemy.orm import load_only
 from werkzeug.datastructures import MultiDict
 
 from portal.extensions import db
-from portal.messaging import cancel
+from portal.messaging import cancel, retry_check
 from portal.messaging.events import events_for
 from portal.messaging.retry import (
     MAX_BULK,
@@ -47,6 +47,7 @@ from portal.messaging.validation import AcceptanceError
 from portal.models import (
     AuditAction,
     Channel,
+    DeadLetterMessage,
     MailSendServerConfig,
     SendStatus,
     SmsProviderConfig,
@@ -423,6 +424,24 @@ class RetryPlan:
     capped: bool = False
     ambiguous: int = 0  # of those requeued, how many had an ambiguous attempt (may go twice)
     expired: int = 0  # of the retryable ones, how many are past their expiry (skipped)
+    groups: list[CodeGroup] = field(default_factory=list)  # the retryable ones by error code
+    blocked: int = 0  # of the retryable ones, how many would fail again (left out by default)
+    tenants: list[tuple[str, int]] = field(default_factory=list)  # all-tenants view: per tenant
+    needs_all_tenants: bool = False  # confirming needs the explicit "all tenants" choice
+    scope: str = "selected"
+
+
+@dataclass
+class CodeGroup:
+    """Retryable records with one error code, and those of them a retry would not cure."""
+
+    code: str
+    count: int
+    fail_again: list[tuple[str, int]]  # (why, and what to change first; how many)
+
+    @property
+    def blocked(self) -> int:
+        return sum(n for _, n in self.fail_again)
 
 
 def parse_ids(values: Iterable[str]) -> tuple[list[int], str | None]:
@@ -475,7 +494,9 @@ def plan_retry(kind: Kind, ids: Sequence[int], tenant: int | None) -> RetryPlan:
         func.count().filter(model.expires_at <= func.now()),
     ).where(model.status.in_(retryable))
     ambiguous, past = db.session.execute(risky).one()
+    groups, blocked = fail_again(kind, ids, tenant)
     requeue = sum(line.count for line in lines if line.reason is None) - int(past or 0)
+    requeue -= len(blocked)
     return RetryPlan(
         list(ids),
         requeue,
@@ -483,7 +504,57 @@ def plan_retry(kind: Kind, ids: Sequence[int], tenant: int | None) -> RetryPlan:
         lines,
         ambiguous=int(ambiguous or 0),
         expired=int(past or 0),
+        groups=groups,
+        blocked=len(blocked),
     )
+
+
+def blocked_ids(kind: Kind, ids: Sequence[int], tenant: int | None) -> dict[int, str]:
+    """Of ``ids`` (the viewer's), the retryable, unexpired ones whose retry would fail again
+    now, with why (``retry_check.blockers``: the causes as they are, not the status)."""
+    model = kind.model
+    live = model.expires_at.is_(None) | (model.expires_at > func.now())
+    records = list(
+        db.session.scalars(
+            visible(kind, ids, tenant).where(model.status.in_(list(RETRYABLE)), live)
+        )
+    )
+    return retry_check.blockers(db.session(), kind.channel, records, current_app.config["SETTINGS"])
+
+
+def fail_again(
+    kind: Kind, ids: Sequence[int], tenant: int | None
+) -> tuple[list[CodeGroup], dict[int, str]]:
+    """The retryable ones grouped by error code, each with what would fail again."""
+    model = kind.model
+    blocked = blocked_ids(kind, ids, tenant)
+    rows = db.session.execute(
+        visible(kind, ids, tenant, model.id, model.error_code).where(
+            model.status.in_(list(RETRYABLE))
+        )
+    ).all()
+    by_code: dict[str, list[int]] = {}
+    for record_id, code in rows:
+        by_code.setdefault(code or "", []).append(record_id)
+    groups = [
+        CodeGroup(
+            code,
+            len(members),
+            Counter(blocked[i] for i in members if i in blocked).most_common(),
+        )
+        for code, members in by_code.items()
+    ]
+    groups.sort(key=lambda g: (-g.blocked, -g.count, g.code))
+    return groups, blocked
+
+
+def tenant_counts(kind: Kind, ids: Sequence[int]) -> list[tuple[str, int]]:
+    """How many of ``ids`` each tenant holds, by name (the all-tenants view's bulk actions)."""
+    model = kind.model
+    stmt = visible(kind, ids, None, model.tenant_id, func.count()).group_by(model.tenant_id)
+    names = tenant_names(None)
+    counts = [(names.get(tid, f"tenant {tid}"), int(n)) for tid, n in db.session.execute(stmt)]
+    return sorted(counts, key=lambda c: (-c[1], c[0]))
 
 
 def skipped_summary(skipped: Mapping[int, str]) -> list[tuple[str, int]]:
@@ -503,6 +574,9 @@ class CancelPlan:
     versions: dict[int, int]  # cancellable ids -> the version seen now
     lines: list[StatusLine]
     capped: bool = False
+    tenants: list[tuple[str, int]] = field(default_factory=list)
+    needs_all_tenants: bool = False
+    scope: str = "selected"
 
     @property
     def cancel(self) -> int:
@@ -606,6 +680,9 @@ def cancel_outcome(report: cancel.CancelReport) -> CancelOutcome:
     )
 
 
+PlanT = TypeVar("PlanT", RetryPlan, CancelPlan)
+
+
 # --- template helpers (app-wide: the dashboard and dead-letter pages show records too) -----
 
 
@@ -671,7 +748,23 @@ def show_context(kind: Kind, record: Any) -> dict[str, Any]:
         "channel": kind.channel,
         "events": events_for(db.session(), kind.channel, record.id),
         "timeline": timeline(db.session(), kind.channel, record, operator=is_operator()),
+        "dead_letter": dead_letter_of(kind, record),
     }
+
+
+def dead_letter_of(kind: Kind, record: Any) -> DeadLetterMessage | None:
+    """The dead letter that archived this record (its newest, should it have died twice):
+    the record page shows its triage state and remark."""
+    return db.session.scalar(
+        select(DeadLetterMessage)
+        .where(
+            DeadLetterMessage.channel == kind.channel.value,
+            DeadLetterMessage.event_id == str(record.id),
+            DeadLetterMessage.tenant_id == record.tenant_id,
+        )
+        .order_by(DeadLetterMessage.id.desc())
+        .limit(1)
+    )
 
 
 def expired(record: Any) -> bool:
@@ -831,7 +924,7 @@ def bulk_view(
     kind: Kind,
     verb: str,
     fragments: str,
-    plan: Callable[[Kind, Sequence[int], int | None], RetryPlan | CancelPlan],
+    plan: Callable[[Kind, Sequence[int], int | None], PlanT],
     confirmed: Callable[[BulkRequest], ResponseReturnValue],
 ) -> ResponseReturnValue:
     """A bulk action's two steps on one endpoint: without ``confirm``, ``plan`` counts what
@@ -853,7 +946,7 @@ def bulk_view(
     if decision == "no":
         return ("", 200, {"Vary": "HX-Request"}) if bulk.fragment else redirect(bulk.list_url)
     if decision == "yes":
-        return confirmed(bulk)
+        return _all_tenants_unchosen(bulk, plan) or confirmed(bulk)
 
     # Step one: which records, and what would happen to them.
     if form.get("scope") == "filter":
@@ -870,7 +963,41 @@ def bulk_view(
             return bulk.render("confirm", 422, error=error, plan=None)
     planned = plan(kind, ids, bulk.tenant)
     planned.capped = capped
-    return bulk.render("confirm", plan=planned, error=None)
+    return bulk.render("confirm", plan=_for_viewer(bulk, planned, ids), error=None)
+
+
+ALL_TENANTS_CHOSEN = "yes"  # the value of the confirmation's "all_tenants" checkbox
+
+
+def _for_viewer(bulk: BulkRequest, planned: PlanT, ids: Sequence[int]) -> PlanT:
+    """The plan with what the all-tenants view adds: counts per tenant, and whether confirming
+    needs the explicit "all tenants" choice (everything matching the filter: whose records
+    those are is not something the operator picked row by row)."""
+    planned.scope = "filter" if bulk.form.get("scope") == "filter" else "selected"
+    if bulk.tenant is None:
+        planned.tenants = tenant_counts(bulk.kind, ids)
+        planned.needs_all_tenants = planned.scope == "filter"
+    return planned
+
+
+def _all_tenants_unchosen(
+    bulk: BulkRequest, plan: Callable[[Kind, Sequence[int], int | None], PlanT]
+) -> ResponseReturnValue | None:
+    """Step two in the all-tenants view over everything matching the filter (the
+    confirmation carries ``scope=filter``), without the explicit choice: the confirmation
+    again (422), saying what to tick; else None."""
+    if bulk.tenant is None and bulk.form.get("scope") == "filter":
+        ids, _versions, error = parse_confirmed(bulk.form.get("confirmed", ""))
+        if error or not ids:
+            return None  # the action's own step two says what is wrong
+        planned = _for_viewer(bulk, plan(bulk.kind, ids, bulk.tenant), ids)
+        if planned.needs_all_tenants and bulk.form.get("all_tenants") != ALL_TENANTS_CHOSEN:
+            choice = (
+                f"This would {bulk.verb} records of every tenant listed: tick "
+                "“Yes, all these tenants” to go on, or choose one tenant under Viewing."
+            )
+            return bulk.render("confirm", 422, plan=planned, error=None, choice_error=choice)
+    return None
 
 
 def bulk_retry_view(kind: Kind) -> ResponseReturnValue:
@@ -883,15 +1010,38 @@ def _retry_confirmed(bulk: BulkRequest) -> ResponseReturnValue:
     ids, error = parse_ids([bulk.form.get("confirmed", "")])
     if error or not ids:
         return bulk.render("confirm", 422, error=error or "Nothing to retry.", plan=None)
-    report = retry_records(db.session(), bulk.kind.model, ids, bulk.tenant)
-    audit_bulk(AuditAction.BULK_RETRY, bulk, report.requeued, report.skipped, report.tenant_of)
+    # Read again now: a quota raised or a template added since step one counts.
+    blocked = blocked_ids(bulk.kind, ids, bulk.tenant)
+    include = bulk.form.get("include_blocked") == "yes"
+    left_out = {} if include else blocked
+    report = retry_records(
+        db.session(), bulk.kind.model, [i for i in ids if i not in left_out], bulk.tenant
+    )
+    skipped = dict(report.skipped) | {
+        i: f"left out: would fail again, {why}" for i, why in left_out.items()
+    }
+    tenant_of = dict(report.tenant_of)
+    if left_out:
+        model = bulk.kind.model
+        found = visible(bulk.kind, left_out, bulk.tenant, model.id, model.tenant_id)
+        tenant_of |= {int(rid): int(tid) for rid, tid in db.session.execute(found)}
+    audit_bulk(AuditAction.BULK_RETRY, bulk, report.requeued, skipped, tenant_of)
     db.session.commit()  # the retry and its audit rows together
     summary = skipped_summary(report.skipped)
+    left = skipped_summary(left_out)
     if not bulk.fragment:
-        flash(_outcome_text(len(report.requeued), summary), "info")
+        text = _outcome_text(len(report.requeued), summary)
+        if left_out:
+            text += f" {len(left_out):,} left out because they would fail again."
+        flash(text, "info")
         return redirect(bulk.list_url)
     return bulk.render(
-        "outcome", requeued=len(report.requeued), summary=summary, **bulk.changed_rows(ids)
+        "outcome",
+        requeued=len(report.requeued),
+        summary=summary,
+        left_out=left,
+        left_out_count=len(left_out),
+        **bulk.changed_rows(ids),
     )
 
 
