@@ -117,17 +117,26 @@ def viewed_tenant(*, allow_all: bool = False) -> int | None:
 
     None means "every tenant", which only operators get and only where ``allow_all`` (lists of
     records and dead letters); elsewhere an operator on "all" works in the platform tier.
+    An operator who has chosen nothing views every tenant (issue 14: the platform tier's own
+    view said "No records yet" while tenants had failures waiting).
     """
     if not is_operator():
         return int(current_user.tenant_id)
-    chosen = session.get("view_tenant", PLATFORM_TENANT_ID)
+    chosen = viewing()
     if chosen == ALL_TENANTS:
         return None if allow_all else PLATFORM_TENANT_ID
     return int(chosen)
 
 
+def viewing() -> str:
+    """What the header's "Viewing" shows chosen: a tenant id as text, or ALL_TENANTS (the
+    operator's default)."""
+    return str(session.get("view_tenant", ALL_TENANTS))
+
+
 def init_app(app: Flask) -> None:
     """Default deny: an HTML view without a declared permission is never served."""
+    app.add_template_global(viewing, "viewing")
 
     @app.before_request
     def _default_deny() -> None:

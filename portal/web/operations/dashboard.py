@@ -30,6 +30,7 @@ from portal.models import (
 )
 from portal.tenancy import PLATFORM_TENANT_ID
 from portal.web.access import Permission, can, is_operator, requires, viewed_tenant
+from portal.web.operations.dead_letters import waiting_by_tenant
 from portal.web.records import decisions, explain
 from portal.web.records.mail_records import MAIL
 from portal.web.records.pages import Kind, tenant_names, wants_fragment
@@ -281,6 +282,45 @@ def decisions_count(tenant: int | None) -> tuple[int, bool]:
     return total, capped
 
 
+@dataclass
+class TenantFigures:
+    """One tenant's failures, for operators: what waits for someone, tenant by tenant."""
+
+    tenant_id: int
+    name: str
+    mail_failed: int
+    sms_failed: int
+    dead_letters: int
+
+    @property
+    def total(self) -> int:
+        return self.mail_failed + self.sms_failed + self.dead_letters
+
+
+def failures_by_tenant() -> list[TenantFigures]:
+    """Failed and dead-lettered records (each channel) and dead letters waiting for triage,
+    per tenant, for the tenants that have any; most first. Operators only: so the dashboard
+    never says "none" for the viewed tenant while others have failures waiting."""
+    figures: dict[int, list[int]] = {}
+    for position, kind in enumerate((MAIL, SMS)):
+        model = kind.model
+        rows = db.session.execute(
+            select(model.tenant_id, func.count())
+            .where(model.status.in_(FAILED))
+            .group_by(model.tenant_id)
+        )
+        for tenant_id, count in rows:
+            figures.setdefault(int(tenant_id), [0, 0, 0])[position] = int(count)
+    for tenant_id, count in waiting_by_tenant().items():
+        figures.setdefault(tenant_id, [0, 0, 0])[2] = count
+    names = tenant_names(None)
+    found = [
+        TenantFigures(tid, names.get(tid, f"tenant {tid}"), *counts)
+        for tid, counts in figures.items()
+    ]
+    return sorted(found, key=lambda f: (-f.total, f.name))
+
+
 @bp.get("")
 @requires(Permission.VIEW_RECORDS)
 def index() -> ResponseReturnValue:
@@ -299,6 +339,8 @@ def index() -> ResponseReturnValue:
         "channel_of": {Channel.MAIL.value: MAIL, Channel.SMS.value: SMS},
         "decisions": decisions_count(tenant),
         "down": down_servers(tenant),
+        "by_tenant": failures_by_tenant() if is_operator() else None,
+        "viewed": tenant,
     }
     template = "dashboard/_summary.html" if wants_fragment() else "dashboard/index.html"
     return render_template(template, **context), 200, {"Vary": "HX-Request"}

@@ -6,12 +6,13 @@ again, the page links to the send record and its Retry (seed 000, "Dead letters"
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
 from flask import Blueprint, abort, flash, redirect, render_template, request, url_for
 from flask.typing import ResponseReturnValue
-from sqlalchemy import select
+from sqlalchemy import Select, func, select
 from sqlalchemy import update as sql_update
 
 from portal.extensions import db
@@ -19,12 +20,15 @@ from portal.models import AuditAction, Channel, DeadLetterMessage, TriageStatus,
 from portal.web.access import Permission, audit, can, requires, user, viewed_tenant
 from portal.web.records.mail_records import MAIL as MAIL_KIND
 from portal.web.records.pages import (
+    ALL_TENANTS_CHOSEN,
+    BULK_CAP,
     MAX_ID,
     MAX_TEMPLATE_CHARS,
     PAGE_SIZE,
     Kind,
     ListFilters,
     parse_id,
+    parse_ids,
     pretty_json,
     refusal,
     tenant_names,
@@ -77,6 +81,17 @@ def parse_filters(source: Any, all_tenants: bool) -> DeadLetterFilters:
         if filters.before is None:
             errors["before"] = "That page link is broken: start again from the newest."
     return filters
+
+
+def waiting_by_tenant() -> dict[int, int]:
+    """Dead letters waiting for triage, per tenant (operators: the all-tenants figures; read
+    by the (tenant_id, status, id) index)."""
+    rows = db.session.execute(
+        select(DeadLetterMessage.tenant_id, func.count())
+        .where(DeadLetterMessage.status == TriageStatus.PENDING.value)
+        .group_by(DeadLetterMessage.tenant_id)
+    )
+    return {int(tid): int(n) for tid, n in rows}
 
 
 def find_dead_letter(letter_id: int, tenant: int | None) -> DeadLetterMessage:
@@ -141,25 +156,33 @@ def _show(
     return html, status, {"Vary": "HX-Request"}
 
 
-@bp.get("/")
-@requires(Permission.DEAD_LETTERS)
-def index() -> ResponseReturnValue:
-    """Dead letters, newest first, filtered by triage status, channel, error code and tenant."""
-    tenant = viewed_tenant(allow_all=True)
-    filters = parse_filters(request.args, all_tenants=tenant is None)
+def matching(filters: DeadLetterFilters, tenant: int | None) -> Select[Any]:
+    """The dead letters the filter matches in the viewed tenant (None: every tenant, then the
+    filter's own tenant if it names one), without the cursor."""
+    stmt = select(DeadLetterMessage)
+    scope = tenant if tenant is not None else filters.tenant
+    if scope is not None:
+        stmt = stmt.where(DeadLetterMessage.tenant_id == scope)
+    if filters.status:
+        stmt = stmt.where(DeadLetterMessage.status == filters.status)
+    if filters.channel:
+        stmt = stmt.where(DeadLetterMessage.channel == filters.channel)
+    if filters.code:
+        stmt = stmt.where(DeadLetterMessage.error_code == filters.code)
+    return stmt
+
+
+def _index(
+    filters: DeadLetterFilters,
+    tenant: int | None,
+    *,
+    bulk_errors: dict[str, str] | None = None,
+    bulk_form: dict[str, str] | None = None,
+) -> ResponseReturnValue:
     rows: list[DeadLetterMessage] = []
     older = None
     if not filters.errors:
-        stmt = select(DeadLetterMessage)
-        scope = tenant if tenant is not None else filters.tenant
-        if scope is not None:
-            stmt = stmt.where(DeadLetterMessage.tenant_id == scope)
-        if filters.status:
-            stmt = stmt.where(DeadLetterMessage.status == filters.status)
-        if filters.channel:
-            stmt = stmt.where(DeadLetterMessage.channel == filters.channel)
-        if filters.code:
-            stmt = stmt.where(DeadLetterMessage.error_code == filters.code)
+        stmt = matching(filters, tenant)
         if filters.before is not None:
             stmt = stmt.where(DeadLetterMessage.id < filters.before)
         found = list(
@@ -167,17 +190,137 @@ def index() -> ResponseReturnValue:
         )
         rows = found[:PAGE_SIZE]
         older = found[PAGE_SIZE - 1].id if len(found) > PAGE_SIZE else None
+    names = tenant_names(None)
+    waiting = waiting_by_tenant()
     html = render_template(
         "dead_letters/index.html",
         filters=filters,
         rows=rows,
         older=older,
         all_tenants=tenant is None,
-        names=tenant_names(None),
+        viewed=tenant,
+        names=names,
         statuses=TRIAGE_STATUSES,
         channels=CHANNELS,
+        decisions=DECISIONS,
+        max_remark=MAX_REMARK_CHARS,
+        waiting=sorted(
+            ((tid, names.get(tid, f"tenant {tid}"), n) for tid, n in waiting.items()),
+            key=lambda w: (-w[2], w[1]),
+        ),
+        bulk_errors=bulk_errors or {},
+        bulk_form=bulk_form or {},
     )
-    return html, 422 if filters.errors else 200
+    failed = filters.errors or bulk_errors
+    return html, 422 if failed else 200
+
+
+@bp.get("/")
+@requires(Permission.DEAD_LETTERS)
+def index() -> ResponseReturnValue:
+    """Dead letters, newest first, filtered by triage status, channel, error code and tenant."""
+    tenant = viewed_tenant(allow_all=True)
+    return _index(parse_filters(request.args, all_tenants=tenant is None), tenant)
+
+
+def triage_errors(decision: str, remark: str) -> dict[str, str]:
+    """What is wrong with a triage's decision and remark (one or many dead letters)."""
+    errors: dict[str, str] = {}
+    if decision not in DECISIONS:
+        errors["decision"] = "Choose Resolved or Discarded."
+    if not remark:
+        errors["remark"] = "Write a remark: what was done, or why it is discarded."
+    elif len(remark) > MAX_REMARK_CHARS:
+        errors["remark"] = f"Keep the remark to {MAX_REMARK_CHARS:,} characters."
+    return errors
+
+
+@bp.post("/triage")
+@requires(Permission.DEAD_LETTERS)
+def bulk_triage() -> ResponseReturnValue:
+    """Triage many at once: the selected dead letters, or every one waiting that the filter
+    matches (the newest BULK_CAP); one decision and one remark, each audited."""
+    tenant = viewed_tenant(allow_all=True)
+    form = request.form
+    filters = parse_filters(form, all_tenants=tenant is None)
+    decision = (form.get("decision") or "").strip()
+    remark = (form.get("remark") or "").strip()
+    over_filter = form.get("scope") == "filter"
+    bulk_form = {"decision": decision, "remark": remark, "scope": "filter" if over_filter else ""}
+    errors = triage_errors(decision, remark)
+    waiting = DeadLetterMessage.status == TriageStatus.PENDING.value
+    capped = False
+    if over_filter:
+        if filters.errors:
+            return _index(filters, tenant, bulk_errors=errors, bulk_form=bulk_form)
+        found = [
+            (int(i), int(t))
+            for i, t in db.session.execute(
+                matching(filters, tenant)
+                .with_only_columns(DeadLetterMessage.id, DeadLetterMessage.tenant_id)
+                .where(waiting)
+                .order_by(DeadLetterMessage.id.desc())
+                .limit(BULK_CAP + 1)
+            )
+        ]
+        capped = len(found) > BULK_CAP
+        letters = found[:BULK_CAP]
+    else:
+        ids, error = parse_ids(form.getlist("letter_ids"))
+        if error:
+            errors["letter_ids"] = "Those dead letters are not valid: reload and select again."
+        stmt = select(DeadLetterMessage.id, DeadLetterMessage.tenant_id).where(
+            DeadLetterMessage.id.in_(ids), waiting
+        )
+        if tenant is not None:
+            stmt = stmt.where(DeadLetterMessage.tenant_id == tenant)
+        letters = [(int(i), int(t)) for i, t in db.session.execute(stmt)]
+    if not letters and "letter_ids" not in errors:
+        errors["letter_ids"] = (
+            "No dead letter waiting for triage matches this filter."
+            if over_filter
+            else "Select at least one dead letter waiting for triage."
+        )
+    per_tenant = Counter(tid for _, tid in letters)
+    # Everything matching, across tenants: whose they are was not picked row by row.
+    spans = over_filter and filters.tenant is None
+    if tenant is None and spans and form.get("all_tenants") != ALL_TENANTS_CHOSEN:
+        names = tenant_names(None)
+        counts = ", ".join(f"{names.get(t, t)} {n:,}" for t, n in per_tenant.most_common())
+        errors["all_tenants"] = (
+            f"This marks dead letters of {len(per_tenant)} tenant"
+            f"{'s' if len(per_tenant) != 1 else ''} ({counts}): tick "
+            "\u201cYes, all tenants\u201d to go on, or filter by one tenant."
+        )
+    if errors:
+        return _index(filters, tenant, bulk_errors=errors, bulk_form=bulk_form)
+    # Conditional on Pending: a dead letter someone else triaged meanwhile is left as it is.
+    owned = [DeadLetterMessage.id.in_([i for i, _ in letters]), waiting]
+    if tenant is not None:
+        owned.append(DeadLetterMessage.tenant_id == tenant)
+    done = db.session.execute(
+        sql_update(DeadLetterMessage)
+        .where(*owned)
+        .values(status=decision, remark=remark, handled_by=user().email, handled_at=db_now())
+        .returning(DeadLetterMessage.id, DeadLetterMessage.tenant_id)
+        .execution_options(synchronize_session=False)
+    ).all()
+    for letter_id, tenant_id in done:
+        audit(
+            AuditAction.DEAD_LETTER_TRIAGE,
+            tenant_id=tenant_id,
+            target_type="dead_letter",
+            target_id=letter_id,
+            remark=f"{decision}: {remark}",
+        )
+    db.session.commit()
+    message = f"{len(done):,} dead letter{'s' if len(done) != 1 else ''} marked {decision}."
+    if len(done) < len(letters):
+        message += f" {len(letters) - len(done):,} had been handled by someone else meanwhile."
+    if capped:
+        message += f" Only the newest {BULK_CAP:,} were included: mark the rest next."
+    flash(message, "info")
+    return redirect(url_for("dead_letters.index", **filters.args()), 303)
 
 
 @bp.get("/<int:letter_id>")
@@ -197,13 +340,7 @@ def update(letter_id: int) -> ResponseReturnValue:
     decision = (request.form.get("decision") or "").strip()
     remark = (request.form.get("remark") or "").strip()
     form = {"decision": decision, "remark": remark}
-    errors: dict[str, str] = {}
-    if decision not in DECISIONS:
-        errors["decision"] = "Choose Resolved or Discarded."
-    if not remark:
-        errors["remark"] = "Write a remark: what was done, or why it is discarded."
-    elif len(remark) > MAX_REMARK_CHARS:
-        errors["remark"] = f"Keep the remark to {MAX_REMARK_CHARS:,} characters."
+    errors = triage_errors(decision, remark)
     if letter.status != TriageStatus.PENDING.value:
         errors["decision"] = "This dead letter has already been handled."
     if errors:
