@@ -438,3 +438,41 @@ def test_the_tenant_settings_page_sets_the_country(app: Flask, world: World) -> 
     assert sms_link(berlin) in results(app, "030 1234567")
     support, _ = signed_in(app, SUPPORT)
     assert support.get("/tenant-settings/").status_code == 403
+
+
+# --- both dialects: the triggers and LIKE's fallback ---------------------------------------------
+
+
+def test_the_side_tables_and_conditions_on_each_dialect(any_app: Flask) -> None:
+    """PostgreSQL (trigram indexes) and SQLite (plain LIKE): the subject triggers write the
+    side table, and each kind of term finds its record and nothing else."""
+    from portal.models import Channel
+    from tests.conftest import make_tenant
+
+    tenant = make_tenant("dialect").id
+    db.session.commit()
+    ids = [
+        mail(tenant, to=f"{name}@shop.example.org", subject=f"{name} 50% off")
+        for name in ("ann", "bob")
+    ]
+    db.session.execute(
+        update(MailSendRecord)
+        .where(MailSendRecord.id == ids[1])
+        .values(rendered_subject="Rendered")
+    )
+    db.session.commit()
+
+    def found(typed: str) -> list[int]:
+        meaning = search.interpret(typed, "GB")
+        where = search.conditions(meaning, Channel.MAIL, lambda column: column == tenant)
+        assert where is not None
+        stmt = select(MailSendRecord.id).where(where).order_by(MailSendRecord.id)
+        return list(db.session.scalars(stmt))
+
+    assert found("ann@shop.example.org") == [ids[0]]
+    assert found("ANN") == [ids[0]]
+    assert found("bob@") == [ids[1]]
+    assert found("@shop.example.org") == ids
+    assert found("0% off") == ids  # % taken literally
+    assert found("rendered") == [ids[1]]
+    assert found("nobody") == []
