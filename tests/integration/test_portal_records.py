@@ -753,12 +753,12 @@ def test_dashboard_counts_are_per_tenant_and_capped(
     assert f'href="/dead-letters/{world.dead_letter}"' not in text
 
 
-def test_dashboard_search_goes_to_the_right_list(app: Flask, world: World) -> None:
+def test_dashboard_search_goes_to_the_one_results_page(app: Flask, world: World) -> None:
     client, _ = signed_in(app, SUPPORT)
     to_mail = client.get("/search?q=ann@example.com")
-    assert to_mail.headers["Location"] == "/mail-records/?q=ann@example.com"
-    to_sms = client.get("/search", query_string={"q": "+44 7911 123456"})
-    assert to_sms.headers["Location"].startswith("/sms-records/?q=")
+    assert to_mail.headers["Location"] == "/search/?q=ann@example.com"
+    # A subject or a name no longer lands on the SMS list.
+    assert client.get("/search?q=Invoice").headers["Location"] == "/search/?q=Invoice"
     assert client.get("/search?q=").headers["Location"] == "/"
 
 

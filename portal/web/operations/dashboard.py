@@ -349,9 +349,8 @@ def index() -> ResponseReturnValue:
 @bp.get("search")
 @requires(Permission.VIEW_RECORDS)
 def search() -> ResponseReturnValue:
-    """One box for an email address or a phone number: off to the right list."""
-    q = (request.args.get("q") or "").strip()  # the list checks its length
+    """The old box's address (bookmarks): the one results page, mail and SMS together."""
+    q = (request.args.get("q") or "").strip()  # the results page checks its length
     if not q:
         return redirect(url_for("dashboard.index"))
-    target = "mail_records.index" if "@" in q else "sms_records.index"
-    return redirect(url_for(target, q=q))
+    return redirect(url_for("search.index", q=q))
