@@ -495,8 +495,22 @@ def plan_retry(kind: Kind, ids: Sequence[int], tenant: int | None) -> RetryPlan:
     ).where(model.status.in_(retryable))
     ambiguous, past = db.session.execute(risky).one()
     groups, blocked = fail_again(kind, ids, tenant)
+    if blocked:
+        # A status's line counts only those requeued; the rest get a line of their own.
+        per_status = visible(kind, blocked, tenant, model.status, func.count())
+        held: dict[str, int] = {
+            str(status): int(n)
+            for status, n in db.session.execute(per_status.group_by(model.status))
+        }
+        split: list[StatusLine] = []
+        for line in lines:
+            n = held.get(line.status, 0) if line.reason is None else 0
+            if line.count - n:
+                split.append(replace(line, count=line.count - n))
+            if n:
+                split.append(StatusLine(line.status, n, FAIL_AGAIN))
+        lines = split
     requeue = sum(line.count for line in lines if line.reason is None) - int(past or 0)
-    requeue -= len(blocked)
     return RetryPlan(
         list(ids),
         requeue,
@@ -507,6 +521,9 @@ def plan_retry(kind: Kind, ids: Sequence[int], tenant: int | None) -> RetryPlan:
         groups=groups,
         blocked=len(blocked),
     )
+
+
+FAIL_AGAIN = "left out: it would fail again (see below)"
 
 
 def blocked_ids(kind: Kind, ids: Sequence[int], tenant: int | None) -> dict[int, str]:
