@@ -22,7 +22,7 @@ from enum import StrEnum
 from typing import Any
 
 import phonenumbers
-from sqlalchemy import ColumnElement, or_, select
+from sqlalchemy import ColumnElement, Select, select, union_all
 
 from portal.messaging.addresses import AddressError, email_address, parse_phone_number
 from portal.models import (
@@ -226,78 +226,100 @@ def _address_pattern(part: str) -> str:
 Scope = Callable[[Any], ColumnElement[bool]]
 
 
-def conditions(
-    understanding: Understanding, channel: Channel, scope: Scope
-) -> ColumnElement[bool] | None:
-    """One channel's WHERE for ``understanding`` (any term matches), or None when nothing in
-    it can be that channel's. ``scope`` restricts a tenant_id column to the viewer's tenants
-    (the side tables' sub-selects carry it so their indexes lead with the tenant)."""
+def _branch(
+    term: Term, channel: Channel, scope: Scope
+) -> tuple[Select[Any], ColumnElement[int]] | None:
+    """The ids one term finds in one channel, as a select over the one index it walks, and
+    its id column (for the caller's cursor and order); None when the term is not this
+    channel's."""
+    if channel not in term.channels:
+        return None
     model: type[MailSendRecord] | type[SmsSendRecord] = (
         MailSendRecord if channel is Channel.MAIL else SmsSendRecord
     )
-    found: list[ColumnElement[bool]] = []
+    column: Any
+    match term.kind:
+        case TermKind.RECORD_ID:
+            column = model.id
+            where = [scope(model.tenant_id), model.id == int(term.value)]
+        case TermKind.MESSAGE_ID:
+            column = MailSendRecord.id
+            record_id = int(term.value[6 : term.value.index("@")])
+            where = [
+                scope(MailSendRecord.tenant_id),
+                MailSendRecord.id == record_id,
+                MailSendRecord.message_id_header == term.value,
+            ]
+        case TermKind.ADDRESS:
+            column = MailSendRecipient.record_id
+            where = [scope(MailSendRecipient.tenant_id), MailSendRecipient.address == term.value]
+        case TermKind.ADDRESS_PART:
+            column = MailSendRecipient.record_id
+            pattern = _address_pattern(term.value)
+            where = [
+                scope(MailSendRecipient.tenant_id),
+                MailSendRecipient.address.like(pattern, escape="\\"),
+            ]
+        case TermKind.SUBJECT:
+            column = MailSendSubject.record_id
+            pattern = f"%{escape_like(term.value)}%"
+            where = [
+                scope(MailSendSubject.tenant_id),
+                MailSendSubject.subject.ilike(pattern, escape="\\"),
+            ]
+        case TermKind.PHONE:
+            column = SmsSendRecord.id
+            where = [scope(SmsSendRecord.tenant_id), SmsSendRecord.phone_number == term.value]
+        case TermKind.BUSINESS_KEY:
+            column = model.id
+            where = [scope(model.tenant_id), model.business_key == term.value]
+        case TermKind.PROVIDER_ID:
+            column = SendAttempt.record_id
+            where = [
+                SendAttempt.provider_message_id == term.value,
+                SendAttempt.channel == channel.value,
+                scope(SendAttempt.tenant_id),
+            ]
+    return select(column.label("id")).where(*where), column
+
+
+def conditions(
+    understanding: Understanding,
+    channel: Channel,
+    scope: Scope,
+    *,
+    before: int | None = None,
+    newest: int | None = None,
+) -> ColumnElement[bool] | None:
+    """One channel's WHERE for ``understanding`` (any term matches), or None when nothing in
+    it can be that channel's. ``scope`` restricts a tenant_id column to the viewer's tenants.
+
+    Each term is its own select of ids over its own index, put together with UNION ALL: an OR
+    of them would leave the planner one way in, a walk of the whole record table. ``before``
+    (the keyset cursor) goes into each; ``newest`` takes only that many of each, newest
+    first, for a page that needs no more (the results page; a list with more filters cannot).
+    """
+    model: type[MailSendRecord] | type[SmsSendRecord] = (
+        MailSendRecord if channel is Channel.MAIL else SmsSendRecord
+    )
+    parts: list[Select[Any]] = []
     for term in understanding.terms:
-        if channel not in term.channels:
+        branch = _branch(term, channel, scope)
+        if branch is None:
             continue
-        match term.kind:
-            case TermKind.RECORD_ID:
-                found.append(model.id == int(term.value))
-            case TermKind.MESSAGE_ID:
-                record_id = int(term.value[6 : term.value.index("@")])
-                found.append(
-                    (MailSendRecord.id == record_id)
-                    & (MailSendRecord.message_id_header == term.value)
-                )
-            case TermKind.ADDRESS:
-                found.append(
-                    MailSendRecord.id.in_(
-                        select(MailSendRecipient.record_id).where(
-                            scope(MailSendRecipient.tenant_id),
-                            MailSendRecipient.address == term.value,
-                        )
-                    )
-                )
-            case TermKind.ADDRESS_PART:
-                found.append(
-                    MailSendRecord.id.in_(
-                        select(MailSendRecipient.record_id).where(
-                            scope(MailSendRecipient.tenant_id),
-                            MailSendRecipient.address.like(
-                                _address_pattern(term.value), escape="\\"
-                            ),
-                        )
-                    )
-                )
-            case TermKind.SUBJECT:
-                found.append(
-                    MailSendRecord.id.in_(
-                        select(MailSendSubject.record_id).where(
-                            scope(MailSendSubject.tenant_id),
-                            MailSendSubject.subject.ilike(
-                                f"%{escape_like(term.value)}%", escape="\\"
-                            ),
-                        )
-                    )
-                )
-            case TermKind.PHONE:
-                found.append(
-                    scope(SmsSendRecord.tenant_id) & (SmsSendRecord.phone_number == term.value)
-                )
-            case TermKind.BUSINESS_KEY:
-                found.append(scope(model.tenant_id) & (model.business_key == term.value))
-            case TermKind.PROVIDER_ID:
-                found.append(
-                    model.id.in_(
-                        select(SendAttempt.record_id).where(
-                            SendAttempt.provider_message_id == term.value,
-                            SendAttempt.channel == channel.value,
-                            scope(SendAttempt.tenant_id),
-                        )
-                    )
-                )
-    if not found:
+        stmt, column = branch
+        if before is not None:
+            stmt = stmt.where(column < before)
+        if newest is not None:
+            stmt = stmt.order_by(column.desc()).limit(newest)
+            stmt = select(stmt.subquery().c.id)
+        parts.append(stmt)
+    if not parts:
         return None
-    return found[0] if len(found) == 1 else or_(*found)
+    if len(parts) == 1:
+        return model.id.in_(parts[0])
+    found = union_all(*parts).subquery()
+    return model.id.in_(select(found.c.id))
 
 
 def reading_country(tenant_country: str | None, default: str) -> str:

@@ -129,15 +129,16 @@ def index() -> ResponseReturnValue:
     if meaning is not None:
         found: dict[Channel, list[Any]] = {}
         for kind in KINDS:
-            condition = where(meaning, kind.channel, tenant)
+            position = positions[kind.channel]
+            before = position if isinstance(position, int) else None
+            # A page needs at most PAGE_SIZE + 1 of each term's newest (each its own index).
+            condition = where(meaning, kind.channel, tenant, before=before, newest=PAGE_SIZE + 1)
             if condition is None:
                 continue
             searched.append(kind)
-            position = positions[kind.channel]
             if position == END:
                 found[kind.channel] = []
                 continue
-            before = position if isinstance(position, int) else None
             found[kind.channel] = _newest(kind, condition, tenant, before)
         hits, older = merge(found, positions)
     paged = any(p is not None for p in positions.values())

@@ -34,14 +34,20 @@ def understood(q: str, tenant: int | None) -> search.Understanding:
 
 
 def where(
-    meaning: search.Understanding, channel: Channel, tenant: int | None
+    meaning: search.Understanding,
+    channel: Channel,
+    tenant: int | None,
+    *,
+    before: int | None = None,
+    newest: int | None = None,
 ) -> ColumnElement[bool] | None:
-    """One channel's condition for ``meaning``, its side-table reads scoped to ``tenant``."""
+    """One channel's condition for ``meaning``, every read scoped to ``tenant``, older than
+    ``before``; ``newest``: only that many of each term's newest (``search.conditions``)."""
 
     def scope(column: Any) -> ColumnElement[bool]:
         return tenant_scope(column, tenant)
 
-    return search.conditions(meaning, channel, scope)
+    return search.conditions(meaning, channel, scope, before=before, newest=newest)
 
 
 def channel_search(channel: Channel) -> Callable[[str, int | None, int | None], Search]:
@@ -50,7 +56,7 @@ def channel_search(channel: Channel) -> Callable[[str, int | None, int | None], 
 
     def run(q: str, tenant: int | None, before: int | None) -> Search:
         meaning = understood(q, tenant)
-        condition = where(meaning, channel, tenant)
+        condition = where(meaning, channel, tenant, before=before)
         if condition is None:
             return Search([false()], f"matching {meaning.description} (never a {channel.value})")
         return Search([condition], f"matching {meaning.description}")
