@@ -4,8 +4,10 @@ cause was still there (a full quota, a missing template) were requeued and faile
 ``blockers`` reads the causes as they are now, not the record's status or error code: the
 recipient suppressed (every one of them), and for a record that will be prepared afresh (no
 ``prepared_at``) its template (exists, and is enabled when named by code) and its tier's monthly
-quota (used vs the ceiling in force this month); for every record, a server or provider that is
-there and enabled (the frozen one, or one a re-choice would find). The rules are preparation's
+quota (used vs the ceiling in force this month, each such record of the selection counted in
+turn, oldest first); for every record, a server or provider that is there and enabled (the one
+it names or was prepared with, or, when that is gone or it failed for the want of one, one a
+re-choice would find). The rules are preparation's
 (``preparation._find_template``, ``_choose_server``, ``sms_candidates``, ``quota.limit_for``);
 this module only reads. Each answer ends with what to change first.
 """
@@ -167,10 +169,25 @@ def blockers(
     ``records`` (already scoped by the caller) whose cause is still there."""
     tiers = _Tiers(session, channel, settings)
     suppressed = _suppressed(session, records, channel)
-    # A quota with room blocks none, though the last of a large selection may find it full.
     found: dict[int, str] = {}
-    for record in records:
+    charged: dict[int, int] = {}  # per tier, the selection's records counted against its room
+    for record in sorted(records, key=lambda r: r.id):  # the oldest first, as the claim goes
         reason = _blocker(record, channel, tiers, suppressed)
+        if reason is None and record.prepared_at is None:
+            # Each one still to be prepared is charged once more: a quota with room for some
+            # lets the first ones through and stops the rest.
+            tier = _tier(record)
+            used, limit = tiers.quota(tier)
+            if limit is not None and used + charged.get(tier, 0) >= limit:
+                name = tiers.name(tier)
+                reason = (
+                    f"the quota of {name} is full ({used:,} of {limit:,}); raise it first"
+                    if used >= limit
+                    else f"the quota of {name} has room for {limit - used:,} more "
+                    f"({used:,} of {limit:,}) and this selection needs more; raise it first"
+                )
+            else:
+                charged[tier] = charged.get(tier, 0) + 1
         if reason is not None:
             found[record.id] = reason
     return found
@@ -196,16 +213,7 @@ def _blocker(
             return f"template `{record.template_code}` does not exist"
         if state is False:
             return f"template `{record.template_code}` is disabled; enable it first"
-    route = _route_blocker(record, channel, tier, tiers)
-    if route is not None:
-        return route
-    if fresh:
-        used, limit = tiers.quota(tier)
-        if limit is not None and used >= limit:
-            return (
-                f"the quota of {tiers.name(tier)} is full ({used:,} of {limit:,}); raise it first"
-            )
-    return None
+    return _route_blocker(record, channel, tier, tiers)  # the quota: in ``blockers``
 
 
 def _route_blocker(record: Record, channel: Channel, tier: int, tiers: _Tiers) -> str | None:

@@ -29,7 +29,7 @@ from portal.models import tenant as tenant_model
 from portal.models.enums import DeadLetterSource
 from portal.tenancy import PLATFORM_TENANT_ID
 from tests.conftest import make_tenant
-from tests.integration.test_portal_records import HX, mail, signed_in, status_of, user
+from tests.integration.test_portal_records import HX, mail, signed_in, sms, status_of, user
 
 OPERATOR = "operator@postroom.example.com"
 ADMIN = "admin@acme.example.com"
@@ -297,3 +297,58 @@ def test_a_selection_in_one_tenants_view_needs_no_choice(
     )
     assert done.status_code == 200
     assert status_of(MailSendRecord, record) == "Retry"
+
+
+def test_a_quota_with_room_for_some_lets_the_oldest_through(
+    app: Flask, tenants: tuple[int, int]
+) -> None:
+    acme, _ = tenants
+    full_quota(acme, used=3, limit=5)
+    ids = [mail(acme, error_code="MONTHLY_QUOTA_EXCEEDED") for _ in range(4)]
+    client, token = signed_in(app, ADMIN)
+    preview = post(client, token, "/mail-records/retry", {"ids": [str(i) for i in ids]})
+    assert "<strong>2</strong> will be requeued" in preview.text
+    assert (
+        "2 MONTHLY_QUOTA_EXCEEDED</strong>: the quota of Acme has room for 2 more (3 of 5)"
+        in preview.text
+    )
+    post(
+        client,
+        token,
+        "/mail-records/retry",
+        {"confirm": "yes", "confirmed": ",".join(map(str, ids))},
+    )
+    assert [status_of(MailSendRecord, i) for i in ids] == ["Retry", "Retry", "Failed", "Failed"]
+
+
+def test_sms_checks_its_own_template_provider_and_quota(
+    app: Flask, tenants: tuple[int, int]
+) -> None:
+    acme, _ = tenants
+    db.session.add(TenantMessageQuota(tenant_id=acme, sms_monthly_limit=2))
+    db.session.add(TenantMessageUsage(tenant_id=acme, month=current_month(), sms_count=2))
+    db.session.commit()
+    no_template = sms(acme, error_code="TEMPLATE_NOT_RESOLVABLE", template_code="otp-missing")
+    no_provider = sms(acme, error_code="CONFIG_NOT_RESOLVABLE", prepared_at=db_now_value())
+    over_quota = sms(acme, error_code="MONTHLY_QUOTA_EXCEEDED")
+    client, token = signed_in(app, ADMIN)
+    ids = [no_template, no_provider, over_quota]
+    preview = post(client, token, "/sms-records/retry", {"ids": [str(i) for i in ids]})
+    text = preview.text
+    assert "1 TEMPLATE_NOT_RESOLVABLE</strong>: template `otp-missing` does not exist" in text
+    assert "1 CONFIG_NOT_RESOLVABLE</strong>: Acme has no enabled SMS provider" in text
+    assert "1 MONTHLY_QUOTA_EXCEEDED</strong>: the quota of Acme is full (2 of 2)" in text
+    assert "<strong>0</strong> will be requeued" in text
+    assert "Confirm: retry only if ticked above" in text
+    left = post(
+        client,
+        token,
+        "/sms-records/retry",
+        {"confirm": "yes", "confirmed": ",".join(map(str, ids))},
+    )
+    assert "<strong>0 requeued</strong>" in left.text
+    assert "<strong>3 left out</strong>" in left.text
+    # The mail quota is another bucket: a full SMS quota does not stop mail.
+    record = mail(acme, error_code="MONTHLY_QUOTA_EXCEEDED")
+    preview = post(client, token, "/mail-records/retry", {"ids": [str(record)]})
+    assert "would fail again" not in preview.text
