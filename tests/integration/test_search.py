@@ -60,37 +60,6 @@ def sms_link(record_id: int) -> str:
     return f'href="/sms-records/{record_id}"'
 
 
-# --- reading the text (no database) --------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    ("typed", "country", "said"),
-    [
-        ("07911 123456", "GB", "phone number +447911123456 (GB)"),
-        ("030 1234567", "DE", "phone number +49301234567 (DE)"),
-        ("447911123456", "US", "phone number +447911123456"),
-        ("+44 7911 123456", "DE", "phone number +447911123456"),
-        ("0044 7911 123456", "DE", "phone number +447911123456"),
-        ("Invoice", "GB", "mail subject containing “Invoice”"),
-        ("carol@", "GB", "an address starting with “carol@”"),
-        ("@example.com", "GB", "an address at example.com"),
-        ("Carol@Example.com", "GB", "email address carol@example.com"),
-        ("<mail-42@example.com>", "GB", "Message-ID <mail-42@example.com>"),
-        ("42", "GB", "record id 42"),
-        ("order-77", "GB", "business key “order-77”"),
-    ],
-)
-def test_the_text_is_read_as_people_mean_it(typed: str, country: str, said: str) -> None:
-    assert said in search.interpret(typed, country).description
-
-
-def test_country_codes_are_checked() -> None:
-    assert search.country_code(" de ") == "DE"
-    assert search.country_code("") is None
-    with pytest.raises(ValueError, match="ISO 3166"):
-        search.country_code("XX")
-
-
 # --- the results page ---------------------------------------------------------------------------
 
 
