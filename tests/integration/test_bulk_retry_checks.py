@@ -241,7 +241,7 @@ def test_a_tenant_admin_never_reaches_another_tenants_records_in_a_bulk_retry(
         {
             "confirm": "yes",
             "confirmed": str(theirs),
-            "scope": "filter",
+            "planned_scope": "filter",
             "all_tenants": "yes",
             "include_blocked": "yes",
         },
@@ -266,10 +266,10 @@ def test_everything_matching_in_the_all_tenants_view_needs_the_explicit_choice(
     assert '<td>Globex</td><td class="num">2</td>' in text
     assert '<td>Acme</td><td class="num">1</td>' in text
     assert 'name="all_tenants" value="yes"' in text
-    assert 'name="scope" value="filter"' in text
+    assert 'name="planned_scope" value="filter"' in text
 
     confirmed = ",".join(map(str, ids)) if verb == "retry" else ",".join(f"{i}:0" for i in ids)
-    form = {"confirm": "yes", "confirmed": confirmed, "scope": "filter", "status": status}
+    form = {"confirm": "yes", "confirmed": confirmed, "planned_scope": "filter", "status": status}
     refused = post(client, token, f"/mail-records/{verb}", form)
     assert refused.status_code == 422
     assert "Yes, all these tenants" in refused.text
@@ -293,7 +293,7 @@ def test_a_selection_in_one_tenants_view_needs_no_choice(
         client,
         token,
         "/mail-records/retry",
-        {"confirm": "yes", "confirmed": str(record), "scope": "filter", "status": "Failed"},
+        {"confirm": "yes", "confirmed": str(record), "planned_scope": "filter", "status": "Failed"},
     )
     assert done.status_code == 200
     assert status_of(MailSendRecord, record) == "Retry"
@@ -352,3 +352,22 @@ def test_sms_checks_its_own_template_provider_and_quota(
     record = mail(acme, error_code="MONTHLY_QUOTA_EXCEEDED")
     preview = post(client, token, "/mail-records/retry", {"ids": [str(record)]})
     assert "would fail again" not in preview.text
+
+
+def test_a_confirmation_left_on_the_page_does_not_widen_the_next_selection(
+    app: Flask, tenants: tuple[int, int]
+) -> None:
+    acme, globex = tenants
+    chosen = mail(acme)
+    mail(globex)
+    client, token = signed_in(app, OPERATOR, "all")
+    # The list form still holds an earlier "all matching" confirmation's fields.
+    preview = post(
+        client,
+        token,
+        "/mail-records/retry",
+        {"scope": "selected", "ids": str(chosen), "planned_scope": "filter", "status": "Failed"},
+    )
+    assert "Retry 1 mail record?" in preview.text
+    assert 'name="planned_scope" value="selected"' in preview.text
+    assert 'name="all_tenants"' not in preview.text

@@ -115,6 +115,7 @@ PARAMS: dict[str, Param] = {
     "action": enum(*(a.value for a in AuditAction)),
     "all_tenants": enum("yes", ""),  # the all-tenants view's explicit choice (issue 14)
     "include_blocked": enum("yes", ""),  # bulk retry: also those that would fail again
+    "planned_scope": enum("selected", "filter"),  # the scope a bulk confirmation was planned for
     "remove_password": enum("on", ""),
     "remove_secret": enum("on", ""),
     "remove_webhook_secret": enum("on", ""),

@@ -980,17 +980,22 @@ def bulk_view(
             return bulk.render("confirm", 422, error=error, plan=None)
     planned = plan(kind, ids, bulk.tenant)
     planned.capped = capped
-    return bulk.render("confirm", plan=_for_viewer(bulk, planned, ids), error=None)
+    scope = form.get("scope", "")
+    return bulk.render("confirm", plan=_for_viewer(bulk, planned, ids, scope), error=None)
 
 
 ALL_TENANTS_CHOSEN = "yes"  # the value of the confirmation's "all_tenants" checkbox
 
 
-def _for_viewer(bulk: BulkRequest, planned: PlanT, ids: Sequence[int]) -> PlanT:
+def _for_viewer(bulk: BulkRequest, planned: PlanT, ids: Sequence[int], scope: str) -> PlanT:
     """The plan with what the all-tenants view adds: counts per tenant, and whether confirming
     needs the explicit "all tenants" choice (everything matching the filter: whose records
-    those are is not something the operator picked row by row)."""
-    planned.scope = "filter" if bulk.form.get("scope") == "filter" else "selected"
+    those are is not something the operator picked row by row).
+
+    The confirmation carries the scope it was planned for as ``planned_scope``, not ``scope``:
+    a confirmation left on the page must not turn the next "Retry selected" into "all
+    matching"."""
+    planned.scope = "filter" if scope == "filter" else "selected"
     if bulk.tenant is None:
         planned.tenants = tenant_counts(bulk.kind, ids)
         planned.needs_all_tenants = planned.scope == "filter"
@@ -1001,13 +1006,13 @@ def _all_tenants_unchosen(
     bulk: BulkRequest, plan: Callable[[Kind, Sequence[int], int | None], PlanT]
 ) -> ResponseReturnValue | None:
     """Step two in the all-tenants view over everything matching the filter (the
-    confirmation carries ``scope=filter``), without the explicit choice: the confirmation
-    again (422), saying what to tick; else None."""
-    if bulk.tenant is None and bulk.form.get("scope") == "filter":
+    confirmation carries ``planned_scope=filter``), without the explicit choice: the
+    confirmation again (422), saying what to tick; else None."""
+    if bulk.tenant is None and bulk.form.get("planned_scope") == "filter":
         ids, _versions, error = parse_confirmed(bulk.form.get("confirmed", ""))
         if error or not ids:
             return None  # the action's own step two says what is wrong
-        planned = _for_viewer(bulk, plan(bulk.kind, ids, bulk.tenant), ids)
+        planned = _for_viewer(bulk, plan(bulk.kind, ids, bulk.tenant), ids, "filter")
         if planned.needs_all_tenants and bulk.form.get("all_tenants") != ALL_TENANTS_CHOSEN:
             choice = (
                 f"This would {bulk.verb} records of every tenant listed: tick "
