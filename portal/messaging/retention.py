@@ -33,6 +33,7 @@ from portal.models import (
     MailSendRecipient,
     MailSendRecord,
     ReceivedMail,
+    RecipientToken,
     SendAttempt,
     SendStatus,
     SmsSendRecord,
@@ -332,6 +333,16 @@ def forget(session: Session, tenant_id: int, channel: Channel, raw: str) -> Coun
                 DeliveryEvent.tenant_id == tenant_id,
                 DeliveryEvent.channel == channel.value,
                 func.lower(DeliveryEvent.recipient) == address.lower(),
+            )
+        )
+    )
+    # The recipient page's token row holds the address in clear (portal.models.search).
+    out["recipient_tokens"] += _rowcount(
+        session.execute(
+            delete(RecipientToken).where(
+                RecipientToken.tenant_id == tenant_id,
+                RecipientToken.channel == channel.value,
+                RecipientToken.address == address,
             )
         )
     )

@@ -21,6 +21,7 @@ from portal.models import (
     DeliveryEvent,
     MailSendRecipient,
     MailSendRecord,
+    RecipientToken,
     SmsSendRecord,
     Suppression,
     Tenant,
@@ -197,9 +198,18 @@ def test_forget_a_recipient_keeps_its_suppression_by_hash(app: Flask) -> None:
             recipient="ann@example.com",
         )
     )
+    # The recipient pages' token rows (issue 14) hold the address in clear: they go too.
+    for tenant_id, token in ((acme.id, "t-acme"), (other.id, "t-other")):
+        db.session.add(
+            RecipientToken(
+                token=token, tenant_id=tenant_id, channel="mail", address="ann@example.com"
+            )
+        )
     db.session.commit()
     done = retention.forget(db.session(), acme.id, Channel.MAIL, "ANN@example.com")
     db.session.commit()
+    assert done["recipient_tokens"] == 1
+    assert set(db.session.scalars(select(RecipientToken.token))) == {"t-other"}
     assert done["mail_records"] == 2
     assert done["suppressions_hashed"] == 1
     assert set(db.session.scalars(select(MailSendRecord.id))) == {kept, theirs}
