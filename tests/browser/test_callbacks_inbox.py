@@ -54,9 +54,13 @@ def test_the_bell_counts_and_mark_read_clears(page: Page, acme_admin: dict[str, 
         ),
     )
     db.session.commit()
+    polls: list[str] = []
+    page.on("request", lambda r: polls.append(r.url) if r.url.endswith("/inbox/bell") else None)
     sign_in(page, "admin@acme.example.com")
     bell = page.locator("a.bell")
     expect(bell).to_contain_text("1", timeout=AFTER_POST)
+    page.wait_for_timeout(1500)
+    assert len(polls) <= 2, polls  # once on load, then every minute: not without pause
     bell.click()
     expect(page.get_by_role("link", name="Mail quota 80 % used")).to_be_visible(timeout=AFTER_POST)
     page.get_by_role("button", name="Mark read Mail quota 80 % used").click()

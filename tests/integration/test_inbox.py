@@ -170,7 +170,10 @@ def test_the_bell_and_marking_read_are_per_user(app: Flask, world: dict[str, Any
     notices.notify(db.session(), notices.Notice(world["globex"], "quota", "g", "Globex only"))
     db.session.commit()
     admin = Portal(app, "admin@acme.test")
-    assert ">3<" in admin.get("/inbox/bell").text
+    bell = admin.get("/inbox/bell").text
+    assert ">3<" in bell
+    # The swapped-in bell polls every minute; with "load" it would ask again at once, forever.
+    assert 'hx-trigger="every 60s"' in bell
     page = admin.get("/inbox/")
     assert "Notice 2" in page.text
     assert "Globex only" not in page.text

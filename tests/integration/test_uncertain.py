@@ -212,6 +212,7 @@ def test_the_portal_resolves_and_shows_the_timeline(app: Flask, uncertain: dict[
     # An operator acts on the tenant it views (issue 12 finding 2): the platform tier's view
     # does not reach acme's record; acme's admins may resolve it (they were refused before).
     portal = Portal(app, "operator@postroom.test")
+    portal.view(PLATFORM_TENANT_ID)  # an operator starts on all tenants (issue 14, part 5)
     elsewhere = portal.post(f"/api/v1/sms/{rid}/resolve", {"outcome": "failed", "reason": "r"})
     assert elsewhere.status_code == 404
     admin = Portal(app, "admin@acme.test")
