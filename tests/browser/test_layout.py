@@ -26,6 +26,13 @@ def test_the_records_list_fits_a_phone_and_keeps_addresses_whole_on_a_desktop(
     line = page.evaluate("parseFloat(getComputedStyle(document.body).lineHeight) || 24")
     screenshot(page, "records-1366px")
     assert cell.bounding_box()["height"] < 2 * line  # type: ignore[index]  # one line
+    # Dates are typed as the label's UTC day says, not in the browser's mm/dd/yyyy.
+    since = page.get_by_label("Created from")
+    expect(since).to_have_attribute("placeholder", "YYYY-MM-DD")
+    since.fill("2020-01-01")
+    page.get_by_role("button", name="Search").click()
+    expect(page.locator("table.records td.recipient a").first).to_contain_text(LONG)
+    expect(page.get_by_label("Created from")).to_have_value("2020-01-01")
     page.set_viewport_size({"width": 390, "height": 844})
     page.goto("/mail-records/")
     expect(page.locator("table.records")).to_be_visible()
