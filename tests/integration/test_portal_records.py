@@ -508,6 +508,9 @@ def test_detail_explains_and_shows_the_message_in_a_sandbox(app: Flask, world: W
     assert f'<iframe class="preview" sandbox src="/mail-records/{world.mail}/rendered"' in page
     assert "Hi Ann" in page  # the text part
     assert "Not prepared yet" in page
+    status = re.search(r"<dt>Status</dt><dd>(.*?)</dd>", page, re.S)
+    assert status is not None
+    assert re.sub(r"<[^>]+>", " ", status.group(1)).split() == ["Failed"]  # not "Failed Failed"
     rendered = client.get(f"/mail-records/{world.mail}/rendered")
     assert rendered.mimetype == "text/html"
     csp = rendered.headers["Content-Security-Policy"]
