@@ -8,7 +8,18 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from flask import Flask, Response, current_app, jsonify, render_template, request, url_for
+from flask import (
+    Flask,
+    Response,
+    current_app,
+    flash,
+    jsonify,
+    redirect,
+    render_template,
+    request,
+    url_for,
+)
+from flask_login.utils import login_url
 from sqlalchemy import select
 from werkzeug.exceptions import HTTPException
 
@@ -58,9 +69,6 @@ def _sign_in_first() -> Any:
     """Someone not signed in asked for a page: the sign-in page, back to that page after. The
     portal's front door (``/``) opens on the sign-in page as it is, without "Sign in to see
     that page" (nobody asked for a page yet)."""
-    from flask import flash, redirect
-    from flask_login.utils import login_url
-
     if request.path != "/":
         flash(login_manager.login_message or "", "info")
         return redirect(login_url("auth.login", request.full_path.rstrip("?")))

@@ -9,7 +9,6 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from argon2 import PasswordHasher
 from flask import Flask
 from sqlalchemy import select
 
@@ -18,60 +17,22 @@ from portal.messaging import suppression
 from portal.messaging.quota import current_month
 from portal.models import (
     AuditEvent,
-    DeadLetterMessage,
     MailSendRecord,
     MailSendServerConfig,
     MailTemplate,
     TenantMessageQuota,
     TenantMessageUsage,
 )
-from portal.models import tenant as tenant_model
-from portal.models.enums import DeadLetterSource
-from portal.tenancy import PLATFORM_TENANT_ID
-from tests.conftest import make_tenant
-from tests.integration.test_portal_records import HX, mail, signed_in, sms, status_of, user
+from tests.integration import test_operator_bulk
+from tests.integration.test_operator_bulk import (  # the same people and helpers
+    ADMIN,
+    OPERATOR,
+    full_quota,
+    post,
+)
+from tests.integration.test_portal_records import mail, signed_in, sms, status_of
 
-OPERATOR = "operator@postroom.example.com"
-ADMIN = "admin@acme.example.com"
-GLOBEX_ADMIN = "admin@globex.example.com"
-
-
-@pytest.fixture
-def tenants(app: Flask, monkeypatch: pytest.MonkeyPatch) -> tuple[int, int]:
-    """acme (an admin) and globex (an admin), and the platform operator."""
-    monkeypatch.setattr(tenant_model, "_hasher", PasswordHasher(1, 8, 1))
-    acme, globex = make_tenant("acme").id, make_tenant("globex").id
-    db.session.commit()
-    user(OPERATOR, "platform_operator", PLATFORM_TENANT_ID)
-    user(ADMIN, "tenant_admin", acme)
-    user(GLOBEX_ADMIN, "tenant_admin", globex)
-    return acme, globex
-
-
-def dead_letter(tenant_id: int, record_id: int, code: str = "550") -> int:
-    row = DeadLetterMessage(
-        tenant_id=tenant_id,
-        source=DeadLetterSource.SEND_EXHAUSTED.value,
-        event_id=str(record_id),
-        channel="mail",
-        error_code=code,
-        reason="retries used up",
-        attempts=5,
-    )
-    db.session.add(row)
-    db.session.commit()
-    return row.id
-
-
-def full_quota(tenant_id: int, used: int = 5, limit: int = 5) -> None:
-    db.session.add(TenantMessageQuota(tenant_id=tenant_id, mail_monthly_limit=limit))
-    db.session.add(TenantMessageUsage(tenant_id=tenant_id, month=current_month(), mail_count=used))
-    db.session.commit()
-
-
-def post(client: Any, token: str, path: str, data: dict[str, Any]) -> Any:
-    return client.post(path, data=data, headers=HX | {"X-CSRFToken": token})
-
+tenants = test_operator_bulk.tenants  # its fixture: acme, globex and their people
 
 # --- bulk retry: what would fail again ----------------------------------------------------------
 

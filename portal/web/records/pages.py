@@ -34,7 +34,6 @@ from werkzeug.datastructures import MultiDict
 
 from portal.extensions import db
 from portal.messaging import cancel, retry_check
-from portal.messaging.events import events_for
 from portal.messaging.retry import (
     MAX_BULK,
     REFUSAL_REASONS,
@@ -763,7 +762,7 @@ def show_context(kind: Kind, record: Any) -> dict[str, Any]:
         "tenant_name": db.session.scalar(select(Tenant.name).where(Tenant.id == record.tenant_id)),
         "pretty_json": pretty_json,
         "channel": kind.channel,
-        "events": events_for(db.session(), kind.channel, record.id),
+        # Provider events are on the timeline (read once, there).
         "timeline": timeline(db.session(), kind.channel, record, operator=is_operator()),
         "dead_letter": dead_letter_of(kind, record),
     }
