@@ -1,5 +1,7 @@
 """Retention (issue 16, part 2): settled records past their tenant's retention are deleted
 with everything that hangs off them, in short batches; a recipient can be forgotten on request.
+The recipient pages' token rows (they hold the address in clear) go in the batch that takes
+the last record to their address.
 
 What is kept whatever the retention says: records still in the delivery loop (Pending, Retry,
 Sending) or waiting for a person (Uncertain), records with an untriaged dead letter or a
@@ -32,6 +34,7 @@ from portal.models import (
     DeliveryEvent,
     MailSendRecipient,
     MailSendRecord,
+    MailSendSubject,
     ReceivedMail,
     RecipientToken,
     SendAttempt,
@@ -132,11 +135,13 @@ def count_purgeable(
 
 # PostgreSQL: every delete of a batch in one statement (data-modifying CTEs), the ids as one
 # array parameter: one round trip and one plan per batch instead of six IN lists of 1,000.
+# The recipient tokens (the recipient pages' rows, holding the address in clear) go with the
+# last record to their address: the CTEs all see the statement's starting snapshot, so "no
+# other record" is read as "no record outside this batch".
 _PG_DELETE = """
-WITH recipients AS (DELETE FROM mail_send_recipient WHERE :mail AND record_id = ANY(:ids)
-                    RETURNING 1),
-     bounce_mails AS (DELETE FROM received_mail WHERE :mail AND record_id = ANY(:ids)
-                      RETURNING 1),
+WITH recipients AS ({recipients}),
+     subjects AS ({subjects}),
+     bounce_mails AS ({bounce_mails}),
      events AS (DELETE FROM delivery_event WHERE channel = :channel AND record_id = ANY(:ids)
                 RETURNING 1),
      callbacks AS (DELETE FROM callback_delivery
@@ -145,18 +150,72 @@ WITH recipients AS (DELETE FROM mail_send_recipient WHERE :mail AND record_id = 
                   WHERE channel = :channel AND record_id = ANY(:ids) RETURNING 1),
      dead_letters AS (DELETE FROM dead_letter_message
                       WHERE channel = :channel AND event_id = ANY(:text_ids) RETURNING 1),
-     records AS (DELETE FROM {table} WHERE id = ANY(:ids) RETURNING 1)
-SELECT (SELECT count(*) FROM recipients), (SELECT count(*) FROM bounce_mails),
-       (SELECT count(*) FROM events), (SELECT count(*) FROM callbacks),
-       (SELECT count(*) FROM attempts), (SELECT count(*) FROM dead_letters),
+     records AS (DELETE FROM {table} WHERE id = ANY(:ids) RETURNING {record_returning}),
+     recipient_tokens AS (
+         DELETE FROM recipient_token t
+         USING (SELECT DISTINCT tenant_id, address FROM {addresses}) a
+         WHERE t.tenant_id = a.tenant_id AND t.channel = :channel AND t.address = a.address
+           AND NOT EXISTS ({remaining})
+         RETURNING 1)
+SELECT (SELECT count(*) FROM recipients), (SELECT count(*) FROM subjects),
+       (SELECT count(*) FROM bounce_mails), (SELECT count(*) FROM events),
+       (SELECT count(*) FROM callbacks), (SELECT count(*) FROM attempts),
+       (SELECT count(*) FROM dead_letters), (SELECT count(*) FROM recipient_tokens),
        (SELECT count(*) FROM records)
 """
-_PG_KINDS = ("recipients", "bounce_mails", "events", "callbacks", "attempts", "dead_letters")
+_PG_NOTHING = "SELECT 1 WHERE false"
+_PG_STATEMENTS = {
+    Channel.MAIL: _PG_DELETE.format(
+        recipients="DELETE FROM mail_send_recipient WHERE record_id = ANY(:ids) "
+        "RETURNING tenant_id, address",
+        subjects="DELETE FROM mail_send_subject WHERE record_id = ANY(:ids) RETURNING 1",
+        bounce_mails="DELETE FROM received_mail WHERE record_id = ANY(:ids) RETURNING 1",
+        table=MailSendRecord.__tablename__,
+        record_returning="1",
+        addresses="recipients",
+        remaining="SELECT 1 FROM mail_send_recipient r WHERE r.tenant_id = t.tenant_id "
+        "AND r.address = t.address AND r.record_id <> ALL(:ids)",
+    ),
+    Channel.SMS: _PG_DELETE.format(
+        recipients=_PG_NOTHING,
+        subjects=_PG_NOTHING,
+        bounce_mails=_PG_NOTHING,
+        table=SmsSendRecord.__tablename__,
+        record_returning="tenant_id, phone_number AS address",
+        addresses="records",
+        remaining="SELECT 1 FROM sms_send_record s WHERE s.tenant_id = t.tenant_id "
+        "AND s.phone_number = t.address AND s.id <> ALL(:ids)",
+    ),
+}
+_PG_KINDS = (
+    "recipients",
+    "subjects",
+    "bounce_mails",
+    "events",
+    "callbacks",
+    "attempts",
+    "dead_letters",
+    "recipient_tokens",
+)
+
+
+def _no_record_left(channel: Channel) -> Any:
+    """A recipient token whose tenant has no record of its channel to its address."""
+    if channel is Channel.MAIL:
+        return ~exists().where(
+            MailSendRecipient.tenant_id == RecipientToken.tenant_id,
+            MailSendRecipient.address == RecipientToken.address,
+        )
+    return ~exists().where(
+        SmsSendRecord.tenant_id == RecipientToken.tenant_id,
+        SmsSendRecord.phone_number == RecipientToken.address,
+    )
 
 
 def delete_records(session: Session, channel: Channel, ids: list[int]) -> Counter[str]:
-    """Delete records ``ids`` of one channel with their recipients, events, callback
-    deliveries, attempts, bounce mails and dead letters (the caller chose them and commits)."""
+    """Delete records ``ids`` of one channel with their recipients, subjects, events, callback
+    deliveries, attempts, bounce mails and dead letters, and the recipient tokens of the
+    addresses that have no record left (the caller chose them and commits)."""
     out: Counter[str] = Counter()
     if not ids:
         return out
@@ -164,25 +223,33 @@ def delete_records(session: Session, channel: Channel, ids: list[int]) -> Counte
     text_ids = [str(i) for i in ids]
     if session.get_bind().dialect.name == "postgresql":
         row = session.execute(
-            text(_PG_DELETE.format(table=model.__tablename__)),
-            {
-                "ids": ids,
-                "text_ids": text_ids,
-                "channel": channel.value,
-                "mail": channel is Channel.MAIL,
-            },
+            text(_PG_STATEMENTS[channel]),
+            {"ids": ids, "text_ids": text_ids, "channel": channel.value},
         ).one()
-        out.update(dict(zip(_PG_KINDS, row[:6], strict=True)))
-        out[f"{channel.value}_records"] += row[6]
+        out.update(dict(zip(_PG_KINDS, row[:-1], strict=True)))
+        out[f"{channel.value}_records"] += row[-1]
         return +out  # only the kinds that deleted something
 
     def gone(statement: Any) -> int:
         return _rowcount(session.execute(statement))
 
+    # The addresses these records went to, by tenant: their tokens may go with them.
+    if channel is Channel.MAIL:
+        addressed = select(MailSendRecipient.tenant_id, MailSendRecipient.address).where(
+            MailSendRecipient.record_id.in_(ids)
+        )
+    else:
+        addressed = select(SmsSendRecord.tenant_id, SmsSendRecord.phone_number).where(
+            SmsSendRecord.id.in_(ids)
+        )
+    addresses: dict[int, set[str]] = {}
+    for tenant_id, address in session.execute(addressed.distinct()):
+        addresses.setdefault(tenant_id, set()).add(address)
     if channel is Channel.MAIL:
         out["recipients"] += gone(
             delete(MailSendRecipient).where(MailSendRecipient.record_id.in_(ids))
         )
+        out["subjects"] += gone(delete(MailSendSubject).where(MailSendSubject.record_id.in_(ids)))
         out["bounce_mails"] += gone(delete(ReceivedMail).where(ReceivedMail.record_id.in_(ids)))
     out["events"] += gone(
         delete(DeliveryEvent).where(
@@ -205,6 +272,15 @@ def delete_records(session: Session, channel: Channel, ids: list[int]) -> Counte
         )
     )
     out[f"{channel.value}_records"] += gone(delete(model).where(model.id.in_(ids)))
+    for tenant_id, found in addresses.items():
+        out["recipient_tokens"] += gone(
+            delete(RecipientToken).where(
+                RecipientToken.tenant_id == tenant_id,
+                RecipientToken.channel == channel.value,
+                RecipientToken.address.in_(sorted(found)),
+                _no_record_left(channel),
+            )
+        )
     return +out
 
 

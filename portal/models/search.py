@@ -42,6 +42,8 @@ class RecipientToken(Base):
     """
 
     __tablename__ = "recipient_token"
+    # Retention and "forget this recipient" find an address's tokens (migration 0047).
+    __table_args__ = (Index("idx_recipient_token_address", "tenant_id", "channel", "address"),)
 
     token: Mapped[str] = mapped_column(String(64), primary_key=True)
     tenant_id: Mapped[int] = mapped_column(BigId)

@@ -171,3 +171,73 @@ def test_new_tenant_on_sqlite_gets_id_1_also_after_downgrade_and_upgrade(tmp_pat
         assert _first_tenant_id(app) == 1
     finally:
         _dispose(app)
+
+
+def _tokens_left_behind_go(app: Flask) -> None:
+    """0047: the recipient tokens earlier purges left behind (no record of their channel to
+    their address in their tenant any more) are deleted; the others stay."""
+    with app.app_context():
+        downgrade(revision="0046")
+        with db.engine.begin() as connection:
+            tenant = connection.execute(
+                text("INSERT INTO tenant (slug, name) VALUES ('t47', 'T47') RETURNING id")
+            ).scalar_one()
+            record = connection.execute(
+                text(
+                    "INSERT INTO mail_send_record (tenant_id, scope, status, version, "
+                    "retry_count, to_addrs) VALUES (:t, 'TENANT', 'Sent', 1, 0, "
+                    "'[\"ann@example.com\"]') RETURNING id"
+                ),
+                {"t": tenant},
+            ).scalar_one()
+            connection.execute(
+                text(
+                    "INSERT INTO mail_send_recipient (record_id, tenant_id, address, kind) "
+                    "VALUES (:r, :t, 'ann@example.com', 'to')"
+                ),
+                {"r": record, "t": tenant},
+            )
+            connection.execute(
+                text(
+                    "INSERT INTO sms_send_record (tenant_id, scope, status, version, "
+                    "retry_count, phone_number) VALUES (:t, 'TENANT', 'Sent', 1, 0, "
+                    "'+447911000001')"
+                ),
+                {"t": tenant},
+            )
+            for token, channel, address in [
+                ("kept-mail", "mail", "ann@example.com"),
+                ("gone-mail", "mail", "bob@example.com"),
+                ("kept-sms", "sms", "+447911000001"),
+                ("gone-sms", "sms", "+447911000002"),
+                ("gone-channel", "sms", "ann@example.com"),
+            ]:
+                connection.execute(
+                    text(
+                        "INSERT INTO recipient_token (token, tenant_id, channel, address) "
+                        "VALUES (:k, :t, :c, :a)"
+                    ),
+                    {"k": token, "t": tenant, "c": channel, "a": address},
+                )
+        upgrade()
+        with db.engine.connect() as connection:
+            left = set(connection.scalars(text("SELECT token FROM recipient_token")))
+            assert left == {"kept-mail", "kept-sms"}
+            assert schema_diff(connection) == []
+        db.session.remove()
+
+
+def test_0047_deletes_tokens_left_behind_on_postgresql(throwaway_pg_url: str) -> None:
+    app = make_app(throwaway_pg_url)
+    try:
+        _tokens_left_behind_go(app)
+    finally:
+        _dispose(app)
+
+
+def test_0047_deletes_tokens_left_behind_on_sqlite(tmp_path: Path) -> None:
+    app = make_app(f"sqlite:///{tmp_path / 'tokens.db'}")
+    try:
+        _tokens_left_behind_go(app)
+    finally:
+        _dispose(app)

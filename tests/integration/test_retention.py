@@ -21,6 +21,7 @@ from portal.models import (
     DeliveryEvent,
     MailSendRecipient,
     MailSendRecord,
+    MailSendSubject,
     RecipientToken,
     SmsSendRecord,
     Suppression,
@@ -260,3 +261,76 @@ def test_a_forgotten_recipient_stays_suppressed_at_delivery(app: Flask) -> None:
     assert total == 2
     assert list(blocked) == ["ann@example.com"]
     assert "hard bounce" in blocked["ann@example.com"]
+
+
+def test_a_recipient_token_goes_with_the_last_record_to_its_address(any_app: Flask) -> None:
+    """The recipient pages' token rows hold the address in clear: the purge batch that takes a
+    recipient's last record (mail or SMS) takes its token too, and the search then finds
+    nothing; a recipient with a record left keeps its token, and so does the same address in a
+    tenant whose records stay."""
+    from portal.messaging import search
+    from portal.web.records.recipients import token_for
+    from tests.integration.test_portal_records import mail as mail_row
+    from tests.integration.test_portal_records import sms as sms_row
+
+    acme = Tenant(slug="acme", name="Acme", mail_retention_days=30, sms_retention_days=30)
+    forever = Tenant(slug="forever", name="Forever")
+    db.session.add_all([acme, forever])
+    db.session.commit()
+    old = {"status": "Sent", "updated_time": OLD}
+    recent = {"status": "Sent", "updated_time": datetime.now(UTC) - timedelta(days=1)}
+    gone_mail = [mail_row(acme.id, to="ann@example.com", **old) for _ in range(3)]
+    mail_row(acme.id, to="bob@example.com", **old)
+    bob_kept = mail_row(acme.id, to="bob@example.com", **recent)
+    theirs = mail_row(forever.id, to="ann@example.com", **old)
+    gone_sms = [sms_row(acme.id, number="+447911000001", **old) for _ in range(2)]
+    sms_row(acme.id, number="+447911000002", **old)
+    sms_kept = sms_row(acme.id, number="+447911000002", **recent)
+    wanted = [
+        (acme.id, "mail", "ann@example.com"),
+        (acme.id, "mail", "bob@example.com"),
+        (forever.id, "mail", "ann@example.com"),
+        (acme.id, "sms", "+447911000001"),
+        (acme.id, "sms", "+447911000002"),
+        (acme.id, "mail", "carol@example.com"),  # never had a record here: not retention's
+    ]
+    with any_app.test_request_context():
+        tokens = {row: token_for(*row) for row in wanted}
+    for (tenant_id, channel, address), token in tokens.items():
+        db.session.add(
+            RecipientToken(token=token, tenant_id=tenant_id, channel=channel, address=address)
+        )
+    db.session.commit()
+
+    report = retention.purge(db.engine, any_app.config["SETTINGS"], batch=2, between=lambda _: None)
+    assert report.deleted["recipient_tokens"] == 2
+    assert report.deleted["mail_records"] == 4
+    assert report.deleted["sms_records"] == 3
+    assert report.deleted["subjects"] == 4
+    db.session.expire_all()
+    left = set(db.session.scalars(select(RecipientToken.token)))
+    assert left == {
+        tokens[acme.id, "mail", "bob@example.com"],
+        tokens[forever.id, "mail", "ann@example.com"],
+        tokens[acme.id, "sms", "+447911000002"],
+        tokens[acme.id, "mail", "carol@example.com"],
+    }
+    assert set(db.session.scalars(select(MailSendRecord.id))) == {bob_kept, theirs}
+    assert set(db.session.scalars(select(SmsSendRecord.id))) == {sms_kept}
+    assert count(MailSendSubject, MailSendSubject.record_id.in_(gone_mail)) == 0
+
+    def found(channel: Channel, typed: str) -> list[int]:
+        model = MailSendRecord if channel is Channel.MAIL else SmsSendRecord
+        where = search.conditions(
+            search.interpret(typed, "GB"), channel, lambda column: column == acme.id
+        )
+        assert where is not None
+        return list(db.session.scalars(select(model.id).where(where)))
+
+    assert found(Channel.MAIL, "ann@example.com") == []
+    assert found(Channel.MAIL, "bob@example.com") == [bob_kept]
+    assert found(Channel.SMS, "+447911000001") == []
+    assert found(Channel.SMS, "+447911000002") == [sms_kept]
+    assert not set(gone_sms) & set(db.session.scalars(select(SmsSendRecord.id)))
+    db.session.rollback()  # SQLite: an open read would block the purge's writes
+    assert retention.purge(db.engine, any_app.config["SETTINGS"]).deleted == {}
