@@ -27,27 +27,30 @@ from portal.extensions import db, login_manager
 
 log = logging.getLogger(__name__)
 
-# Page groups, in navigation order: (package.module, label, permission); the module's name is
-# its blueprint's name and URL prefix.
-PAGES: list[tuple[str, str, str]] = [
-    ("operations.dashboard", "Dashboard", "view_records"),
-    ("records.mail_records", "Mail", "view_records"),
-    ("records.sms_records", "SMS", "view_records"),
-    ("records.decisions", "Needs a decision", "view_records"),
-    ("configuration.mail_templates", "Mail templates", "edit_templates"),
-    ("configuration.sms_templates", "SMS templates", "edit_templates"),
-    ("configuration.mail_servers", "Mail servers", "edit_config"),
-    ("configuration.sms_providers", "SMS providers", "edit_config"),
-    ("configuration.mail_receivers", "Bounce mailboxes", "edit_config"),
-    ("operations.quotas", "Quotas", "view_quota"),
-    ("operations.dead_letters", "Dead letters", "dead_letters"),
-    ("operations.suppressions", "Suppression list", "suppression"),
-    ("operations.api_keys", "API keys", "api_keys"),
-    ("configuration.callbacks", "Status callbacks", "api_keys"),
-    ("configuration.retention", "Retention", "edit_config"),
-    ("configuration.tenant_settings", "Tenant settings", "edit_config"),
-    ("operations.users", "Users", "manage_users"),
-    ("operations.audit", "Audit log", "view_audit"),
+# Page groups, in navigation order: (package.module, label, permission, nav group); the
+# module's name is its blueprint's name and URL prefix. The nav shows them under their group's
+# heading (what a reader looks for: the records, the configuration, the operations), in the
+# order of the groups' first pages.
+RECORDS, CONFIGURATION, OPERATIONS = "Records", "Configuration", "Operations"
+PAGES: list[tuple[str, str, str, str]] = [
+    ("operations.dashboard", "Dashboard", "view_records", RECORDS),
+    ("records.mail_records", "Mail", "view_records", RECORDS),
+    ("records.sms_records", "SMS", "view_records", RECORDS),
+    ("records.decisions", "Needs a decision", "view_records", RECORDS),
+    ("configuration.mail_templates", "Mail templates", "edit_templates", CONFIGURATION),
+    ("configuration.sms_templates", "SMS templates", "edit_templates", CONFIGURATION),
+    ("configuration.mail_servers", "Mail servers", "edit_config", CONFIGURATION),
+    ("configuration.sms_providers", "SMS providers", "edit_config", CONFIGURATION),
+    ("configuration.mail_receivers", "Bounce mailboxes", "edit_config", CONFIGURATION),
+    ("operations.quotas", "Quotas", "view_quota", OPERATIONS),
+    ("operations.dead_letters", "Dead letters", "dead_letters", OPERATIONS),
+    ("operations.suppressions", "Suppression list", "suppression", OPERATIONS),
+    ("operations.api_keys", "API keys", "api_keys", OPERATIONS),
+    ("configuration.callbacks", "Status callbacks", "api_keys", CONFIGURATION),
+    ("configuration.retention", "Retention", "edit_config", CONFIGURATION),
+    ("configuration.tenant_settings", "Tenant settings", "edit_config", CONFIGURATION),
+    ("operations.users", "Users", "manage_users", OPERATIONS),
+    ("operations.audit", "Audit log", "view_audit", OPERATIONS),
 ]
 # Blueprints with no navigation entry: the machine endpoints, sign-in, the tenant switcher, inbox.
 UNLISTED = [
@@ -82,6 +85,16 @@ class NavItem:
     active: bool
 
 
+@dataclass(frozen=True)
+class NavGroup:
+    label: str
+    items: list[NavItem]
+
+    @property
+    def key(self) -> str:
+        return self.label.lower()
+
+
 def register_blueprints(app: Flask) -> None:
     """Register every blueprint module: the unlisted ones, then the page groups."""
     from portal.web import access, security
@@ -92,7 +105,7 @@ def register_blueprints(app: Flask) -> None:
     login_manager.login_message = "Sign in to see that page."
     login_manager.session_protection = "strong"
     login_manager.unauthorized_handler(_sign_in_first)
-    for path in UNLISTED + [path for path, _, _ in PAGES]:
+    for path in UNLISTED + [page[0] for page in PAGES]:
         module = importlib.import_module(f"portal.web.{path}")
         app.register_blueprint(module.bp)
     access.init_app(app)
@@ -109,15 +122,16 @@ def _context(app: Flask) -> None:
 
     @app.context_processor
     def _helpers() -> dict[str, Any]:
-        def nav_items() -> list[NavItem]:
-            items = []
-            for path, label, permission in PAGES:
+        def nav_groups() -> list[NavGroup]:
+            """The viewer's pages under their group's heading; a group with none is left out."""
+            groups: dict[str, list[NavItem]] = {}
+            for path, label, permission, group in PAGES:
                 name = path.rpartition(".")[2]
                 endpoint = f"{name}.index"
                 if endpoint in current_app.view_functions and can(Permission(permission)):
                     active = (request.blueprint or "") == name
-                    items.append(NavItem(label, url_for(endpoint), active))
-            return items
+                    groups.setdefault(group, []).append(NavItem(label, url_for(endpoint), active))
+            return [NavGroup(label, items) for label, items in groups.items()]
 
         def tenant_choices() -> list[tuple[str, str]]:
             from portal.models import Tenant
@@ -132,7 +146,7 @@ def _context(app: Flask) -> None:
             "can": lambda permission: can(Permission(permission)),
             "shown_actor": shown_actor,
             "resolvable": resolvable,
-            "nav_items": nav_items,
+            "nav_groups": nav_groups,
             "tenant_choices": tenant_choices,
         }
 
