@@ -172,7 +172,15 @@ class MailSendRecipient(Base):
 
     __tablename__ = "mail_send_recipient"
     __table_args__ = (
-        Index("idx_mail_recipient_search", "tenant_id", "address", "record_id"),
+        # varchar_pattern_ops: equality as before, and an address prefix (``carol@``, LIKE
+        # 'carol@%') as a range of this index whatever the collation (migration 0048).
+        Index(
+            "idx_mail_recipient_search",
+            "tenant_id",
+            "address",
+            "record_id",
+            postgresql_ops={"address": "varchar_pattern_ops"},
+        ),
         {"sqlite_autoincrement": True},
     )
 

@@ -97,6 +97,12 @@ def test_what_autogenerate_cannot_see_is_there_too(any_app: Flask) -> None:
                 )
                 wanted = {f"{k}={v}" for k, v in SCAN_TABLE_STORAGE.items()}
                 assert set(options) == wanted, table
+            # 0048: an address prefix walks this btree (operator classes are not compared).
+            definition = connection.scalar(
+                text("SELECT indexdef FROM pg_indexes WHERE indexname = :i"),
+                {"i": "idx_mail_recipient_search"},
+            )
+            assert "(tenant_id, address varchar_pattern_ops, record_id)" in definition
 
 
 def _first_tenant_id(app: Flask) -> int:

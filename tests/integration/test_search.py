@@ -445,3 +445,9 @@ def test_the_side_tables_and_conditions_on_each_dialect(any_app: Flask) -> None:
     assert found("0% off") == ids  # % taken literally
     assert found("rendered") == [ids[1]]
     assert found("nobody") == []
+    # Several words: the index looks up one of them ("50%"), the whole text is still what
+    # matches (in that order, with those spaces), on both dialects.
+    assert found("ann 50% off") == [ids[0]]
+    assert found("BOB 50% OFF") == [ids[1]]
+    assert found("50% ann off") == []
+    assert found("ann  50% off") == []

@@ -42,3 +42,20 @@ def test_a_long_or_empty_text_reads_as_nothing_it_cannot_be() -> None:
     # Words with spaces are a subject only: no address, key or id is ever spelled so.
     meaning = search.interpret("Invoice March", "GB")
     assert [t.kind for t in meaning.terms] == [search.TermKind.SUBJECT]
+
+
+@pytest.mark.parametrize(
+    ("typed", "word"),
+    [
+        ("Invoice", None),  # one word: the trigram index gets the whole text, as before
+        ("order 424242 is", "424242"),  # the number, not the words every subject has
+        ("your invoice INV-2024-11", "INV-2024-11"),
+        ("welcome aboard", "welcome"),  # no digits: the longest word
+        ("is on", None),  # no word of 3 characters: the whole text
+        ("a big 50% off", "50%"),
+    ],
+)
+def test_a_several_word_subject_gives_the_index_its_rarest_looking_word(
+    typed: str, word: str | None
+) -> None:
+    assert search.index_word(typed) == word
