@@ -54,7 +54,7 @@ from portal.models import (
 )
 from portal.models.enums import RETRYABLE_BY_HAND
 from portal.tenancy import PLATFORM_TENANT_ID
-from portal.web.access import audit, is_operator, viewed_tenant
+from portal.web.access import Permission, audit, can, is_operator, viewed_tenant
 from portal.web.records import explain
 from portal.web.records.timeline import timeline
 from portal.web.security import safe_next
@@ -765,6 +765,7 @@ def show_context(kind: Kind, record: Any) -> dict[str, Any]:
         # Provider events are on the timeline (read once, there).
         "timeline": timeline(db.session(), kind.channel, record, operator=is_operator()),
         "dead_letter": dead_letter_of(kind, record),
+        "fail_again": fail_again_one(kind, record) if can(Permission.RETRY) else None,
     }
 
 
@@ -783,6 +784,20 @@ def dead_letter_of(kind: Kind, record: Any) -> DeadLetterMessage | None:
     )
 
 
+def fail_again_one(kind: Kind, record: Any) -> tuple[str, str] | None:
+    """(error code, why and what to change first) when a retry of this record now would fail
+    again, in the bulk confirmation's words ("MONTHLY_QUOTA_EXCEEDED: the quota of Globex is
+    full (5 of 5); raise it first"); None when it is not retryable or nothing found stops it.
+    The record is the viewer's already (``find_record``)."""
+    if record.status not in RETRYABLE:
+        return None
+    settings = current_app.config["SETTINGS"]
+    why = retry_check.blockers(db.session(), kind.channel, [record], settings).get(record.id)
+    if why is None:
+        return None
+    return record.error_code or "no error code", why
+
+
 def expired(record: Any) -> bool:
     """Past its ``expiresAt``: a retry needs a new one."""
     return record.expires_at is not None and record.expires_at <= datetime.now(UTC)
@@ -791,12 +806,17 @@ def expired(record: Any) -> bool:
 def retry_one(kind: Kind, record_id: int) -> ResponseReturnValue:
     """Requeue one record; the list row swaps itself, a page form redirects back.
 
-    A record with an ambiguous attempt, or past its expiry, first gets a confirm page (the
-    risk of a duplicate; a new expiry to fill in); ``confirm=yes`` with what it asks retries.
+    A record with an ambiguous attempt, past its expiry, or that would fail again (its cause
+    still there: ``retry_check``, as bulk retry's confirmation says) first gets a confirm page
+    (the risk of a duplicate; a new expiry to fill in; what to change first, and Retry anyway);
+    ``confirm=yes`` with what it asks retries. Anything else is retried in one step.
     """
     tenant = viewed_tenant(allow_all=True)
     record = find_record(kind, record_id, tenant)
-    asks = record.status in RETRYABLE and (record.ambiguous_attempt or expired(record))
+    again = fail_again_one(kind, record)
+    asks = record.status in RETRYABLE and (
+        record.ambiguous_attempt or expired(record) or again is not None
+    )
     expires_at = None
     error = None
     if asks and expired(record) and request.form.get("confirm") == "yes":
@@ -805,11 +825,24 @@ def retry_one(kind: Kind, record_id: int) -> ResponseReturnValue:
         except AcceptanceError as exc:
             error = exc.message
     if asks and (request.form.get("confirm") != "yes" or error):
+        if wants_fragment() and request.form.get("view") == "row" and not error:
+            # The list row's one-click Retry: nothing requeued; the row says why and offers
+            # the confirm page instead.
+            return _row_response(
+                kind,
+                record_id,
+                tenant,
+                f"Not retried: it would fail again — {again[0]}: {again[1]}."
+                if again
+                else "Not retried: it needs a confirmation first (Retry…).",
+                ask_first=True,
+            )
         page = render_template(
             "mail_records/retry.html",
             kind=kind,
             record=record,
             expired=expired(record),
+            fail_again=again,
             error=error,
             next_url=safe_next(
                 request.form.get("next"), url_for(kind.endpoint("show"), record_id=record_id)
@@ -820,6 +853,8 @@ def retry_one(kind: Kind, record_id: int) -> ResponseReturnValue:
     if report.requeued:
         message, category = f"Record {record_id} requeued: it will be sent again shortly.", "info"
         remark = "requeued" + (f" with a new expiry {expires_at.isoformat()}" if expires_at else "")
+        if again:
+            remark += f", retried anyway: would fail again, {again[0]}: {again[1]}"
     else:
         message = f"Record {record_id} not retried — {report.skipped[record_id]}."
         category = "error"
@@ -833,22 +868,30 @@ def retry_one(kind: Kind, record_id: int) -> ResponseReturnValue:
     )
     db.session.commit()  # the retry and its audit row together
     if wants_fragment() and request.form.get("view") == "row":
-        row = find_record(kind, record_id, tenant)
-        response = make_response(
-            render_template(
-                f"{kind.blueprint}/_row.html",
-                kind=kind,
-                r=row,
-                all_tenants=tenant is None,
-                names=tenant_names(tenant),
-                row_message=message,
-            )
-        )
-        response.headers["Vary"] = "HX-Request"
-        return response
+        return _row_response(kind, record_id, tenant, message)
     flash(message, category)
     fallback = url_for(kind.endpoint("show"), record_id=record_id)
     return redirect(safe_next(request.form.get("next"), fallback))
+
+
+def _row_response(
+    kind: Kind, record_id: int, tenant: int | None, message: str, *, ask_first: bool = False
+) -> ResponseReturnValue:
+    """The list row of one record, swapped in by its Retry, with what happened."""
+    row = find_record(kind, record_id, tenant)
+    response = make_response(
+        render_template(
+            f"{kind.blueprint}/_row.html",
+            kind=kind,
+            r=row,
+            all_tenants=tenant is None,
+            names=tenant_names(tenant),
+            row_message=message,
+            ask_first=ask_first,
+        )
+    )
+    response.headers["Vary"] = "HX-Request"
+    return response
 
 
 def resend_one(kind: Kind, record_id: int) -> ResponseReturnValue:
