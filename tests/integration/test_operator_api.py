@@ -181,7 +181,12 @@ def test_retry_requeues_a_retryable_record_due_now(env: Env, kind: str, status: 
     _, _, _, _, updated_before = state(model, record_id)
     response = env.client.post(f"/{kind}/retry?id={record_id}", headers=env.acme)
     assert response.status_code == 200, response.json
-    assert response.json == {"id": record_id, "status": "Retry", "requeued": 1}
+    assert response.json == {
+        "id": record_id,
+        "status": "Retry",
+        "requeued": 1,
+        "wouldFailAgain": [],
+    }
     status_after, retry_count, version, next_retry_at, updated = state(model, record_id)
     assert status_after == SendStatus.RETRY
     assert retry_count == 3
@@ -276,7 +281,49 @@ def test_bulk_retry_requeues_and_skips_each_with_its_reason(env: Env, kind: str)
 def test_bulk_retry_of_nothing(env: Env) -> None:
     response = env.client.post("/MailSendRecord/retryByIds", json={"ids": []}, headers=env.acme)
     assert response.status_code == 200
-    assert response.json == {"requeued": 0, "requeuedIds": [], "skipped": []}
+    assert response.json == {"requeued": 0, "requeuedIds": [], "skipped": [], "wouldFailAgain": []}
+
+
+def test_retry_says_which_records_it_requeued_would_fail_again(env: Env) -> None:
+    """Issue 14: the answer names the requeued records whose cause is still there (here acme's
+    full quota, for the ones still to be prepared), as the portal's Retry says; another
+    tenant's record is neither requeued nor named."""
+    db.session.add(TenantMessageQuota(tenant_id=env.acme_id, mail_monthly_limit=5))
+    db.session.add(
+        TenantMessageUsage(tenant_id=env.acme_id, month=quota.current_month(), mail_count=5)
+    )
+    db.session.commit()
+    blocked = make_record(MailSendRecord, env.acme_id, "Failed")  # not prepared: charged again
+    prepared = make_record(MailSendRecord, env.acme_id, "Failed")
+    record = db.session.get(MailSendRecord, prepared)
+    assert record is not None
+    record.prepared_at = datetime.now(UTC)
+    db.session.commit()
+    theirs = make_record(MailSendRecord, env.globex_id, "Failed")
+    full = "the quota of Acme is full (5 of 5); raise it first"
+
+    response = env.client.post(
+        "/MailSendRecord/retryByIds", json={"ids": [prepared, blocked, theirs]}, headers=env.acme
+    )
+    assert response.status_code == 200, response.json
+    body = response.json
+    assert body is not None
+    assert body["requeuedIds"] == [prepared, blocked]  # requeued all the same
+    assert body["wouldFailAgain"] == [{"id": blocked, "code": "SMTP_TEMPORARY", "reason": full}]
+    assert [item["id"] for item in body["skipped"]] == [theirs]
+
+    again = make_record(MailSendRecord, env.acme_id, "Failed")
+    one = env.client.post(f"/MailSendRecord/retry?id={again}", headers=env.acme)
+    assert one.status_code == 200, one.json
+    assert one.json == {
+        "id": again,
+        "status": "Retry",
+        "requeued": 1,
+        "wouldFailAgain": [{"id": again, "code": "SMTP_TEMPORARY", "reason": full}],
+    }
+    assert (
+        env.client.post(f"/MailSendRecord/retry?id={theirs}", headers=env.acme).status_code == 404
+    )
 
 
 def test_bulk_retry_accepts_exactly_the_maximum(env: Env) -> None:

@@ -246,7 +246,10 @@ _RETRY_TEXT = (
     "expired) unless the body gives a new, later expiresAt; a record stopped by its resend "
     "window (RETRY_WINDOW_EXPIRED) starts a new window. Uncertain records are never retried: "
     "resolve them. A record with an ambiguous earlier attempt (ambiguous: true) may be "
-    "delivered twice if retried."
+    "delivered twice if retried. wouldFailAgain lists the records requeued whose cause is "
+    "still there (a full quota, a template that does not exist or is disabled, no enabled "
+    "server or provider, every recipient suppressed): they are requeued all the same and will "
+    "fail again unless that changes first; each says why and what to change."
 )
 
 
@@ -655,20 +658,40 @@ def _document() -> dict[str, Any]:
                 },
                 "Retried": {
                     "type": "object",
-                    "required": ["id", "status", "requeued"],
+                    "required": ["id", "status", "requeued", "wouldFailAgain"],
                     "properties": {
                         "id": {"type": "integer"},
                         "status": {"type": "string", "enum": ["Retry"]},
                         "requeued": {"type": "integer"},
+                        "wouldFailAgain": {"$ref": "#/components/schemas/WouldFailAgain"},
                     },
                 },
                 "BulkRetried": {
                     "type": "object",
-                    "required": ["requeued", "requeuedIds", "skipped"],
+                    "required": ["requeued", "requeuedIds", "skipped", "wouldFailAgain"],
                     "properties": {
                         "requeued": {"type": "integer"},
                         "requeuedIds": {"type": "array", "items": {"type": "integer"}},
                         "skipped": {"$ref": "#/components/schemas/Skipped"},
+                        "wouldFailAgain": {"$ref": "#/components/schemas/WouldFailAgain"},
+                    },
+                },
+                "WouldFailAgain": {
+                    "type": "array",
+                    "description": "Of the records requeued, those whose cause is still there, "
+                    "as the portal's Retry says: the error code they failed with and why a "
+                    "retry now fails again, ending with what to change first.",
+                    "items": {
+                        "type": "object",
+                        "required": ["id", "code", "reason"],
+                        "properties": {
+                            "id": {"type": "integer"},
+                            "code": {"type": "string", "nullable": True},
+                            "reason": {
+                                "type": "string",
+                                "example": "the quota of Globex is full (5 of 5); raise it first",
+                            },
+                        },
                     },
                 },
                 "Usage": {

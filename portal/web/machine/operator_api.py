@@ -15,12 +15,14 @@ from datetime import UTC, datetime
 from typing import Any
 
 from flask import Blueprint, Response, current_app, jsonify, request
+from sqlalchemy import select
 
 from portal.extensions import csrf, db
-from portal.messaging import quota
+from portal.messaging import quota, retry_check
 from portal.messaging.retry import EXPIRED_REASON, MAX_BULK, Model, new_expiry, retry_records
 from portal.messaging.validation import AcceptanceError
-from portal.models import AuditAction, MailSendRecord, SmsSendRecord
+from portal.models import AuditAction, Channel, MailSendRecord, SmsSendRecord
+from portal.models.enums import RETRYABLE_BY_HAND
 from portal.models.tenant import ApiScope
 from portal.web.access import Permission
 from portal.web.machine.endpoint import (
@@ -70,6 +72,25 @@ def _optional_body() -> Any:
     return json_body()
 
 
+def _would_fail_again(
+    kind: str, ids: list[int], tenant_id: int | None
+) -> dict[int, dict[str, Any]]:
+    """Of ``ids`` (the caller's, retryable), those a retry now would not cure, with the error
+    code and why (``retry_check``: the causes as they are, as the portal's Retry says). Read
+    before the requeue; the answer names those of them it requeued all the same."""
+    model: Any = MODELS[kind]
+    stmt = select(model).where(
+        model.id.in_(ids), model.status.in_([s.value for s in RETRYABLE_BY_HAND])
+    )
+    if tenant_id is not None:
+        stmt = stmt.where(model.tenant_id == tenant_id)
+    records = list(db.session.scalars(stmt))
+    channel = Channel.MAIL if model is MailSendRecord else Channel.SMS
+    found = retry_check.blockers(db.session(), channel, records, current_app.config["SETTINGS"])
+    codes = {record.id: record.error_code for record in records}
+    return {i: {"id": i, "code": codes[i], "reason": why} for i, why in sorted(found.items())}
+
+
 @bp.post("/<any(MailSendRecord, SmsSendRecord):kind>/retry")
 @key_or_session(Permission.RETRY, ApiScope.SEND)
 def retry(kind: str) -> Response:
@@ -78,6 +99,7 @@ def retry(kind: str) -> Response:
     tenant_id = acting_tenant("no such record")
     record_id = _id_arg()
     expires_at = _expiry(_optional_body())
+    again = _would_fail_again(kind, [record_id], tenant_id)
     report = retry_records(
         db.session(), MODELS[kind], [record_id], tenant_id, expires_at=expires_at
     )
@@ -85,7 +107,14 @@ def retry(kind: str) -> Response:
         audit_records(AuditAction.RETRY, MODELS[kind], report.requeued, tenant_id, "")
     db.session.commit()
     if report.requeued:
-        return jsonify({"id": record_id, "status": "Retry", "requeued": 1})
+        return jsonify(
+            {
+                "id": record_id,
+                "status": "Retry",
+                "requeued": 1,
+                "wouldFailAgain": [again[i] for i in report.requeued if i in again],
+            }
+        )
     reason = report.skipped[record_id]
     if reason == "no such record":
         return error_response(404, "not_found", "no such record", "id")
@@ -113,7 +142,9 @@ def retry_by_ids(kind: str) -> Response:
         raise ApiError("invalid", "ids must be a list of positive whole numbers", 422, "ids")
     if len(ids) > MAX_BULK:
         raise ApiError("too_large", f"at most {MAX_BULK} ids at once", 422, "ids")
-    report = retry_records(db.session(), MODELS[kind], ids, tenant_id, expires_at=_expiry(body))
+    expires_at = _expiry(body)
+    again = _would_fail_again(kind, ids, tenant_id)
+    report = retry_records(db.session(), MODELS[kind], ids, tenant_id, expires_at=expires_at)
     if report.requeued:
         remark = f"{len(report.requeued)} requeued, {len(report.skipped)} skipped"
         audit_records(AuditAction.BULK_RETRY, MODELS[kind], report.requeued, tenant_id, remark)
@@ -123,6 +154,7 @@ def retry_by_ids(kind: str) -> Response:
             "requeued": len(report.requeued),
             "requeuedIds": report.requeued,
             "skipped": [{"id": i, "reason": r} for i, r in report.skipped.items()],
+            "wouldFailAgain": [again[i] for i in report.requeued if i in again],
         }
     )
 
