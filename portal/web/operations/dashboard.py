@@ -10,6 +10,7 @@ dashboard with and without them.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -152,15 +153,19 @@ def hourly(kind: Kind, tenant: int | None, now: datetime) -> list[Hour]:
     model = kind.model
     first = now.replace(minute=0, second=0, microsecond=0) - timedelta(hours=CHART_HOURS - 1)
     bucket = _hour_bucket(model.created_time).label("hour")
-    rows = db.session.execute(
-        select(
-            bucket,
-            func.count(),
-            func.count().filter(model.status.in_(FAILED)),
-        )
-        .where(model.created_time >= first, *_scope(model, tenant))
-        .group_by(bucket)
-    ).all()
+    rows: Sequence[Any]
+    if tenant is None:
+        rows = _hourly_all_tenants(model, bucket, first)
+    else:
+        rows = db.session.execute(
+            select(
+                bucket,
+                func.count(),
+                func.count().filter(model.status.in_(FAILED)),
+            )
+            .where(model.created_time >= first, *_scope(model, tenant))
+            .group_by(bucket)
+        ).all()
     found: dict[datetime, tuple[int, int]] = {}
     for start, total, failed in rows:
         if isinstance(start, str):  # SQLite hands the bucket back as text
@@ -183,6 +188,37 @@ def hourly(kind: Kind, tenant: int | None, now: datetime) -> list[Hour]:
                 HEIGHT_STEPS - h.failed_height, -(-(h.total - h.failed) * HEIGHT_STEPS // peak)
             )
     return hours
+
+
+# A failure is written after its record's creation: its updated_time is at or after its
+# created_time, read by the same clock (this slack covers a transaction that began before the
+# record was inserted and set updated_time to its own start).
+FAILED_SLACK = timedelta(hours=1)
+
+
+def _hourly_all_tenants(model: Any, bucket: Any, first: datetime) -> list[tuple[Any, int, int]]:
+    """The chart over every tenant without reading the day's rows: the totals from
+    ``idx_*_created`` alone (an index-only scan where the visibility map allows; the day's
+    status and tenant were read from the heap, 11,000 rows a table at 1M records and ten
+    times that at 10M), the failures down the delivery loop's (status, updated_time) index:
+    only the failed records of the day (and of FAILED_SLACK before it) are read."""
+    totals = db.session.execute(
+        select(bucket, func.count()).where(model.created_time >= first).group_by(bucket)
+    ).all()
+    failed: dict[Any, int] = dict(
+        db.session.execute(
+            select(bucket, func.count())
+            .where(
+                model.status.in_(FAILED),
+                model.updated_time >= first - FAILED_SLACK,
+                model.created_time >= first,
+            )
+            .group_by(bucket)
+        )
+        .tuples()
+        .all()
+    )
+    return [(start, int(total), int(failed.get(start, 0))) for start, total in totals]
 
 
 def without_jit() -> None:
