@@ -436,12 +436,16 @@ def search_cases(ids: dict[str, Any]) -> list[Case]:
     """The one search box (issue 14): each kind of input on the results page, and the
     recipient page of a mail address and of a number (tokens made by ``recipient_tokens``)."""
     mail_id = ids["mail_id"]
+    # An order number in a subject ("Order <g> is on its way"): one record of tenant 1 has it
+    # at every size. (It was "order 424242 is", a record that exists only from 424,242 rows
+    # on: at 100k the search found nothing, so the 1M/100k ratio compared a hit with a miss.)
+    order = mail_id // 20 * 10 + 1  # g % 10 < 6: tenant 1's
     kinds = [
         ("full address", "User4242@Example.com"),
         ("partial address", "user4242"),
         ("address prefix", "user4242@"),
         ("domain (every record)", "@example.com"),
-        ("subject words, rare", "order 424242 is"),
+        ("subject words, rare", f"order {order} is"),
         ("subject word, in every record", "way"),
         ("national number (GB)", "07911 004242"),
         ("number without +", "447911004242"),
