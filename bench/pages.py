@@ -17,6 +17,12 @@ with bench/claim.py).
 The seed time and the database's size are printed. --keep leaves the database in place and a
 later run with the same --rows and --keep uses it again (no seeding); drop it by hand after.
 
+--versus N also seeds (or with --keep reuses) a second database of N rows and then times every
+page on both in turns, request by request (N, rows, N, rows, ...), and prints each page's p95
+and median at both sizes and their ratio (the issue 14 goal: 1M/100k <= 1.5). On a shared
+machine the two sizes measured in separate runs minutes apart see different loads; in turns
+they see the same.
+
 Data: 10 tenants, tenant 1 holding 60 % of the records; mostly Sent, 2 % Failed, 1 % DeadLetter,
 a small backlog (Pending, Retry) at the newest end; one record every ~8 s over 90 days; 50,000
 distinct addresses and numbers (about 20 records each).
@@ -572,12 +578,18 @@ def options(parser: Any) -> None:
     parser.add_argument(
         "--keep", action="store_true", help="keep the database; reuse a kept one of this size"
     )
+    parser.add_argument(
+        "--versus",
+        type=int,
+        default=None,
+        help="also a database of this many rows, every page timed on both in turns (ratios)",
+    )
 
 
 @contextlib.contextmanager
-def pages_database(n: int, keep: bool) -> Iterator[tuple[str, bool]]:
+def pages_database(n: int, keep: bool, base: str = DB_NAME) -> Iterator[tuple[str, bool]]:
     """The bench database and whether it is already seeded with ``n`` rows (--keep)."""
-    name = c.db_name(DB_NAME)
+    name = c.db_name(base)
     url = c.database_url(name)
     if keep:
         with contextlib.suppress(psycopg.Error), psycopg.connect(c.conninfo(url)) as conn:
@@ -587,7 +599,7 @@ def pages_database(n: int, keep: bool) -> Iterator[tuple[str, bool]]:
                 yield url, True
                 return
     if not keep:
-        with c.bench_database(DB_NAME) as url:
+        with c.bench_database(base) as url:
             yield url, False
         return
     with psycopg.connect(c.conninfo(c.ADMIN_URL), autocommit=True) as admin:
@@ -597,32 +609,92 @@ def pages_database(n: int, keep: bool) -> Iterator[tuple[str, bool]]:
     yield url, False
 
 
+def prepared(url: str, seeded: bool, n: int) -> tuple[Flask, str, dict[str, Any]]:
+    """The app on a bench database of ``n`` rows (seeded now unless it was), its DSN and the
+    ids the cases use."""
+    app = c.make_app(url)
+    dsn = c.conninfo(url)
+    if not seeded:
+        c.say(f"\nseeding {n:,} mail and {n:,} SMS records ...")
+        t0 = time.perf_counter()
+        ids = seed(app, dsn, n)
+        c.say(f"  seeded in {time.perf_counter() - t0:.1f} s")
+        with psycopg.connect(dsn) as conn:
+            conn.execute(
+                "CREATE TABLE bench_pages_seed (rows bigint, mail_id bigint, sms_id bigint)"
+            )
+            conn.execute(
+                "INSERT INTO bench_pages_seed VALUES (%s, %s, %s)",
+                (n, ids["mail_id"], ids["sms_id"]),
+            )
+    else:
+        with psycopg.connect(dsn) as conn:
+            row = conn.execute("SELECT mail_id, sms_id FROM bench_pages_seed").fetchone()
+        assert row is not None
+        ids = {"mail_id": row[0], "sms_id": row[1]}
+    ids |= recipient_tokens(app, dsn)  # idempotent: on a kept database too
+    return app, dsn, ids
+
+
+def versus(
+    small: tuple[Flask, dict[str, Any]], big: tuple[Flask, dict[str, Any]], runs: int
+) -> list[list[Any]]:
+    """Every page timed on the small and the big database in turns, request by request."""
+    sides = []
+    for app, ids in (small, big):
+        clients = {
+            "support": signed_in(app, SUPPORT),
+            "operator": signed_in(app, OPERATOR, "all"),
+        }
+        sides.append({case.name: (case, clients[case.who]) for case in cases(ids)})
+    rows = []
+    for name, (case, _) in sides[1].items():
+        if name not in sides[0]:
+            continue
+        fns = []
+        for side in sides:
+            one, client = side[name]
+            fns.append(
+                page(client, "/", {"HX-Request": "true"})
+                if one.url == "/__hx__"
+                else page(client, one.url)
+            )
+        for fn in fns:  # warm both: plans, buffers, templates
+            fn()
+            fn()
+        samples: list[list[float]] = [[], []]
+        for _ in range(runs):
+            for side_samples, fn in zip(samples, fns, strict=True):
+                t0 = time.perf_counter()
+                fn()
+                side_samples.append((time.perf_counter() - t0) * 1000)
+        small_p95, big_p95 = (c.percentile(x, 95) for x in samples)
+        small_med, big_med = (c.median(x) for x in samples)
+        goal = case.goal_ms if case.goal == "p95" else None
+        rows.append(
+            [
+                name,
+                small_p95,
+                big_p95,
+                big_p95 / small_p95,
+                small_med,
+                big_med,
+                big_med / small_med,
+                "" if goal is None else c.verdict(big_p95 < goal),
+            ]
+        )
+        c.say(f"  {name}: p95 {small_p95:,.1f} / {big_p95:,.1f} (load {os.getloadavg()[0]:.1f})")
+    return rows
+
+
 def main() -> int:
     args = c.parse_args(__doc__, options)
     n = args.rows or (50_000 if args.quick else 1_000_000)
     c.print_header("bench/pages.py: portal pages on a big database", args.quick)
+    if args.versus:
+        return main_versus(args, args.versus, n)
     with pages_database(n, args.keep) as (url, seeded):
-        app = c.make_app(url)
-        dsn = c.conninfo(url)
-        if not seeded:
-            c.say(f"\nseeding {n:,} mail and {n:,} SMS records ...")
-            t0 = time.perf_counter()
-            ids = seed(app, dsn, n)
-            c.say(f"  seeded in {time.perf_counter() - t0:.1f} s")
-            with psycopg.connect(dsn) as conn:
-                conn.execute(
-                    "CREATE TABLE bench_pages_seed (rows bigint, mail_id bigint, sms_id bigint)"
-                )
-                conn.execute(
-                    "INSERT INTO bench_pages_seed VALUES (%s, %s, %s)",
-                    (n, ids["mail_id"], ids["sms_id"]),
-                )
-        else:
-            with psycopg.connect(dsn) as conn:
-                row = conn.execute("SELECT mail_id, sms_id FROM bench_pages_seed").fetchone()
-            assert row is not None
-            ids = {"mail_id": row[0], "sms_id": row[1]}
-        ids |= recipient_tokens(app, dsn)  # idempotent: on a kept database too
+        app, dsn, ids = prepared(url, seeded, n)
         c.print_table("Database size", ["table", "heap", "indexes"], database_size(dsn))
         c.say(f"load average before measuring: {load()}")
         results = measure(app, dsn, ids, args.runs)
@@ -649,6 +721,41 @@ def main() -> int:
         c.say(f"\nload average at the end: {load()}")
         with app.app_context():
             db.engine.dispose()
+    return 0
+
+
+def main_versus(args: Any, small_n: int, n: int) -> int:
+    """--versus: both databases, every page in turns, the ratios."""
+    with (
+        pages_database(small_n, args.keep, f"{DB_NAME}_{small_n}") as (small_url, small_seeded),
+        pages_database(n, args.keep) as (url, seeded),
+    ):
+        small_app, small_dsn, small_ids = prepared(small_url, small_seeded, small_n)
+        app, dsn, ids = prepared(url, seeded, n)
+        for size, where in ((small_n, small_dsn), (n, dsn)):
+            c.print_table(
+                f"Database size, {size:,} rows", ["table", "heap", "indexes"], database_size(where)
+            )
+        c.say(f"load average before measuring: {load()}")
+        rows = versus((small_app, small_ids), (app, ids), args.runs)
+        c.print_table(
+            f"Every page on {small_n:,} and {n:,} records in turns ({args.runs} each), ms",
+            [
+                "page",
+                f"p95 {small_n:,}",
+                f"p95 {n:,}",
+                "ratio",
+                f"median {small_n:,}",
+                f"median {n:,}",
+                "ratio",
+                f"p95 goal at {n:,}",
+            ],
+            rows,
+        )
+        c.say(f"\nload average at the end: {load()}")
+        for one in (small_app, app):
+            with one.app_context():
+                db.engine.dispose()
     return 0
 
 
