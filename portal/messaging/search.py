@@ -215,24 +215,29 @@ def escape_like(text: str) -> str:
     return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
 
 
-MIN_INDEX_WORD = 3  # a trigram index can look up a word of 3 characters or more
+MIN_INDEX_WORD = 5  # an identifier-like word: 5 characters or more, one of them a digit
+_WORD = re.compile(r"[^\W_]+")
 
 
 def index_word(text: str) -> str | None:
-    """The word of a several-word subject search the trigram index looks up, or None to give
-    it the whole text.
+    """The part of a subject or address search the trigram index looks up, or None to give it
+    the whole text.
 
     A trigram index intersects the lists of every trigram of the pattern, and the trigrams of
     common words ("order", "is", "your") are in nearly every subject: their lists are as long
     as the table, and reading them made "order 424242 is" cost what the table weighs
-    (bench/pages.py: 1,637 index pages at 1M rows; "424242" alone: 7). One word is looked up
-    and the whole text checked on the rows it finds: the word with a digit in it (an order or
-    invoice number is what is rare in a subject), else the longest.
+    (bench/pages.py: 1,637 index pages at 1M rows; "424242" alone: 7). When the text has a word
+    that looks like an identifier (an order, invoice or tracking number: 5 characters or more,
+    one a digit; the longest such), the index looks up that word alone and the whole text is
+    checked on the rows it finds. Without one the index gets the whole text: a single common
+    word would find too many rows to check one by one.
     """
-    words = [w for w in text.split() if len(w) >= MIN_INDEX_WORD]
-    if len(text.split()) < 2 or not words:
+    words = [w for w in _WORD.findall(text) if len(w) >= MIN_INDEX_WORD]
+    words = [w for w in words if any(ch.isdigit() for ch in w)]
+    if not words:
         return None
-    return max(words, key=lambda w: (any(ch.isdigit() for ch in w), len(w)))
+    word = max(words, key=len)
+    return None if word == text else word
 
 
 def _address_pattern(part: str) -> str:
@@ -276,10 +281,15 @@ def _branch(
         case TermKind.ADDRESS_PART:
             column = MailSendRecipient.record_id
             pattern = _address_pattern(term.value)
-            where = [
-                scope(MailSendRecipient.tenant_id),
-                MailSendRecipient.address.like(pattern, escape="\\"),
-            ]
+            where = [scope(MailSendRecipient.tenant_id)]
+            word = index_word(term.value) if pattern.startswith("%") else None
+            if pattern.endswith("%") and word is not None:  # "%part%": see index_word
+                where += [
+                    MailSendRecipient.address.like(f"%{escape_like(word)}%", escape="\\"),
+                    MailSendRecipient.address.concat("").like(pattern, escape="\\"),
+                ]
+            else:
+                where.append(MailSendRecipient.address.like(pattern, escape="\\"))
         case TermKind.SUBJECT:
             column = MailSendSubject.record_id
             pattern = f"%{escape_like(term.value)}%"
