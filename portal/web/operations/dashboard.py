@@ -10,6 +10,7 @@ dashboard with and without them.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -17,7 +18,7 @@ from typing import Any
 
 from flask import Blueprint, redirect, render_template, request, url_for
 from flask.typing import ResponseReturnValue
-from sqlalchemy import ColumnElement, func, literal, select, text
+from sqlalchemy import ColumnElement, Select, bindparam, func, literal, select, text
 
 from portal.extensions import db
 from portal.messaging import breaker
@@ -94,51 +95,54 @@ def _capped_count(model: Any, *where: ColumnElement[bool]) -> Any:
     return select(func.count()).select_from(inner).scalar_subquery()
 
 
-def status_counts(kind: Kind, tenant: int | None) -> list[StatusCount]:
-    """Records per status (each count capped), in one round trip."""
-    model = kind.model
-    scope = _scope(model, tenant)
-    columns = [
-        _capped_count(model, model.status == status.value, *scope).label(status.name)
-        for status in SendStatus
-    ]
-    row = db.session.execute(select(*columns)).one()
-    return [
-        StatusCount(status.value, explain.label(status.value), int(count or 0))
-        for status, count in zip(SendStatus, row, strict=True)
-    ]
-
-
-def backlog(
-    kind: Kind, tenant: int | None, now: datetime
-) -> tuple[int, tuple[int, datetime] | None]:
-    """How many are due (Pending, and Retry whose time has come) and the longest-due one.
-
-    Both reads are the due scan's own (status, updated_time) / (status, next_retry_at) walks.
-    """
-    model = kind.model
-    scope = _scope(model, tenant)
-    retry_due = [model.status == SendStatus.RETRY.value, model.next_retry_at <= now, *scope]
+@functools.cache
+def _figures_statement(model: Any, scoped: bool) -> Select[Any]:
+    """One channel's figures in one statement: the records per status (each count capped),
+    how many are due (Pending, and Retry whose time has come) and the longest-due Pending and
+    Retry (id and since when). Each is its own index read (the status counts and the due
+    scan's (status, updated_time) / (status, next_retry_at) walks); one round trip for all
+    of them, built once per channel and scope (the tenant and the time are parameters)."""
+    scope = [model.tenant_id == bindparam("tenant")] if scoped else []
     pending = [model.status == SendStatus.PENDING.value, *scope]
+    retry_due = [
+        model.status == SendStatus.RETRY.value,
+        model.next_retry_at <= bindparam("now"),
+        *scope,
+    ]
+
+    def oldest(column: Any, where: list[ColumnElement[bool]], by: Any) -> Any:
+        return select(column).where(*where).order_by(by).limit(1).scalar_subquery()
+
+    return select(
+        *(_capped_count(model, model.status == status.value, *scope) for status in SendStatus),
+        _capped_count(model, *pending),
+        _capped_count(model, *retry_due),
+        oldest(model.id, pending, model.updated_time),
+        oldest(model.updated_time, pending, model.updated_time),
+        oldest(model.id, retry_due, model.next_retry_at),
+        oldest(model.next_retry_at, retry_due, model.next_retry_at),
+    )
+
+
+def figures(
+    kind: Kind, tenant: int | None, now: datetime
+) -> tuple[list[StatusCount], int, tuple[int, datetime] | None]:
+    """Records per status, how many are due and the longest-due one (one round trip)."""
     row = db.session.execute(
-        select(_capped_count(model, *pending), _capped_count(model, *retry_due))
+        _figures_statement(kind.model, tenant is not None), {"tenant": tenant, "now": now}
     ).one()
-    due = int(row[0] or 0) + int(row[1] or 0)
-    candidates: list[tuple[int, datetime]] = []
-    oldest_pending = db.session.execute(
-        select(model.id, model.updated_time).where(*pending).order_by(model.updated_time).limit(1)
-    ).first()
-    if oldest_pending is not None:
-        candidates.append((oldest_pending[0], oldest_pending[1]))
-    oldest_retry = db.session.execute(
-        select(model.id, model.next_retry_at)
-        .where(*retry_due)
-        .order_by(model.next_retry_at)
-        .limit(1)
-    ).first()
-    if oldest_retry is not None and oldest_retry[1] is not None:
-        candidates.append((oldest_retry[0], oldest_retry[1]))
-    return due, min(candidates, key=lambda c: c[1]) if candidates else None
+    n = len(SendStatus)
+    counts = [
+        StatusCount(status.value, explain.label(status.value), int(count or 0))
+        for status, count in zip(SendStatus, row[:n], strict=True)
+    ]
+    due = int(row[n] or 0) + int(row[n + 1] or 0)
+    candidates = [
+        (int(record_id), since)
+        for record_id, since in ((row[n + 2], row[n + 3]), (row[n + 4], row[n + 5]))
+        if record_id is not None and since is not None
+    ]
+    return counts, due, min(candidates, key=lambda c: c[1]) if candidates else None
 
 
 def _hour_bucket(column: Any) -> Any:
@@ -234,8 +238,8 @@ def without_jit() -> None:
 
 
 def summary(kind: Kind, tenant: int | None, now: datetime) -> ChannelSummary:
-    due, oldest = backlog(kind, tenant, now)
-    return ChannelSummary(kind, status_counts(kind, tenant), due, oldest, hourly(kind, tenant, now))
+    counts, due, oldest = figures(kind, tenant, now)
+    return ChannelSummary(kind, counts, due, oldest, hourly(kind, tenant, now))
 
 
 def recent_dead_letters(tenant: int | None, limit: int = 5) -> list[DeadLetterMessage]:
@@ -333,7 +337,19 @@ class TenantFigures:
         return self.mail_failed + self.sms_failed + self.dead_letters
 
 
-def failures_by_tenant() -> list[TenantFigures]:
+@functools.cache
+def _failures_statement(model: Any, tenant_ids: tuple[int, ...]) -> Select[Any]:
+    """Per tenant and failed status, a capped count (built once per set of tenants)."""
+    return select(
+        *(
+            _capped_count(model, model.tenant_id == tid, model.status == status)
+            for tid in tenant_ids
+            for status in FAILED
+        )
+    )
+
+
+def failures_by_tenant(names: dict[int, str] | None = None) -> list[TenantFigures]:
     """Failed and dead-lettered records (each channel) and dead letters waiting for triage,
     per tenant, for the tenants that have any; most first. Operators only: so the dashboard
     never says "none" for the viewed tenant while others have failures waiting.
@@ -341,18 +357,12 @@ def failures_by_tenant() -> list[TenantFigures]:
     Bounded like the status counts: per tenant and status, a capped count (COUNT_CAP + 1 rows
     at most) down the (tenant_id, status, id) index, all in one statement per channel.
     """
-    names = tenant_names(None)
+    names = tenant_names(None) if names is None else names
     figures: dict[int, list[int]] = {}
     for position, kind in enumerate((MAIL, SMS)):
-        model = kind.model
-        columns = [
-            _capped_count(model, model.tenant_id == tid, model.status == status)
-            for tid in names
-            for status in FAILED
-        ]
-        if not columns:
+        if not names:
             continue
-        row = db.session.execute(select(*columns)).one()
+        row = db.session.execute(_failures_statement(kind.model, tuple(names))).one()
         for i, tid in enumerate(names):
             count = sum(int(row[i * len(FAILED) + j] or 0) for j in range(len(FAILED)))
             if count:
@@ -373,10 +383,11 @@ def index() -> ResponseReturnValue:
     tenant = viewed_tenant(allow_all=True)
     now = datetime.now(UTC)
     without_jit()
+    names = tenant_names(tenant)
     context = {
         "channels": [summary(MAIL, tenant, now), summary(SMS, tenant, now)],
         "dead_letters": recent_dead_letters(tenant) if can(Permission.DEAD_LETTERS) else None,
-        "names": tenant_names(tenant),
+        "names": names,
         "now": now,
         "age_text": age_text,
         "count_cap": COUNT_CAP,
@@ -384,7 +395,7 @@ def index() -> ResponseReturnValue:
         "channel_of": {Channel.MAIL.value: MAIL, Channel.SMS.value: SMS},
         "decisions": decisions_count(tenant),
         "down": down_servers(tenant),
-        "by_tenant": failures_by_tenant() if is_operator() else None,
+        "by_tenant": failures_by_tenant(names or None) if is_operator() else None,
         "viewed": tenant,
     }
     template = "dashboard/_summary.html" if wants_fragment() else "dashboard/index.html"
