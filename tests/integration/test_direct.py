@@ -551,17 +551,29 @@ def test_the_write_back_commits_without_waiting_for_the_disk_and_the_claim_waits
     """The charge with the write-back commits asynchronously (its WAL is flushed by the
     attempt's last write, or within the WAL writer's delay); the claim, which the stuck-send
     sweep relies on after a crash, waits for its flush. Right after each statement, on the
-    same connection: is the server's flushed WAL behind what it has written?"""
+    same connection: is the server's flushed WAL behind what it has written?
+
+    WAL is the whole server's: other databases' asynchronous commits (another test run, a
+    benchmark) leave it behind too. So the claim is compared with a control, a write of ours
+    known to wait for its flush, sampled the same way: the claim must not be behind more
+    often than that (on a quiet server, about never)."""
     from portal.messaging import preparation
 
     acme_id = tenant("acme").id
     n = 10
     _accept(app, acme_id, n)
     settings = app.config["SETTINGS"]
-    behind_after_claim = behind_after_freeze = 0
+    behind_after_claim = behind_after_freeze = behind_after_control = 0
     check = "SELECT pg_current_wal_flush_lsn() < pg_current_wal_insert_lsn()"
     with holding(db.engine):
         for i in range(n):
+            with driver_cursor(db.engine) as cursor:
+                # The control: a synchronous commit of a write (autocommit, the default
+                # synchronous_commit), then the same look.
+                cursor.execute("SET synchronous_commit = on")
+                cursor.execute("UPDATE tenant SET name = name WHERE id = %s", (acme_id,))
+                cursor.execute(check)
+                behind_after_control += cursor.fetchone()[0]
             (record,) = claim_due(db.engine, MailSendRecord, 1)
             with driver_cursor(db.engine) as cursor:
                 cursor.execute(check)
@@ -585,7 +597,10 @@ def test_the_write_back_commits_without_waiting_for_the_disk_and_the_claim_waits
             with driver_cursor(db.engine) as cursor:
                 cursor.execute(check)
                 behind_after_freeze += cursor.fetchone()[0]
-    assert behind_after_claim <= 2, behind_after_claim
+    assert behind_after_claim <= behind_after_control + 2, (
+        behind_after_claim,
+        behind_after_control,
+    )
     assert behind_after_freeze >= n - 3, behind_after_freeze
     written = db.session.scalars(
         select(MailSendRecord.message_id_header).where(MailSendRecord.tenant_id == acme_id)
