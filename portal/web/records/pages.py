@@ -61,6 +61,19 @@ from portal.web.security import safe_next
 
 PAGE_SIZE = 50
 MAX_SEARCH_CHARS = 320  # the longest email address; anything longer is not a search we can do
+
+
+def search_problem(text: str) -> str | None:
+    """Why the search box's text cannot be searched for, or None: too long, or holding control
+    characters (no address, number or subject has them, and PostgreSQL refuses a NUL in a
+    query outright)."""
+    if len(text) > MAX_SEARCH_CHARS:
+        return f"Search for at most {MAX_SEARCH_CHARS} characters."
+    if any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in text):
+        return "Search for letters, digits and punctuation only (no control characters)."
+    return None
+
+
 MAX_TEMPLATE_CHARS = 100
 MAX_ID = 2**63 - 1  # bigint: a larger id would make PostgreSQL raise instead of find nothing
 BULK_CAP = MAX_BULK
@@ -134,8 +147,8 @@ def parse_filters(source: Mapping[str, str]) -> Filters:
     }
     filters = Filters(raw=raw)
     errors = filters.errors
-    if len(raw["q"]) > MAX_SEARCH_CHARS:
-        errors["q"] = f"Search for at most {MAX_SEARCH_CHARS} characters."
+    if problem := search_problem(raw["q"]):
+        errors["q"] = problem
     else:
         filters.q = raw["q"]
     if raw["status"] and raw["status"] not in STATUSES:
@@ -144,6 +157,8 @@ def parse_filters(source: Mapping[str, str]) -> Filters:
         filters.status = raw["status"]
     if len(raw["template"]) > MAX_TEMPLATE_CHARS:
         errors["template"] = f"A template code has at most {MAX_TEMPLATE_CHARS} characters."
+    elif any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in raw["template"]):
+        errors["template"] = "A template code has no control characters."
     else:
         filters.template = raw["template"]
     if raw["tests"] not in ("", "hide", "only"):

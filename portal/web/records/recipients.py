@@ -137,7 +137,7 @@ class Figures:
 
 def _find(token: str, tenant: int | None) -> RecipientToken:
     """The recipient behind ``token`` if the viewer may see it; 404 otherwise."""
-    if len(token) > 64:
+    if len(token) > 64 or "\x00" in token:  # PostgreSQL refuses a NUL in a query outright
         abort(404)
     stmt = select(RecipientToken).where(RecipientToken.token == token)
     if tenant is not None:

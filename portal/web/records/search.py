@@ -22,10 +22,10 @@ from portal.web.access import Permission, requires, viewed_tenant
 from portal.web.records.mail_records import MAIL
 from portal.web.records.pages import (
     COMMON_LIST_COLUMNS,
-    MAX_SEARCH_CHARS,
     PAGE_SIZE,
     Kind,
     parse_id,
+    search_problem,
     tenant_names,
 )
 from portal.web.records.search_box import understood, where
@@ -116,9 +116,7 @@ def index() -> ResponseReturnValue:
     """Mail and SMS matching the box, newest first, with what the text was read as."""
     tenant = viewed_tenant(allow_all=True)
     q = (request.args.get("q") or "").strip()
-    error = None
-    if len(q) > MAX_SEARCH_CHARS:
-        error = f"Search for at most {MAX_SEARCH_CHARS} characters."
+    error = search_problem(q)
     meaning = understood(q, tenant) if q and not error else None
     positions: dict[Channel, int | str | None] = {
         k.channel: _cursor(request.args.get(f"{k.channel.value}_before")) for k in KINDS
