@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
+import pytest
 from flask import Flask
 from sqlalchemy import update
 
@@ -17,7 +18,10 @@ from tests.conftest import make_tenant
 from tests.integration.test_portal_records import mail
 
 
-def test_the_all_tenants_chart_counts_what_each_tenant_chart_counts(any_app: Flask) -> None:
+def test_the_all_tenants_chart_counts_what_each_tenant_chart_counts(
+    any_app: Flask, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(dashboard, "PAST_HOURS_S", 0.0)  # every call reads every hour
     tenants = [make_tenant(f"chart{i}").id for i in range(3)]
     db.session.commit()
     now = datetime.now(UTC)
@@ -56,3 +60,37 @@ def test_the_all_tenants_chart_counts_what_each_tenant_chart_counts(any_app: Fla
     ]
     by_hours_ago = {23 - i: (h.total, h.failed) for i, h in enumerate(every) if h.total}
     assert by_hours_ago == {0: (2, 1), 3: (1, 1), 5: (1, 1), 7: (1, 0), 23: (2, 1)}
+
+
+def test_the_hours_before_this_one_are_read_once_a_minute(
+    app: Flask, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A dashboard refresh reads this hour's records; the hours before it come from the
+    last full read while it is under PAST_HOURS_S old (same hour, same engine and scope)."""
+    tenant = make_tenant("cached").id
+    db.session.commit()
+    dashboard._past_hours.clear()
+    now = datetime.now(UTC)
+    hour = now.replace(minute=0, second=0, microsecond=0)
+
+    def created(hours_ago: int, status: str = "Sent") -> None:
+        rid = mail(tenant, status=status)
+        when = hour - timedelta(hours=hours_ago) + timedelta(seconds=1)
+        db.session.execute(
+            update(MailSendRecord)
+            .where(MailSendRecord.id == rid)
+            .values(created_time=when, updated_time=when)
+        )
+        db.session.commit()
+
+    def chart() -> dict[int, tuple[int, int]]:
+        hours = dashboard.hourly(MAIL, tenant, now)
+        return {23 - i: (h.total, h.failed) for i, h in enumerate(hours) if h.total}
+
+    created(2)
+    assert chart() == {2: (1, 0)}
+    created(2, "Failed")  # an earlier hour, while the read of it is fresh: not yet
+    created(0, "Failed")  # this hour: at once
+    assert chart() == {2: (1, 0), 0: (1, 1)}
+    monkeypatch.setattr(dashboard, "PAST_HOURS_S", 0.0)
+    assert chart() == {2: (2, 1), 0: (1, 1)}
