@@ -64,7 +64,9 @@ ERROR_OF = "CASE WHEN g % 50 = 0 THEN '550 5.1.1' WHEN g % 97 = 0 THEN '451 4.3.
 # The pages an index on the record tables could change (measured again after --index).
 INDEXED_PAGES = {
     "dashboard",
+    "dashboard, every hour read",
     "dashboard, all tenants",
+    "dashboard, all tenants, every hour read",
     "dashboard fragment (htmx)",
     "mail list, status DeadLetter",
     "mail list, template + status",
@@ -328,6 +330,25 @@ def page(client: FlaskClient, url: str, headers: dict[str, str] | None = None) -
     return get
 
 
+def case_page(client: FlaskClient, case: Case) -> Callable[[], Any]:
+    """The request of ``case`` (the htmx fragment, or read fresh: see Case.fresh)."""
+    from portal.web.operations import dashboard
+
+    get = (
+        page(client, "/", {"HX-Request": "true"})
+        if case.url == "/__hx__"
+        else page(client, case.url)
+    )
+    if not case.fresh:
+        return get
+
+    def fresh() -> None:
+        dashboard._past_hours.clear()
+        get()
+
+    return fresh
+
+
 def sql(conn: psycopg.Connection[Any], query: str) -> Callable[[], Any]:
     return lambda: conn.execute(query).fetchall()
 
@@ -340,6 +361,9 @@ class Case:
     raw: str | None = None
     goal: str = ""  # "median" or "p95": under goal_ms is the goal; "": for information
     goal_ms: float = GOAL_MS
+    # The dashboard reads its chart's earlier hours at most once a minute: True times the
+    # request that reads them (the first after a minute), not the refreshes between.
+    fresh: bool = False
 
 
 def weeks_ago(weeks: int) -> str:
@@ -428,7 +452,9 @@ def cases(ids: dict[str, Any]) -> list[Case]:
             goal="p95",
         ),
         Case("dashboard", "support", "/", goal="p95"),
+        Case("dashboard, every hour read", "support", "/", goal="p95", fresh=True),
         Case("dashboard, all tenants", "operator", "/", goal="p95"),
+        Case("dashboard, all tenants, every hour read", "operator", "/", goal="p95", fresh=True),
         Case("dashboard fragment (htmx)", "support", "/__hx__", goal="p95"),
         Case("dead letters", "operator", "/dead-letters/?status=Pending"),
         *search_cases(ids),
@@ -529,11 +555,7 @@ def measure(
         for case in cases(ids):
             if only is not None and case.name not in only:
                 continue
-            client = clients[case.who]
-            if case.url == "/__hx__":
-                fn = page(client, "/", {"HX-Request": "true"})
-            else:
-                fn = page(client, case.url)
+            fn = case_page(clients[case.who], case)
             ours = timed(fn, runs)
             raw = timed(sql(conn, case.raw), runs) if case.raw else None
             results[case.name] = (ours, raw)
@@ -651,14 +673,7 @@ def versus(
     for name, (case, _) in sides[1].items():
         if name not in sides[0]:
             continue
-        fns = []
-        for side in sides:
-            one, client = side[name]
-            fns.append(
-                page(client, "/", {"HX-Request": "true"})
-                if one.url == "/__hx__"
-                else page(client, one.url)
-            )
+        fns = [case_page(client, one) for one, client in (side[name] for side in sides)]
         for fn in fns:  # warm both: plans, buffers, templates
             fn()
             fn()
