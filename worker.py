@@ -2,7 +2,9 @@
 
 Builds the app, starts a delivery pool per channel, registers the periodic chores with
 rq-scheduler and supervises, as child processes, the rq-scheduler daemon and an rq worker that
-runs them. Shutdown has two stages: the first SIGTERM/SIGINT claims nothing more and waits up
+runs them. With ``DELIVERY_PROCESSES`` N > 1 (PostgreSQL), the send workers are shared out
+among this process and N - 1 delivery children (``portal.delivery.process``), supervised the
+same way. Shutdown has two stages: the first SIGTERM/SIGINT claims nothing more and waits up
 to SHUTDOWN_GRACE_S for sends in flight (what is left stays Sending for the stuck-send sweep),
 then stops the children and exits 0; a second signal exits at once.
 """
@@ -27,8 +29,9 @@ from types import FrameType
 
 from portal import create_app
 from portal.config import Settings
-from portal.delivery.children import Supervisor, chore_children
+from portal.delivery.children import Child, Supervisor, chore_children
 from portal.delivery.chores import ensure_schedules
+from portal.delivery.process import split
 from portal.delivery.service import DeliveryService
 from portal.extensions import db
 from portal.logs import configure_logging
@@ -50,6 +53,29 @@ def keep_schedules(settings: Settings, stopping: threading.Event) -> None:
         except Exception as exc:  # Redis away: delivery goes on; try again soon
             log.warning("cannot register the chore schedules (%s); retrying", exc)
             wait = min(settings.schedule_check_s, max(1.0, wait * 2))
+
+
+def delivery_shares(settings: Settings, dialect: str) -> tuple[Settings, list[Child]]:
+    """This process's settings (its share of the send workers) and the delivery children
+    that run the rest (``DELIVERY_PROCESSES``)."""
+    processes = settings.delivery_processes
+    if processes > 1 and dialect != "postgresql":
+        log.warning("DELIVERY_PROCESSES=%d needs PostgreSQL; delivering in one process", processes)
+        processes = 1
+    parts = split(settings.mail_send_concurrency, settings.sms_send_concurrency, processes)
+    if len(parts) <= 1:
+        return settings, []
+    (mail, sms), rest = parts[0], parts[1:]
+    children = [
+        Child(
+            f"delivery-{i}",
+            [sys.executable, "-m", "portal.delivery.process", "--mail", str(m), "--sms", str(s)],
+            stop_timeout_s=settings.shutdown_grace_s + 5.0,
+        )
+        for i, (m, s) in enumerate(rest, start=1)
+    ]
+    log.info("delivering in %d processes", len(parts), extra={"shares": [list(p) for p in parts]})
+    return settings.replace(mail_send_concurrency=mail, sms_send_concurrency=sms), children
 
 
 def _say_unlocked(level: int, message: str) -> None:
@@ -85,10 +111,13 @@ def main() -> int:
     if redis_url is None:  # embedded Redis: the children need its socket
         redis_url = f"unix://{connect(None).socket_file}"  # type: ignore[attr-defined]
     env = dict(os.environ, REDIS_URL=redis_url)
+    mine, others = delivery_shares(settings, engine.dialect.name)
     supervisor = Supervisor(
-        chore_children(redis_url, settings.sweep_interval_s), env, Path(__file__).parent
+        chore_children(redis_url, settings.sweep_interval_s) + others,
+        env,
+        Path(__file__).parent,
     )
-    service = DeliveryService(engine, settings)
+    service = DeliveryService(engine, mine)
     if settings.worker_metrics_port:
         from portal.metrics import start_worker_metrics
 
@@ -101,8 +130,9 @@ def main() -> int:
     print(f"worker: delivering (pid {os.getpid()})", flush=True)
     stopping.wait()
     service.stop()
-    service.wait(settings.shutdown_grace_s)
+    # The delivery children's sends in flight get their grace at the same time as ours.
     supervisor.stop()
+    service.wait(settings.shutdown_grace_s)
     engine.dispose()
     if _OWN_METRICS_DIR:
         shutil.rmtree(os.environ["PROMETHEUS_MULTIPROC_DIR"], ignore_errors=True)

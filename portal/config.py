@@ -106,6 +106,10 @@ class Settings:
     production: bool = False
     mail_send_concurrency: int = 4
     sms_send_concurrency: int = 10
+    # worker.py runs the send workers in this many processes (the GIL holds one process's
+    # threads to about one core): MAIL_SEND_CONCURRENCY and SMS_SEND_CONCURRENCY are shared out
+    # among them. PostgreSQL only; SQLite keeps one.
+    delivery_processes: int = 1
     poll_interval_s: float = 0.5
     max_retries: int = 5
     backoff_base_s: float = 30.0
@@ -184,6 +188,7 @@ class Settings:
             production=production,
             mail_send_concurrency=_int(env, "MAIL_SEND_CONCURRENCY", 4) or 0,
             sms_send_concurrency=_int(env, "SMS_SEND_CONCURRENCY", 10) or 0,
+            delivery_processes=_positive(env, "DELIVERY_PROCESSES", 1),
             poll_interval_s=_float(env, "POLL_INTERVAL_S", 0.5),
             max_retries=_int(env, "MAX_RETRIES", 5) or 0,
             backoff_base_s=_float(env, "BACKOFF_BASE_S", 30.0),

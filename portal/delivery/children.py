@@ -58,6 +58,9 @@ class Child:
     restarts: int = 0
     next_start: float = 0.0
     started_at: float = field(default=0.0)
+    # How long a SIGTERMed child may take before SIGKILL (None: the supervisor's default); a
+    # delivery child finishes its sends in flight first.
+    stop_timeout_s: float | None = None
 
 
 class Supervisor:
@@ -124,20 +127,24 @@ class Supervisor:
                     self._spawn(child)
 
     def stop(self, timeout_s: float = 5.0) -> None:
-        """SIGTERM every child, SIGKILL what is still there after ``timeout_s``."""
+        """SIGTERM every child, SIGKILL what is still there after ``timeout_s`` (or the
+        child's own ``stop_timeout_s``)."""
         self.stopping.set()
         if self.thread.is_alive():
             self.thread.join(2.0)
-        running = [c.process for c in self.children if c.process and c.process.poll() is None]
-        for process in running:
-            process.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + timeout_s
-        for process in running:
+        running = [c for c in self.children if c.process and c.process.poll() is None]
+        for child in running:
+            assert child.process is not None
+            child.process.send_signal(signal.SIGTERM)
+        start = time.monotonic()
+        for child in running:
+            assert child.process is not None
+            limit = timeout_s if child.stop_timeout_s is None else child.stop_timeout_s
             try:
-                process.wait(max(0.1, deadline - time.monotonic()))
+                child.process.wait(max(0.1, start + limit - time.monotonic()))
             except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+                child.process.kill()
+                child.process.wait()
 
 
 def chore_children(redis_url: str, interval_s: float) -> list[Child]:
