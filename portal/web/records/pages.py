@@ -28,7 +28,7 @@ from flask import (
     url_for,
 )
 from flask.typing import ResponseReturnValue
-from sqlalchemy import ColumnElement, Select, func, select
+from sqlalchemy import ColumnElement, Select, func, select, tuple_
 from sqlalchemy.orm import load_only
 from werkzeug.datastructures import MultiDict
 
@@ -335,17 +335,37 @@ def tenant_names(tenant: int | None) -> dict[int, str]:
 
 
 def list_page(kind: Kind, filters: Filters, tenant: int | None) -> RecordPage:
-    """One page of matching records, newest first (keyset on id: no OFFSET, any depth)."""
+    """One page of matching records, newest first (keyset on id: no OFFSET, any depth).
+
+    Between dates (and no search) the page is newest first by creation time, ties by id, and
+    the cursor's record gives the position: the dates are then a range of ``idx_*_created``.
+    By id, PostgreSQL walked the primary key back from today to the dates' newest record
+    ("a week two months ago" at 1M: 614,000 rows read, 350 ms; by creation time 52, 0.5 ms).
+    Ids follow creation times only nearly (a transaction's records share its start time), so
+    no id range stands for the dates exactly. The cursor's record is read under the list's
+    own conditions (its tenant, its dates): another tenant's id positions nothing.
+    """
     model = kind.model
     where, search = conditions(kind, filters, tenant)
     stmt: Select[Any] = select(model).options(
         load_only(*(getattr(model, c) for c in COMMON_LIST_COLUMNS + kind.list_columns))
     )
-    if filters.before is not None:
+    order: list[Any] = [model.id.desc()]
+    if (filters.date_from or filters.date_to) and search is None:
+        order = [model.created_time.desc(), model.id.desc()]
+        if filters.before is not None:
+            at = (
+                select(model.created_time)
+                .where(model.id == filters.before, *where)
+                .scalar_subquery()
+            )
+            stmt = stmt.where(
+                model.created_time <= at,
+                tuple_(model.created_time, model.id) < tuple_(at, filters.before),
+            )
+    elif filters.before is not None:
         stmt = stmt.where(model.id < filters.before)
-    rows = db.session.scalars(
-        stmt.where(*where).order_by(model.id.desc()).limit(PAGE_SIZE + 1)
-    ).all()
+    rows = db.session.scalars(stmt.where(*where).order_by(*order).limit(PAGE_SIZE + 1)).all()
     if len(rows) > PAGE_SIZE:
         older: int | None = rows[PAGE_SIZE - 1].id
     else:
