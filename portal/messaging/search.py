@@ -22,7 +22,7 @@ from enum import StrEnum
 from typing import Any
 
 import phonenumbers
-from sqlalchemy import ColumnElement, Select, select, union_all
+from sqlalchemy import ColumnElement, Select, literal_column, select, union_all
 
 from portal.messaging.addresses import AddressError, email_address, parse_phone_number
 from portal.models import (
@@ -240,6 +240,22 @@ def index_word(text: str) -> str | None:
     return None if word == text else word
 
 
+def rare_core(text: str) -> str | None:
+    """For an address part that holds an identifier-like word (``user4242``, ``smith1984``):
+    the stretch of it around its digits (``er4242``, ``th1984``) for the trigram index, or
+    None. In addresses the trigrams of letters ("use", "ser", "ith") are in nearly every row,
+    so their lists grow with the table; those with a digit are few. The whole part is then
+    checked on the rows the core finds."""
+    words = [w for w in _WORD.findall(text) if len(w) >= MIN_INDEX_WORD]
+    words = [w for w in words if any(ch.isdigit() for ch in w)]
+    if not words:
+        return None
+    word = max(words, key=len)
+    digits = [i for i, ch in enumerate(word) if ch.isdigit()]
+    core = word[max(0, digits[0] - 2) : digits[-1] + 3]
+    return core if len(core) >= 3 else None
+
+
 def _address_pattern(part: str) -> str:
     if part.endswith("@") and not part.startswith("@"):
         return escape_like(part) + "%"
@@ -282,10 +298,15 @@ def _branch(
             column = MailSendRecipient.record_id
             pattern = _address_pattern(term.value)
             where = [scope(MailSendRecipient.tenant_id)]
-            word = index_word(term.value) if pattern.startswith("%") else None
-            if pattern.endswith("%") and word is not None:  # "%part%": see index_word
+            core = rare_core(term.value) if pattern.startswith("%") else None
+            if core is not None:
+                # The index gets the core (see rare_core), the whole part is checked on its
+                # rows, and the rows are sorted by id, not walked down the record_id index:
+                # with the part's few matches misjudged as many, PostgreSQL walked that index
+                # back from the newest and filtered ("user4242" at 1M: 357,526 rows, 38 ms).
+                column = MailSendRecipient.record_id + literal_column("0")
                 where += [
-                    MailSendRecipient.address.like(f"%{escape_like(word)}%", escape="\\"),
+                    MailSendRecipient.address.like(f"%{escape_like(core)}%", escape="\\"),
                     MailSendRecipient.address.concat("").like(pattern, escape="\\"),
                 ]
             else:

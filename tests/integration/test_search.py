@@ -82,6 +82,19 @@ def test_a_partial_address_and_a_domain(app: Flask, world: World) -> None:
     assert "xcarol@other.example" not in results(app, "carol@")
 
 
+def test_a_partial_address_with_an_identifier_is_checked_whole(app: Flask, world: World) -> None:
+    """The index looks up the stretch around the digits (search.rare_core: "er4242"); the
+    whole part is checked on what it finds, newest first."""
+    older = mail(world.acme, to="user4242@example.com", subject="One")
+    newer = mail(world.acme, to="a.user42420@example.net", subject="Two")
+    other = mail(world.acme, to="peter4242@example.com", subject="Three")  # has "er4242"
+    page = results(app, "user4242")
+    assert mail_link(older) in page
+    assert mail_link(newer) in page
+    assert mail_link(other) not in page
+    assert page.index(mail_link(newer)) < page.index(mail_link(older))
+
+
 def test_a_subject_word_never_lands_on_an_empty_sms_list(app: Flask, world: World) -> None:
     invoice = mail(world.acme, subject="Your Invoice for March")
     page = results(app, "invoice")

@@ -60,3 +60,22 @@ def test_a_long_or_empty_text_reads_as_nothing_it_cannot_be() -> None:
 )
 def test_the_index_looks_up_the_identifier_in_a_search(typed: str, word: str | None) -> None:
     assert search.index_word(typed) == word
+
+
+@pytest.mark.parametrize(
+    ("typed", "core"),
+    [
+        ("user4242", "er4242"),  # "use" and "ser" are in nearly every address
+        ("john.smith1984", "th1984"),
+        ("INV20241105", "NV20241105"),
+        ("4242a", "4242a"),
+        ("a1b2c3d", "a1b2c3d"),
+        ("carol", None),  # no digit: the whole part, as before
+        ("ab12", None),  # too short to be an identifier
+        ("example.com", None),
+    ],
+)
+def test_an_address_part_gives_the_index_the_stretch_around_its_digits(
+    typed: str, core: str | None
+) -> None:
+    assert search.rare_core(typed) == core
