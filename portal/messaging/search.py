@@ -228,16 +228,23 @@ def index_word(text: str) -> str | None:
     as the table, and reading them made "order 424242 is" cost what the table weighs
     (bench/pages.py: 1,637 index pages at 1M rows; "424242" alone: 7). When the text has a word
     that looks like an identifier (an order, invoice or tracking number: 5 characters or more,
-    one a digit; the longest such), the index looks up that word alone and the whole text is
-    checked on the rows it finds. Without one the index gets the whole text: a single common
-    word would find too many rows to check one by one.
+    one a digit, or a 4-digit number that is not a year; the longest such), the index looks up
+    that word alone and the whole text is checked on the rows it finds. Without one the index
+    gets the whole text: a single common word would find too many rows to check one by one.
     """
-    words = [w for w in _WORD.findall(text) if len(w) >= MIN_INDEX_WORD]
-    words = [w for w in words if any(ch.isdigit() for ch in w)]
+    words = [w for w in _WORD.findall(text) if _identifier(w)]
     if not words:
         return None
     word = max(words, key=len)
     return None if word == text else word
+
+
+def _identifier(word: str) -> bool:
+    """5 characters or more, one a digit; or a 4-digit number that is not a year ("order
+    4242": a year is in too many subjects to check them one by one)."""
+    if len(word) >= MIN_INDEX_WORD:
+        return any(ch.isdigit() for ch in word)
+    return len(word) == 4 and word.isdigit() and not 1900 <= int(word) <= 2099
 
 
 def rare_core(text: str) -> str | None:

@@ -54,6 +54,8 @@ def test_a_long_or_empty_text_reads_as_nothing_it_cannot_be() -> None:
         ("INV20241105", None),  # the word is the whole text
         ("welcome aboard", None),  # no identifier: the whole text
         ("invoice 2024", None),  # a year is no identifier (too common to check one by one)
+        ("order 4242 is", "4242"),  # a 4-digit number that is not a year is one
+        ("order 424 is", None),  # shorter numbers are not
         ("john.smith1984", "smith1984"),
         ("a big 50% off", None),
     ],
