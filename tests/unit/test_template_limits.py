@@ -4,6 +4,7 @@ cache, and the wiring of the settings."""
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Iterator
 from dataclasses import replace
 
@@ -239,3 +240,17 @@ def test_configure_makes_every_render_follow_the_settings() -> None:
     finally:
         templating._configured.clear()
     assert templating.configured_limits() is DEFAULT_LIMITS
+
+
+def test_the_render_deadline_counts_the_threads_cpu_not_the_wall_clock() -> None:
+    """A render that waits (for the GIL behind a busy pool, on a loaded machine) is not the
+    template's doing and must not fail it; one that burns CPU past the limit does."""
+    budget = templating._Budget(replace(DEFAULT_LIMITS, render_timeout_s=0.05))
+    time.sleep(0.15)  # three times the limit on the wall clock, almost no CPU
+    for _ in range(16):  # the clock is read at the first tick and every 16th after
+        budget.tick()
+    started = time.thread_time()
+    while time.thread_time() - started < 0.1:  # twice the limit in CPU
+        pass
+    with pytest.raises(templating._LimitError, match="took too long to render"):
+        budget.tick()  # the 17th: the clock is read
