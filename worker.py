@@ -130,9 +130,12 @@ def main() -> int:
     print(f"worker: delivering (pid {os.getpid()})", flush=True)
     stopping.wait()
     service.stop()
-    # The delivery children's sends in flight get their grace at the same time as ours.
-    supervisor.stop()
-    service.wait(settings.shutdown_grace_s)
+    if others:  # the delivery children finish their sends in flight while this process does
+        supervisor.stop()
+        service.wait(settings.shutdown_grace_s)
+    else:
+        service.wait(settings.shutdown_grace_s)
+        supervisor.stop()
     engine.dispose()
     if _OWN_METRICS_DIR:
         shutil.rmtree(os.environ["PROMETHEUS_MULTIPROC_DIR"], ignore_errors=True)
