@@ -48,6 +48,8 @@ import _common as c  # first: puts the repository root on sys.path
 import httpx
 import psycopg
 
+from portal.delivery.process import shares as share_out
+
 DB_NAME = "postroom_bench_sms"
 RATIO_GOAL = 0.7
 SCALE_GOAL = 3.0
@@ -161,7 +163,7 @@ class Children:
     """P worker processes of W/P SMS workers each (the remainder spread over the first)."""
 
     def __init__(self, url: str, workers: int, procs: int, log: str) -> None:
-        shares = [workers // procs + (1 if i < workers % procs else 0) for i in range(procs)]
+        shares = share_out(workers, procs)  # as DELIVERY_PROCESSES shares them
         env = dict(os.environ, BENCH_DB_PREFIX=c.DB_PREFIX, BENCH_REDIS_URL=c.REDIS_URL)
         self.processes = [
             subprocess.Popen(

@@ -232,19 +232,22 @@ def index_word(text: str) -> str | None:
     that word alone and the whole text is checked on the rows it finds. Without one the index
     gets the whole text: a single common word would find too many rows to check one by one.
     """
-    words = [w for w in _WORD.findall(text) if _identifier(w)]
-    if not words:
-        return None
-    word = max(words, key=len)
+    word = _longest_identifier(text, numbers=True)
     return None if word == text else word
 
 
-def _identifier(word: str) -> bool:
-    """5 characters or more, one a digit; or a 4-digit number that is not a year ("order
-    4242": a year is in too many subjects to check them one by one)."""
+def _longest_identifier(text: str, *, numbers: bool) -> str | None:
+    """The longest word of ``text`` that looks like an identifier: 5 characters or more, one a
+    digit; with ``numbers`` also a 4-digit number that is not a year ("order 4242": a year is
+    in too many subjects to check them one by one)."""
+    words = [w for w in _WORD.findall(text) if _identifier(w, numbers)]
+    return max(words, key=len) if words else None
+
+
+def _identifier(word: str, numbers: bool) -> bool:
     if len(word) >= MIN_INDEX_WORD:
         return any(ch.isdigit() for ch in word)
-    return len(word) == 4 and word.isdigit() and not 1900 <= int(word) <= 2099
+    return numbers and len(word) == 4 and word.isdigit() and not 1900 <= int(word) <= 2099
 
 
 def rare_core(text: str) -> str | None:
@@ -253,11 +256,9 @@ def rare_core(text: str) -> str | None:
     None. In addresses the trigrams of letters ("use", "ser", "ith") are in nearly every row,
     so their lists grow with the table; those with a digit are few. The whole part is then
     checked on the rows the core finds."""
-    words = [w for w in _WORD.findall(text) if len(w) >= MIN_INDEX_WORD]
-    words = [w for w in words if any(ch.isdigit() for ch in w)]
-    if not words:
+    word = _longest_identifier(text, numbers=False)
+    if word is None:
         return None
-    word = max(words, key=len)
     digits = [i for i, ch in enumerate(word) if ch.isdigit()]
     core = word[max(0, digits[0] - 2) : digits[-1] + 3]
     return core if len(core) >= 3 else None

@@ -363,7 +363,7 @@ class TenantFigures:
         return self.mail_failed + self.sms_failed + self.dead_letters
 
 
-@functools.cache
+@functools.lru_cache(maxsize=16)  # the tenant set changes now and then: keep the recent ones
 def _failures_statement(model: Any, tenant_ids: tuple[int, ...]) -> Select[Any]:
     """Per tenant and failed status, a capped count (built once per set of tenants)."""
     return select(
