@@ -7,8 +7,9 @@ that cannot be prepared fails with a marker code saying why.
 
 from __future__ import annotations
 
+import json
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -27,7 +28,14 @@ from sqlalchemy import (
 from sqlalchemy.orm import Session
 
 from portal.config import Settings
-from portal.messaging import quota, suppression, template_checks, template_versions, templating
+from portal.messaging import (
+    quota,
+    scan,
+    suppression,
+    template_checks,
+    template_versions,
+    templating,
+)
 from portal.messaging.classify import MarkerCode
 from portal.messaging.configcache import CONFIGS
 from portal.messaging.outcomes import Claimed
@@ -108,31 +116,46 @@ def suppressed_recipients(
             wanted[record.phone_number] = record.phone_number
     else:
         raw = [*record.to_addrs, *(record.cc_addrs or []), *(record.bcc_addrs or [])]
+    # What the claim read beside the record (PostgreSQL, migration 0049) answers for every
+    # recipient whose normal form is its ASCII lower case, as the claim computed it.
+    look = scan.looked(record)
     for address in raw:
         try:
-            wanted.setdefault(suppression.normalise(channel, address), address.strip().lower())
+            key = suppression.normalise(channel, address)
         except suppression.InvalidAddress:
             continue
+        wanted.setdefault(key, address.strip().lower())
+        if look is not None and not (address.isascii() and key == address.lower()):
+            look = None
     if not wanted:
-        CONFIGS.seen(None)
+        CONFIGS.seen(look.epoch if look is not None else None)
         return {}, len(set(raw))
     # A forgotten recipient's suppression keeps only the address's hash (issue 16): look for
     # both forms.
     lookup = dict(wanted)
     for address, written in wanted.items():
         lookup[suppression.hashed(address)] = written
-    statement, addresses = padded(list(lookup), _SUPPRESSION_STATEMENTS, _suppression_statement)
-    _count, rows = statement.run(
-        engine, tenant=record.tenant_id, channel=channel.value, **addresses
-    )
+    found: list[Sequence[Any]]
+    if look is not None:
+        found = json.loads(look.suppressions) if look.suppressions else []
+        epoch = look.epoch
+    else:
+        statement, addresses = padded(list(lookup), _SUPPRESSION_STATEMENTS, _suppression_statement)
+        _count, rows = statement.run(
+            engine, tenant=record.tenant_id, channel=channel.value, **addresses
+        )
+        epoch = rows[0][0] if rows and engine.dialect.name == "postgresql" else None
+        found = [
+            (address, reason, created.strftime("%Y-%m-%d %H:%M") if created else None, *more)
+            for _epoch, address, reason, created, *more in rows
+        ]
     # The configs this attempt reads next may come from the cache while this epoch holds.
-    CONFIGS.seen(rows[0][0] if rows and engine.dialect.name == "postgresql" else None)
+    CONFIGS.seen(epoch)
     blocked: dict[str, str] = {}
-    for _epoch, address, reason, created, created_by, detail in rows:
-        if address is None:
+    for address, reason, created, created_by, detail in found:
+        if address not in lookup:  # none (no suppression), or a key only the claim computed
             continue
-        when = created.strftime("%Y-%m-%d %H:%M UTC") if created else "?"
-        why = f"{reason.replace('_', ' ')} since {when}"
+        why = f"{reason.replace('_', ' ')} since {created + ' UTC' if created else '?'}"
         if created_by:
             why += f" by {created_by}"
         if detail:

@@ -22,14 +22,17 @@ from __future__ import annotations
 
 import random
 import threading
-from collections.abc import Callable, Iterator
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
 from sqlalchemy import (
+    BigInteger,
     Engine,
+    Text,
     and_,
     case,
     func,
@@ -266,6 +269,70 @@ def fair_pick_sql(
     return f"WITH RECURSIVE {ctes}\n{body}"
 
 
+@dataclass(frozen=True)
+class Looked:
+    """What a claim on PostgreSQL read beside the record it claimed, for the attempt that
+    follows (one round trip fewer per record; migration 0049): ``suppressions``, the tenant's
+    active suppressions of the record's recipients as JSON text (rows of address, reason,
+    "YYYY-MM-DD HH:MI" UTC, created_by, detail; None when there are none), and ``epoch``,
+    the configuration epoch (``configcache``). Read by ``preparation.suppressed_recipients``."""
+
+    suppressions: str | None
+    epoch: int | None
+
+
+_LOOKED = "_postroom_claim_looked"  # where a claimed record carries it (not a mapped column)
+
+
+def looked(record: Any) -> Looked | None:
+    """What the claim of this record read beside it, if a claim on PostgreSQL loaded it."""
+    found: Looked | None = vars(record).get(_LOOKED)
+    return found
+
+
+class ClaimLoader:
+    """Builds a claimed record from the claim's columns: the record's (mapper order), then,
+    on PostgreSQL, the two columns of ``Looked``."""
+
+    def __init__(self, model: RecordModel):
+        self.record = Loader(model)
+        self.pk_index = self.record.pk_index
+        self.width = len(self.record.columns)
+        suppressions = (
+            func.postroom_mail_suppression_hits(
+                model.tenant_id,
+                model.to_addrs,
+                model.cc_addrs,
+                model.bcc_addrs,
+                type_=Text,
+            )
+            if model is MailSendRecord
+            else func.postroom_sms_suppression_hits(
+                model.tenant_id,
+                model.phone_number,  # type: ignore[union-attr]
+                type_=Text,
+            )
+        )
+        epoch = literal_column(
+            "(SELECT e.epoch FROM config_epoch e WHERE e.id = 1)", type_=BigInteger
+        )
+        self.looked: tuple[Any, ...] = (
+            suppressions.label("looked_suppressions"),
+            epoch.label("looked_epoch"),
+        )
+
+    def columns(self, dialect: str) -> tuple[Any, ...]:
+        return self.record.columns + (self.looked if dialect == "postgresql" else ())
+
+    def load(self, row: Sequence[Any]) -> Any:
+        width = self.width
+        if len(row) == width:
+            return self.record.load(row)
+        instance = self.record.load(row[:width])
+        vars(instance)[_LOOKED] = Looked(row[width], row[width + 1])
+        return instance
+
+
 class _DueClaim:
     """The one-statement claim of up to ``k`` due records of one table, built once per ``k``
     and set of streams.
@@ -281,7 +348,7 @@ class _DueClaim:
 
     def __init__(self, model: RecordModel):
         self.model = model
-        self.loader = Loader(model)
+        self.loader = ClaimLoader(model)
         self._by_key: dict[tuple[str, int, tuple[Stream, ...]], Direct] = {}
         self.after_sent = self.statement(1, ALL_STREAMS, "postgresql", after_sent=True)
 
@@ -289,7 +356,7 @@ class _DueClaim:
         key = (dialect, k, streams)
         found = self._by_key.get(key)
         if found is None:
-            built = Direct(self.statement(k, streams, dialect), self.loader.columns)
+            built = Direct(self.statement(k, streams, dialect), self.loader.columns(dialect))
             found = self._by_key.setdefault(key, built)
         return found
 
@@ -336,7 +403,8 @@ class _DueClaim:
         *,
         after_sent: bool = False,
     ) -> Any:
-        """The claim as an UPDATE returning the record's columns in mapper order."""
+        """The claim as an UPDATE returning the record's columns in mapper order (and, on
+        PostgreSQL, ``Looked``'s)."""
         model = self.model
         pick = self._pick(k, streams, dialect, after_sent).cte("pick")
         return (
@@ -348,7 +416,7 @@ class _DueClaim:
                 updated_time=db_now(),
                 first_claimed_at=func.coalesce(model.first_claimed_at, db_now()),
             )
-            .returning(*self.loader.columns)
+            .returning(*self.loader.columns(dialect))
         )
 
     def __call__(
@@ -421,7 +489,7 @@ def claim_statement(model: RecordModel) -> Any:
     return _CLAIMS[model].after_sent
 
 
-def loader_for(model: RecordModel) -> Loader:
+def loader_for(model: RecordModel) -> ClaimLoader:
     """Builds a claimed record from the claim's columns (mapper order)."""
     return _CLAIMS[model].loader
 
@@ -431,21 +499,45 @@ def loader_for(model: RecordModel) -> Loader:
 
 class RouteGate:
     """How many of a pool's workers are in flight per server or provider (a route): at most
-    ``limit`` each (the pool's size - 1), so a hanging server cannot hold the whole pool."""
+    ``limit`` each (the pool's size - 1), so a hanging server cannot hold the whole pool.
+
+    Places are handed out first come, first served: a worker that left a route and comes
+    straight back for its next record queues behind those already waiting. Without the
+    queue it could take the place again before a waiter woke (it holds the GIL, the waiter
+    must get it back first), and keep it record after record until the waiter gave up as
+    SERVER_BUSY although the server was answering in milliseconds: the fault test of a
+    server gone for a while saw that once the suppression lookup rode on the claim and
+    nothing between two of one worker's records waited on the database any more."""
 
     def __init__(self, limit: int):
         self.limit = max(1, limit)
         self._held: dict[Any, int] = {}
+        self._waiting: dict[Any, deque[object]] = {}
         self._lock = threading.Condition()
 
     def try_enter(self, route: Any, wait_s: float = 0.0) -> bool:
-        """Take a place on ``route``, waiting up to ``wait_s`` for one to free: a healthy
-        server's sends free theirs in milliseconds, a hanging one's do not."""
+        """Take a place on ``route``, waiting up to ``wait_s`` (in turn) for one to free: a
+        healthy server's sends free theirs in milliseconds, a hanging one's do not."""
         with self._lock:
-            if not self._lock.wait_for(lambda: self._held.get(route, 0) < self.limit, wait_s):
-                return False
-            self._held[route] = self._held.get(route, 0) + 1
-            return True
+            queue = self._waiting.get(route)
+            if not queue and self._held.get(route, 0) < self.limit:
+                self._held[route] = self._held.get(route, 0) + 1
+                return True
+            ticket = object()
+            queue = self._waiting.setdefault(route, deque())
+            queue.append(ticket)
+            try:
+                got = self._lock.wait_for(
+                    lambda: queue[0] is ticket and self._held.get(route, 0) < self.limit, wait_s
+                )
+            finally:
+                queue.remove(ticket)
+                if not queue:
+                    self._waiting.pop(route, None)
+                self._lock.notify_all()  # the next in the queue may go now
+            if got:
+                self._held[route] = self._held.get(route, 0) + 1
+            return bool(got)
 
     def leave(self, route: Any) -> None:
         with self._lock:

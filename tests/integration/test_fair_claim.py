@@ -370,6 +370,37 @@ def test_the_route_gate_counts_per_route_and_gives_back_on_leaving() -> None:
     assert enter_route("z")  # outside a pool: always
 
 
+def test_the_route_gate_serves_waiters_first_come_first_served() -> None:
+    """A worker that leaves a route and comes straight back for its next record queues
+    behind one already waiting (with barging it took the place again, record after record,
+    until the waiter gave up as SERVER_BUSY)."""
+    gate = RouteGate(1)
+    assert gate.try_enter("x")
+    order: list[str] = []
+    waiting = threading.Event()
+
+    def waiter() -> None:
+        waiting.set()
+        if gate.try_enter("x", 5.0):
+            order.append("waiter")
+            time.sleep(0.05)
+            gate.leave("x")
+
+    thread = threading.Thread(target=waiter)
+    thread.start()
+    waiting.wait(5.0)
+    time.sleep(0.1)  # the waiter is queued
+    for _ in range(20):  # the holder's next records, without a pause between them
+        gate.leave("x")
+        assert gate.try_enter("x", 5.0)
+        order.append("holder")
+    thread.join(5.0)
+    assert order[0] == "waiter", order[:3]
+    assert not gate.try_enter("x")  # the holder has it again; nobody else may enter
+    gate.leave("x")
+    assert gate.try_enter("x", 0.01)
+
+
 def test_import_sets_a_templates_stream_and_keeps_it_when_left_out(
     app: Flask, tmp_path: Any
 ) -> None:
