@@ -231,19 +231,17 @@ def make_app(url: str, **overrides: Any) -> Flask:
 
 
 def worker_logging(level: str) -> None:
-    """Log as ``python worker.py`` does (JSON lines at ``level``), into /dev/null.
+    """Log as ``python worker.py`` does (``portal.logs.configure_logging``: JSON lines at
+    ``level``), into /dev/null.
 
     The formatting cost is the product's; the bench output stays readable.
     """
-    from portal.logs import JsonFormatter
+    from portal.logs import configure_logging
 
     root = logging.getLogger()
     for handler in list(root.handlers):
         root.removeHandler(handler)
-    handler = logging.StreamHandler(open(os.devnull, "w"))  # noqa: SIM115 (lives as long as we do)
-    handler.setFormatter(JsonFormatter())
-    root.addHandler(handler)
-    root.setLevel(level.upper())
+    configure_logging(level, open(os.devnull, "w"))  # noqa: SIM115 (lives as long as we do)
 
 
 # --- history rows and backlog ------------------------------------------------------------------
