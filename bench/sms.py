@@ -455,6 +455,15 @@ def breakdown(app: Any, dsn: str, tenant_id: int, n: int) -> None:
     for kind, count in kinds.most_common(12):
         c.say(f"    {count / per:5.2f}  {kind}")
     out = io.StringIO()
+    pstats.Stats(profiler, stream=out).sort_stats("tottime").print_stats(25)
+    c.say("  cProfile by own time (top 25):")
+    for line in out.getvalue().splitlines()[7:]:
+        if line.strip():
+            c.say(
+                "    "
+                + line.replace(str(c.ROOT) + "/.venv/lib/python3.11/site-packages/", "")[:150]
+            )
+    out = io.StringIO()
     pstats.Stats(profiler, stream=out).sort_stats("cumulative").print_stats(
         r"portal/|psycopg/cursor\.py:\d+\(execute\)|orm/session\.py:\d+\((get|execute|commit)\)"
         r"|httpx/_client\.py:\d+\(post\)|secretbox|cache_key\.py:\d+|logging/__init__\.py:\d+\(info\)"
