@@ -51,6 +51,23 @@ SECRET_KEY = "bench-secret-key-not-for-production"
 # --- arguments and printing --------------------------------------------------------------------
 
 
+def say_profile(
+    profiler: Any, title: str, sort: str, *restrictions: Any, lines: int | None = None
+) -> None:
+    """A cProfile's stats under ``title``, sorted by ``sort`` ("tottime", "cumulative"),
+    limited by ``restrictions`` (a count, a regex: pstats' own), at most ``lines`` lines,
+    with site-packages paths shortened."""
+    import pstats
+
+    out = io.StringIO()
+    pstats.Stats(profiler, stream=out).sort_stats(sort).print_stats(*restrictions)
+    say(f"  {title}:")
+    shown = out.getvalue().splitlines()[7:]
+    for line in shown[:lines] if lines is not None else shown:
+        if line.strip():
+            say("    " + line.replace(str(ROOT) + "/.venv/lib/python3.11/site-packages/", "")[:150])
+
+
 def parse_args(doc: str | None, extra: Any = None) -> argparse.Namespace:
     # SIGTERM unwinds like Ctrl-C, so the bench database is dropped on the way out.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))

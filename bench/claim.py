@@ -31,8 +31,6 @@ raw statements, and the variants (ours-separate: claim_due then record_sent).
 from __future__ import annotations
 
 import cProfile
-import io
-import pstats
 import threading
 import time
 from collections.abc import Callable
@@ -322,10 +320,6 @@ def compare(
 # --- where ours spends its time ----------------------------------------------------------------
 
 
-def _site(line: str) -> str:
-    return line.replace(str(c.ROOT) + "/.venv/lib/python3.11/site-packages/", "")[:150]
-
-
 def breakdown(engine: Engine, dsn: str, n: int) -> None:
     """One thread, in this thread: round trips per record and a cProfile of ours."""
     top_up(dsn, n + 10, n + 10)
@@ -395,23 +389,16 @@ def breakdown(engine: Engine, dsn: str, n: int) -> None:
         f"{per['commit']:.1f} COMMIT); pings of idle connections: {per['ping']:.2f}; "
         "raw makes 2 round trips (each statement its own transaction)"
     )
-    out = io.StringIO()
-    pstats.Stats(profiler, stream=out).sort_stats("tottime").print_stats(15)
-    c.say("  cProfile by own time (top 15):")
-    for line in out.getvalue().splitlines()[7:]:
-        if line.strip():
-            c.say("    " + _site(line))
-    out = io.StringIO()
-    pstats.Stats(profiler, stream=out).sort_stats("cumulative").print_stats(
+    c.say_profile(profiler, "cProfile by own time (top 15)", "tottime", 15)
+    c.say_profile(
+        profiler,
+        "cProfile, cumulative time of selected steps",
+        "cumulative",
         r"portal/messaging/(scan|outcomes)\.py|portal/models/direct\.py|orm/session\.py:\d+\((commit|execute|scalars)\)"
         r"|pool/base\.py:\d+\(_checkout\)|psycopg/connection\.py:\d+\(wait\)"
         r"|orm/loading\.py:\d+\(instances\)|cache_key\.py:209\(_generate_cache_key\)"
-        r"|logging/__init__\.py:\d+\(info\)|prometheus_client/metrics\.py:\d+\(inc\)"
+        r"|logging/__init__\.py:\d+\(info\)|prometheus_client/metrics\.py:\d+\(inc\)",
     )
-    c.say("  cProfile, cumulative time of selected steps:")
-    for line in out.getvalue().splitlines()[7:]:
-        if line.strip():
-            c.say("    " + _site(line))
 
 
 VARIANTS = ("raw", "core-autocommit", "ours-separate", "ours")

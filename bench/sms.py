@@ -370,8 +370,6 @@ def breakdown(app: Any, dsn: str, tenant_id: int, n: int) -> None:
     """One worker in this thread (claim_due + process_sms, as a pool worker runs them):
     round trips per SMS by kind of statement, and a cProfile of this thread's CPU time."""
     import cProfile
-    import io
-    import pstats
     from collections import Counter
 
     from sqlalchemy import event
@@ -454,27 +452,15 @@ def breakdown(app: Any, dsn: str, tenant_id: int, n: int) -> None:
     )
     for kind, count in kinds.most_common(12):
         c.say(f"    {count / per:5.2f}  {kind}")
-    out = io.StringIO()
-    pstats.Stats(profiler, stream=out).sort_stats("tottime").print_stats(25)
-    c.say("  cProfile by own time (top 25):")
-    for line in out.getvalue().splitlines()[7:]:
-        if line.strip():
-            c.say(
-                "    "
-                + line.replace(str(c.ROOT) + "/.venv/lib/python3.11/site-packages/", "")[:150]
-            )
-    out = io.StringIO()
-    pstats.Stats(profiler, stream=out).sort_stats("cumulative").print_stats(
+    c.say_profile(profiler, "cProfile by own time (top 25)", "tottime", 25)
+    c.say_profile(
+        profiler,
+        "cProfile, cumulative CPU of selected steps (per SMS: divide by the count)",
+        "cumulative",
         r"portal/|psycopg/cursor\.py:\d+\(execute\)|orm/session\.py:\d+\((get|execute|commit)\)"
-        r"|httpx/_client\.py:\d+\(post\)|secretbox|cache_key\.py:\d+|logging/__init__\.py:\d+\(info\)"
+        r"|httpx/_client\.py:\d+\(post\)|secretbox|cache_key\.py:\d+|logging/__init__\.py:\d+\(info\)",
+        lines=38,
     )
-    c.say("  cProfile, cumulative CPU of selected steps (per SMS: divide by the count):")
-    for line in out.getvalue().splitlines()[7:45]:
-        if line.strip():
-            c.say(
-                "    "
-                + line.replace(str(c.ROOT) + "/.venv/lib/python3.11/site-packages/", "")[:150]
-            )
 
 
 # --- the comparison -------------------------------------------------------------------------

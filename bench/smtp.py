@@ -204,8 +204,6 @@ def breakdown(app: Any, sink: c.Sink, tenant_id: int, n: int) -> None:
     """What one worker does per mail, in this thread: round trips, and a cProfile of this
     thread's CPU time (claim_due + process_mail, as a pool worker runs them)."""
     import cProfile
-    import io
-    import pstats
 
     from sqlalchemy import event
 
@@ -261,30 +259,18 @@ def breakdown(app: Any, sink: c.Sink, tenant_id: int, n: int) -> None:
         f"{per['statements']:.1f} statements through SQLAlchemy (+ {per['begin']:.1f} BEGIN, "
         f"{per['commit']:.1f} COMMIT), the rest one statement each on the driver; raw: none"
     )
-    out = io.StringIO()
-    pstats.Stats(profiler, stream=out).sort_stats("tottime").print_stats(25)
-    c.say("  cProfile by own time (top 25):")
-    for line in out.getvalue().splitlines()[7:]:
-        if line.strip():
-            c.say(
-                "    "
-                + line.replace(str(c.ROOT) + "/.venv/lib/python3.11/site-packages/", "")[:150]
-            )
-    out = io.StringIO()
-    pstats.Stats(profiler, stream=out).sort_stats("cumulative").print_stats(
+    c.say_profile(profiler, "cProfile by own time (top 25)", "tottime", 25)
+    c.say_profile(
+        profiler,
+        "cProfile, cumulative CPU of selected steps (per call: divide by the mail count)",
+        "cumulative",
         r"portal/|psycopg/cursor\.py:\d+\(execute\)"
         r"|orm/session\.py:\d+\((commit|execute|scalars|scalar)\)"
         r"|pool/base\.py:\d+\(_checkout\)|smtplib\.py:\d+\((mail|rcpt|data|getreply|send)\)"
         r"|email/message\.py:\d+\((as_bytes|set_content)\)|cache_key\.py:209"
-        r"|logging/__init__\.py:\d+\(info\)"
+        r"|logging/__init__\.py:\d+\(info\)",
+        lines=33,
     )
-    c.say("  cProfile, cumulative CPU of selected steps (per call: divide by the mail count):")
-    for line in out.getvalue().splitlines()[7:40]:
-        if line.strip():
-            c.say(
-                "    "
-                + line.replace(str(c.ROOT) + "/.venv/lib/python3.11/site-packages/", "")[:150]
-            )
 
 
 def _options(p: Any) -> None:
