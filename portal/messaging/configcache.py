@@ -1,8 +1,9 @@
 """The configs a delivery worker reads at every send, cached in the process by the
 configuration epoch (migration 0030).
 
-A worker's attempt reads the epoch in a statement it runs anyway (the suppression lookup,
-``preparation.suppressed_recipients``) and tells the cache (``seen``). While the epoch stays
+A worker's attempt reads the epoch in a statement it runs anyway (the claim of its record,
+migration 0049, or else the suppression lookup; ``preparation.suppressed_recipients``) and
+tells the cache (``seen``). While the epoch stays
 the same, the mail server and SMS provider rows, the secrets decrypted from them and the SMS
 routing derived from them come from memory: no round trip and no decryption per send. Any
 change to those tables (whoever makes it) changes the epoch in the same transaction, so an
