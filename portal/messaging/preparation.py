@@ -67,12 +67,7 @@ def _suppression_statement(size: int) -> Direct:
     """Active suppressions of one tenant and channel among ``size`` addresses, each row led
     by the configuration epoch (``configcache``); one row of NULLs after it when there are
     none, so the epoch rides on this lookup without a round trip of its own."""
-    epoch = (
-        select(ConfigEpoch.epoch)
-        .where(ConfigEpoch.id == literal_column("1"))
-        .scalar_subquery()
-        .label("epoch")
-    )
+    epoch = ConfigEpoch.current().label("epoch")
     columns = (
         Suppression.address,
         Suppression.reason,

@@ -30,7 +30,6 @@ from datetime import datetime
 from typing import Any
 
 from sqlalchemy import (
-    BigInteger,
     Engine,
     Text,
     and_,
@@ -45,7 +44,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import Session
 
-from portal.models import MailSendRecord, SendStatus, SmsSendRecord, db_now
+from portal.models import ConfigEpoch, MailSendRecord, SendStatus, SmsSendRecord, db_now
 from portal.models.direct import Direct, Loader
 from portal.models.record import Stream
 
@@ -313,12 +312,9 @@ class ClaimLoader:
                 type_=Text,
             )
         )
-        epoch = literal_column(
-            "(SELECT e.epoch FROM config_epoch e WHERE e.id = 1)", type_=BigInteger
-        )
         self.looked: tuple[Any, ...] = (
             suppressions.label("looked_suppressions"),
-            epoch.label("looked_epoch"),
+            ConfigEpoch.current().label("looked_epoch"),
         )
 
     def columns(self, dialect: str) -> tuple[Any, ...]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import BigInteger, Integer, String
+from sqlalchemy import BigInteger, Integer, ScalarSelect, String, literal_column, select
 from sqlalchemy.orm import Mapped, mapped_column
 
 from portal.models.base import Base, UTCDateTime
@@ -33,3 +33,9 @@ class ConfigEpoch(Base):
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
     epoch: Mapped[int] = mapped_column(BigInteger, nullable=False)
+
+    @classmethod
+    def current(cls) -> ScalarSelect[int]:
+        """The epoch as a scalar subquery, for a statement a worker runs anyway (the claim;
+        the suppression lookup) to bring it back without a round trip of its own."""
+        return select(cls.epoch).where(cls.id == literal_column("1")).scalar_subquery()
