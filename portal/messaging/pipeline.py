@@ -130,13 +130,12 @@ def _breaker(ctx: MailContext | SmsContext) -> Breaker:
 
 class _RouteBusy(ServerDown):
     """All but one of the pool's workers are in flight to this server or provider, and stayed
-    so for ROUTE_WAIT_S (scan.enter_route): it is slow or hanging, so the record waits and
-    the worker is free for other servers' records."""
+    so for ROUTE_WAIT_S (``Settings.route_wait_s``, scan.enter_route): it is slow or hanging,
+    so the record waits and the worker is free for other servers' records."""
 
 
-# A healthy server frees a place within milliseconds; one that holds every other worker this
-# long is slow, and its records wait ROUTE_BUSY_DELAY_S (plus jitter) instead.
-ROUTE_WAIT_S = 1.0
+# A healthy server frees a place within milliseconds; one that holds every other worker
+# ROUTE_WAIT_S is slow, and its records wait ROUTE_BUSY_DELAY_S (plus jitter) instead.
 ROUTE_BUSY_DELAY_S = 5.0
 
 
@@ -146,7 +145,7 @@ def _gate(ctx: MailContext | SmsContext, channel: Channel, record_id: int) -> Ga
     then its breaker; raises ServerDown when the record must wait."""
 
     def gate(config_id: int, name: str) -> None:
-        if not scan.enter_route((channel.value, config_id), ROUTE_WAIT_S):
+        if not scan.enter_route((channel.value, config_id), ctx.settings.route_wait_s):
             busy = breaker.Check(Verdict.DEFER, wait_s=ROUTE_BUSY_DELAY_S, interval_s=2.0)
             raise _RouteBusy(busy, config_id, name)
         check = _breaker(ctx).check(channel, config_id, record_id)

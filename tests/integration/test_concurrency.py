@@ -127,7 +127,8 @@ def test_two_worker_processes_send_every_record_exactly_once(
     ids = accept(app, acme, total)
     secret = app.config["SETTINGS"].secret_key
 
-    with worker_processes(tmp_path, secret) as workers:
+    # ROUTE_WAIT_S: see the quota burst below.
+    with worker_processes(tmp_path, secret, ROUTE_WAIT_S="30") as workers:
         elapsed, counts = wait_until_finished(acme, total, workers)
         stop(workers)
 
@@ -213,7 +214,10 @@ def test_quota_burst_from_two_processes_is_counted_exactly(
     ids = accept(app, acme, total)
     secret = app.config["SETTINGS"].secret_key
 
-    with worker_processes(tmp_path, secret) as workers:
+    # Each record is handled by one process only: no SERVER_BUSY deferral (the last free
+    # worker giving up on a server all the others are sending to) may hand one to the other
+    # process, as one did on a slow machine whose 20 workers each took over 1 s to start.
+    with worker_processes(tmp_path, secret, ROUTE_WAIT_S="30") as workers:
         elapsed, counts = wait_until_finished(acme, total, workers)
         stop(workers)
 

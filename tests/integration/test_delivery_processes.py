@@ -51,7 +51,6 @@ def test_two_delivery_processes_send_every_record_once_and_stop_together(
         acme = tenant("acme").id
         mail_server(acme, smtp)
         db.session.commit()
-        accept(app, acme, total)
         secret = app.config["SETTINGS"].secret_key
         with worker_processes(
             tmp_path,
@@ -71,6 +70,16 @@ def test_two_delivery_processes_send_every_record_once_and_stop_together(
                 "the delivery child",
             )
             assert len(delivery_children) == 1, delivery_children
+            # Both sending before the records come (on a slow machine the child took long
+            # enough to start that the parent had sent them all).
+            wait_for(
+                lambda: (
+                    worker.logged("delivery process started") and worker.logged("delivery started")
+                ),
+                60,
+                "both delivery processes started",
+            )
+            accept(app, acme, total)
 
             def sent() -> bool:
                 done = db.session.scalar(

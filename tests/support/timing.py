@@ -25,3 +25,27 @@ def cpu_best_of(work: Callable[[], object], runs: int = 5) -> float:
         finally:
             gc.enable()
     return min(times)
+
+
+def _reference_work() -> int:
+    total = 0
+    for i in range(300_000):
+        total += i % 7
+    return total
+
+
+# CPU time of ``_reference_work`` on the machines the time limits of the template tests were
+# set on (2 vCPU Intel Xeon, Python 3.11, where the costliest template the limits allow
+# parsed in about 15 ms). On a 2 vCPU AMD EPYC it took 41-44 ms and that parse 47-50 ms:
+# the same factor of about 3 (0.013 s is the EPYC figure divided by the parse's 48/15).
+REFERENCE_CPU_S = 0.013
+_slowness: float | None = None
+
+
+def machine_slowness() -> float:
+    """How many times slower than the reference machine this one runs pure Python (at least
+    1): a CPU-time limit set there is this many times longer here. Measured once per run."""
+    global _slowness
+    if _slowness is None:
+        _slowness = max(1.0, cpu_best_of(_reference_work, runs=7) / REFERENCE_CPU_S)
+    return _slowness

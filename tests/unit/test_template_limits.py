@@ -21,9 +21,11 @@ from portal.messaging.templating import (
     render,
     variables_of,
 )
-from tests.support.timing import cpu_best_of
+from tests.support.timing import cpu_best_of, machine_slowness
 
-PARSE_DEADLINE_S = 0.05  # the issue's "any parse under 50 ms on these machines"
+# The issue's "any parse under 50 ms on these machines", on a slower machine as much longer
+# as it is slower (tests/support/timing.py).
+PARSE_DEADLINE_S = 0.05
 
 # The two templates of the issue's review: legal then, about 200,000 characters each.
 HOSTILE_ASSIGNS = "{% liquid\n" + "assign a = 1\n" * 15_000 + "%}"
@@ -86,7 +88,7 @@ def test_the_costliest_template_the_limits_allow_parses_and_renders_in_time(shap
     print(
         f"{shape}: {len(source)} chars, parse {parsed * 1000:.1f} ms, render {rendered * 1000:.1f}"
     )
-    assert parsed < PARSE_DEADLINE_S
+    assert parsed < PARSE_DEADLINE_S * machine_slowness()
     assert rendered < DEFAULT_LIMITS.render_timeout_s
 
 
@@ -135,7 +137,7 @@ def test_the_issues_templates_fail_at_send_before_any_parse(source: str, expecte
 
     elapsed = cpu_best_of(send)
     print(f"{elapsed * 1000:.1f} ms")  # 0.5-0.7 s of parse before the limits
-    assert elapsed < PARSE_DEADLINE_S
+    assert elapsed < PARSE_DEADLINE_S * machine_slowness()
 
 
 @pytest.mark.parametrize(
