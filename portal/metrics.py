@@ -36,6 +36,12 @@ SEND_DURATION = Histogram(
     ["channel"],
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
 )
+SENT_BATCH_SIZE = Histogram(
+    "sent_write_batch_size",
+    "Sent writes per statement: the workers' writes that came at once go together",
+    ["channel"],
+    buckets=(1, 2, 4, 8, 16),
+)
 
 CALLBACK_ATTEMPTS = Counter(
     "callback_attempts",

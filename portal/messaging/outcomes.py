@@ -7,9 +7,12 @@ happen, and it records no metric and no log line.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import socket
+import threading
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
@@ -17,6 +20,7 @@ from typing import Any, assert_never
 
 import psycopg
 from sqlalchemy import (
+    JSON,
     BigInteger,
     Boolean,
     Engine,
@@ -24,6 +28,9 @@ from sqlalchemy import (
     String,
     Text,
     bindparam,
+    case,
+    cast,
+    column,
     exists,
     func,
     insert,
@@ -31,12 +38,13 @@ from sqlalchemy import (
     true,
     update,
 )
+from sqlalchemy.dialects import postgresql
 from sqlalchemy.orm import Session
 
-from portal.messaging import scan
+from portal.messaging import group_commit, scan
 from portal.messaging.backoff import BackoffPolicy, DeadLetter, Fail, Retry, RetryDecision
 from portal.messaging.classify import ErrorCategory, MarkerCode, classify, is_retryable
-from portal.metrics import MESSAGE_FAILED, MESSAGE_SENT
+from portal.metrics import MESSAGE_FAILED, MESSAGE_SENT, SENT_BATCH_SIZE
 from portal.models import (
     AttemptOutcome,
     Channel,
@@ -122,26 +130,43 @@ class Attempt:
         }
 
 
-def _attempt_insert(channel: Channel, written: Any, outcome: AttemptOutcome) -> Any:
+# An attempt row's values that come from the worker (``Attempt.params``), with their types.
+_ATTEMPT_FIELDS: dict[str, Any] = {
+    "a_started": UTCDateTime,
+    "a_ms": Integer,
+    "a_worker": String,
+    "a_config": BigInteger,
+    "a_config_name": String,
+    "a_ambiguous": Boolean,
+    "a_code": String,
+    "a_message": Text,
+}
+
+
+def _attempt_insert(
+    channel: Channel, written: Any, outcome: AttemptOutcome, per_row: bool = False
+) -> Any:
     """INSERT of the attempt row from ``written``, the outcome write's result (a CTE with the
     record's ``id``, ``tenant_id`` and bumped ``attempt_count``): a row only when the write
-    matched (PostgreSQL; in the same statement)."""
+    matched (PostgreSQL; in the same statement). The worker's values are bound parameters,
+    or with ``per_row`` columns of ``written`` (a batch: only rows whose ``a_started`` is
+    set made an attempt)."""
+    given = [
+        written.c[name] if per_row else bindparam(name, type_=kind)
+        for name, kind in _ATTEMPT_FIELDS.items()
+    ]
     values = select(
         written.c.tenant_id,
         scan._sql(channel.value),
         written.c.id,
         written.c.attempt_count,
-        bindparam("a_started", type_=UTCDateTime),
-        bindparam("a_ms", type_=Integer),
-        bindparam("a_worker", type_=String),
-        bindparam("a_config", type_=BigInteger),
-        bindparam("a_config_name", type_=String),
+        *given[:5],
         scan._sql(outcome.value),
-        bindparam("a_ambiguous", type_=Boolean),
-        bindparam("a_code", type_=String),
-        bindparam("a_message", type_=Text),
+        *given[5:],
         written.c.provider_message_id,
     )
+    if per_row:
+        values = values.where(written.c.a_started.is_not(None))
     columns = [
         "tenant_id",
         "channel",
@@ -321,6 +346,208 @@ _SENT_AND_CLAIM = {
 }
 
 
+# --- group commit of Sent writes (PostgreSQL) ---------------------------------------------------
+
+# At most this many Sent writes in one statement (issue 17: at most 16 records a batch).
+SENT_BATCH_LIMIT = 16
+# The fields of one write in a batch, as the statement reads them from its JSON parameter.
+_BATCH_FIELDS: dict[str, Any] = {
+    "rid": BigInteger,
+    "ver": Integer,
+    "pmid": String,
+    "has_refused": Boolean,
+    "refused": JSON,
+} | _ATTEMPT_FIELDS
+
+
+def _sent_batch_statement(channel: Channel, claims: int) -> Direct:
+    """PostgreSQL: several records written Sent by version in one statement (the rows of the
+    JSON parameter ``batch``, ``_BATCH_FIELDS``), each with its attempt's row when it made
+    one, each looking for waiting delivery events under its event lock as the single write
+    does, and the claim of ``claims`` next records (the workers that want one) after them:
+    the claim's turn reads the Sent write's result, so nothing is locked before that write
+    ran (as in ``_sent_and_claim_statement``). One row per claimed record (one row with
+    NULLs when none): the ids written Sent and whether events wait for each, as arrays,
+    then the claimed record's columns."""
+    model = MODELS[channel]
+    rows = (
+        func.json_to_recordset(cast(bindparam("batch", type_=Text), JSON))
+        .table_valued(*(column(name, kind) for name, kind in _BATCH_FIELDS.items()))
+        .render_derived(name="v", with_types=True)
+    )
+    route = model.server_config_id if channel is Channel.MAIL else model.provider_config_id  # type: ignore[union-attr]
+    values: dict[str, Any] = {
+        "status": SendStatus.SENT.value,
+        "version": model.version + 1,
+        "sent_at": db_now(),
+        "updated_time": db_now(),
+        "next_retry_at": None,
+        "provider_message_id": rows.c.pmid,
+        "error_code": None,
+        "error_message": None,
+        "attempt_count": model.attempt_count + case((rows.c.a_started.is_not(None), 1), else_=0),
+    }
+    if channel is Channel.MAIL:
+        refused = MailSendRecord.refused_recipients
+        values["refused_recipients"] = case((rows.c.has_refused, rows.c.refused), else_=refused)
+    waiting = func.postroom_waiting_events(
+        channel.value, route, model.provider_message_id, type_=Boolean
+    ).label("waiting")
+    sent = (
+        update(model)
+        .where(
+            model.id == rows.c.rid,
+            model.version == rows.c.ver,
+            # The event lock before the row lock, row by row, as the single write takes it.
+            func.postroom_event_lock(channel.value, route, rows.c.pmid, type_=Boolean).is_(True),
+        )
+        .values(**values)
+        .returning(
+            waiting,
+            model.tenant_id,
+            model.id,
+            model.attempt_count,
+            model.provider_message_id,
+            *(rows.c[name] for name in _ATTEMPT_FIELDS),
+        )
+        .cte(scan.SENT_CTE)
+    )
+    attempt = _attempt_insert(channel, sent, AttemptOutcome.SENT, per_row=True).cte("attempt")
+    ids = func.array_agg(sent.c.id, type_=postgresql.ARRAY(BigInteger)).label("written")
+    looks = func.array_agg(sent.c.waiting, type_=postgresql.ARRAY(Boolean)).label("waiting")
+    outcome = select(ids, looks).subquery("outcome")
+    if not claims:
+        statement = select(outcome.c.written, outcome.c.waiting).add_cte(attempt)
+        return Direct(statement, [outcome.c.written, outcome.c.waiting])
+    claimed = scan.claim_statement(model, claims).cte("claimed")
+    record_columns = list(claimed.c)
+    statement = (
+        select(outcome.c.written, outcome.c.waiting, *record_columns)
+        .select_from(outcome.outerjoin(claimed, true()))
+        .add_cte(attempt)
+    )
+    return Direct(statement, [outcome.c.written, outcome.c.waiting, *record_columns])
+
+
+_SENT_BATCH: dict[tuple[Channel, int], Direct] = {}
+
+
+def _sent_batch(channel: Channel, claims: int) -> Direct:
+    found = _SENT_BATCH.get((channel, claims))
+    if found is None:
+        found = _SENT_BATCH.setdefault((channel, claims), _sent_batch_statement(channel, claims))
+    return found
+
+
+class _SentWrite(group_commit.Entry):
+    """One worker's Sent write waiting in the group commit, and what became of it."""
+
+    __slots__ = ("claimed", "count", "engine", "error", "flags", "params", "request", "rows")
+
+    def __init__(
+        self,
+        engine: Engine,
+        claimed: Claimed,
+        params: dict[str, Any],
+        flags: tuple[bool, bool],
+        request: scan.NextClaim | None,
+    ):
+        super().__init__()
+        self.engine = engine
+        self.claimed = claimed
+        self.params = params
+        self.flags = flags  # (with_refused, with_attempt)
+        self.request = request
+        self.count = 0  # 1: written Sent
+        self.rows: list[Sequence[Any]] = []  # [(waiting,)] when written
+        self.error: BaseException | None = None
+
+    def alone(self) -> None:
+        """This write in a statement of its own (with the next claim when it wants one)."""
+        try:
+            with_refused, with_attempt = self.flags
+            channel = self.claimed.channel
+            if self.request is None:
+                statement = _SENT[(channel, with_refused, True, with_attempt)]
+                self.count, self.rows = statement.run(self.engine, **self.params)
+            else:
+                self.count, self.rows = _sent_and_claimed(
+                    self.claimed, with_refused, with_attempt, self.params, self.request, self.engine
+                )
+        except Exception as exc:
+            self.error = exc
+
+    def as_row(self) -> dict[str, Any]:
+        params = self.params
+        row = {
+            "rid": params["rid"],
+            "ver": params["ver"],
+            "pmid": params["pmid"],
+            "has_refused": "refused" in params,
+            "refused": params.get("refused"),
+        }
+        for name in _ATTEMPT_FIELDS:
+            value = params.get(name)
+            row[name] = value.isoformat() if isinstance(value, datetime) else value
+        return row
+
+
+def _flush_sent(batch: list[_SentWrite]) -> None:
+    """Write a group commit's batch: one write alone as before; several in one statement
+    (``_sent_batch_statement``). A deadlock is a lost race for the claims: each write runs
+    again alone, without its claim; any other error is every write's (each is logged and
+    left to the stuck-send sweep)."""
+    first = batch[0]
+    SENT_BATCH_SIZE.labels(first.claimed.channel.value).observe(len(batch))
+    if len(batch) == 1:
+        first.alone()
+        return
+    wanting = [entry for entry in batch if entry.request is not None]
+    statement = _sent_batch(first.claimed.channel, len(wanting))
+    payload = json.dumps([entry.as_row() for entry in batch])
+    try:
+        _n, rows = statement.run(first.engine, batch=payload)
+    except psycopg.errors.DeadlockDetected:
+        log.warning("a batch of Sent writes with their claims deadlocked; written one by one")
+        for entry in batch:
+            entry.request = None
+            entry.alone()
+        return
+    except Exception as exc:
+        for entry in batch:
+            entry.error = exc
+        return
+    ids, looks = rows[0][0] or [], rows[0][1] or []
+    waiting = dict(zip(ids, looks, strict=True))
+    for entry in batch:
+        if entry.claimed.id in waiting:
+            entry.count, entry.rows = 1, [(waiting[entry.claimed.id],)]
+    if not wanting:
+        return
+    loader = scan.loader_for(MODELS[first.claimed.channel])
+    claimed = [row[2:] for row in rows if row[2 + loader.pk_index] is not None]
+    for entry, record in zip(wanting, claimed + [None] * len(wanting), strict=False):
+        assert entry.request is not None
+        entry.request.ran = True
+        entry.request.records = [loader.load(record)] if record is not None else []
+
+
+_committers: weakref.WeakKeyDictionary[Engine, dict[Channel, group_commit.GroupCommit[_SentWrite]]]
+_committers = weakref.WeakKeyDictionary()
+_committers_lock = threading.Lock()
+
+
+def _committer(engine: Engine, channel: Channel) -> group_commit.GroupCommit[_SentWrite]:
+    """The group commit of ``engine``'s Sent writes of one channel (one per process)."""
+    by_channel = _committers.get(engine)
+    if by_channel is None or channel not in by_channel:
+        with _committers_lock:
+            by_channel = _committers.setdefault(engine, {})
+            if channel not in by_channel:
+                by_channel[channel] = group_commit.GroupCommit(_flush_sent, SENT_BATCH_LIMIT)
+    return by_channel[channel]
+
+
 def record_sent(
     engine: Engine,
     claimed: Claimed,
@@ -349,20 +576,28 @@ def record_sent(
     if attempt is not None:
         params |= attempt.params()
     meet_events = engine.dialect.name == "postgresql"
-    request = scan.next_claim_for(MODELS[claimed.channel]) if meet_events else None
-    try:
-        if attempt is not None and not meet_events:
-            count, rows = _sent_with_attempt_row(engine, claimed, attempt, with_refused, params)
-        elif request is None:
-            statement = _SENT[(claimed.channel, with_refused, meet_events, with_attempt)]
-            count, rows = statement.run(engine, **params)
-        else:
-            count, rows = _sent_and_claimed(
-                claimed, with_refused, with_attempt, params, request, engine
-            )
-    except Exception:
-        log.exception(
+    error: BaseException | None = None
+    if meet_events:
+        # Written with the other workers' Sent writes that come meanwhile (group commit),
+        # the next claim with it when this worker wants one.
+        request = scan.next_claim_for(MODELS[claimed.channel])
+        write = _SentWrite(engine, claimed, params, (with_refused, with_attempt), request)
+        _committer(engine, claimed.channel).submit(write)
+        count, rows, error = write.count, write.rows, write.error
+    else:
+        try:
+            if attempt is not None:
+                count, rows = _sent_with_attempt_row(engine, claimed, attempt, with_refused, params)
+            else:
+                count, rows = _SENT[(claimed.channel, with_refused, False, False)].run(
+                    engine, **params
+                )
+        except Exception as exc:
+            error = exc
+    if error is not None:
+        log.error(
             "sent, but recording it failed; the stuck-send sweep will retry it",
+            exc_info=error,
             extra=_extra(claimed),
         )
         return False

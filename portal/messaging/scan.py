@@ -149,7 +149,9 @@ _NEWEST_CLAIM = (
     "AND r.updated_time > now() - interval '10 seconds' ORDER BY r.updated_time DESC LIMIT 1"
 )
 SENT_CTE = "sent"
-_SENT_RECORD = f"SELECT s.tenant_id FROM {SENT_CTE} s"
+# max: the Sent write of a group commit (``outcomes``) writes several records; the turn goes
+# on after the highest of their tenants (one record: its tenant).
+_SENT_RECORD = f"SELECT max(s.tenant_id) FROM {SENT_CTE} s"
 # Every scan that locks rows is gated on the turn (its index walks start from the turn; the
 # Retry walk has this one-time filter; the single-record claim function takes the turn as its
 # argument), so in the Sent write no claim can lock a row before the Sent write has run: the
@@ -347,6 +349,7 @@ class _DueClaim:
         self.loader = ClaimLoader(model)
         self._by_key: dict[tuple[str, int, tuple[Stream, ...]], Direct] = {}
         self.after_sent = self.statement(1, ALL_STREAMS, "postgresql", after_sent=True)
+        self._after_sent: dict[int, Any] = {1: self.after_sent}
 
     def direct(self, dialect: str, k: int, streams: tuple[Stream, ...] = ALL_STREAMS) -> Direct:
         key = (dialect, k, streams)
@@ -475,14 +478,19 @@ def next_claim_for(model: RecordModel) -> NextClaim | None:
     return request
 
 
-def claim_statement(model: RecordModel) -> Any:
-    """The single-record claim in the fair order, every stream (an UPDATE returning the
-    record's columns in ``loader_for``'s order), to be used after a CTE named ``SENT_CTE``
-    that writes a record Sent and returns its ``tenant_id`` (PostgreSQL): the tenants' turn
-    goes on from that record's tenant, and nothing is locked before that write ran. A
+def claim_statement(model: RecordModel, k: int = 1) -> Any:
+    """The claim of up to ``k`` records in the fair order, every stream (an UPDATE returning
+    the record's columns in ``loader_for``'s order), to be used after a CTE named ``SENT_CTE``
+    that writes records Sent and returns their ``tenant_id`` (PostgreSQL): the tenants' turn
+    goes on from the highest of those tenants, and nothing is locked before that write ran. A
     pool whose broadcast share is full declines this claim (``NextClaim.wanted``) and claims
     transactional work on its own instead."""
-    return _CLAIMS[model].after_sent
+    claims = _CLAIMS[model]
+    found = claims._after_sent.get(k)
+    if found is None:
+        built = claims.statement(k, ALL_STREAMS, "postgresql", after_sent=True)
+        found = claims._after_sent.setdefault(k, built)
+    return found
 
 
 def loader_for(model: RecordModel) -> ClaimLoader:

@@ -16,6 +16,7 @@ from collections import Counter
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
+import psycopg
 import pytest
 import redis
 from flask import Flask
@@ -186,6 +187,90 @@ def test_sigkill_mid_data_is_recovered_by_the_sweep_and_sent(
         kids = second.chores()
         stop([second])
         assert not [p for p in kids.values() if alive(p)], "chore children left running"
+
+
+def _driver_url() -> str:
+    return make_url(TEST_DATABASE_URL).set(drivername="postgresql").render_as_string(False)
+
+
+def _waiting_on_a_lock(like: str, unlike: str | None = None) -> list[int]:
+    """The backends whose statement (``like``, an SQL LIKE pattern) waits for a lock."""
+    with psycopg.connect(_driver_url(), autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT pid, query FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+            "AND query LIKE %s AND pid <> pg_backend_pid()",
+            (like,),
+        ).fetchall()
+    return [pid for pid, query in rows if unlike is None or unlike not in query]
+
+
+def test_sigkill_while_a_batch_of_sent_writes_waits_leaves_the_batch_to_the_sweep(
+    app: Flask, audit: StatusAudit, tmp_path: Path
+) -> None:
+    """Issue 17's worst case of the group commit: a worker killed while a statement writing
+    several Sent records waits at the database, and that statement fails. Its records stay
+    in Sending, the sweep puts them back to Retry and they are sent again: one ambiguous
+    resend per record of the batch, at most one per worker (each worker waits for its own
+    write, so no record beyond the one it holds is ever in a batch)."""
+    hang_s = 1.5
+    env = FAULT_ENV | {"MAIL_SEND_CONCURRENCY": "4"}  # 3 in flight to one server
+    with (
+        ScriptedSmtpServer(hang_s=hang_s) as smtp,
+        worker_group(tmp_path, app.config["SETTINGS"].secret_key, **env) as workers,
+        psycopg.connect(_driver_url()) as lock_a,
+        psycopg.connect(_driver_url()) as lock_b,
+    ):
+        acme = setup_tenant(smtp)
+        # Its sweep must not take the held records from it meanwhile.
+        first = workers.start(STUCK_SEND_THRESHOLD_S="60")
+        first.wait_ready()
+        for i in range(3):
+            smtp.script(f"held-{i}@example.com", "hang", "data")
+        # Every Sent write inserts its attempt's row: hold them all at the database.
+        lock_a.execute("LOCK TABLE send_attempt IN SHARE MODE")
+        smtp.hang_s = 0.2
+        ids = [accept_mail(app, acme, to=["held-0@example.com"])]
+        # Its write goes alone (nothing else is in flight) and waits.
+        wait_for(
+            lambda: _waiting_on_a_lock("%UPDATE mail_send_record%", unlike="json_to_recordset"),
+            15.0,
+            "the first Sent write waiting",
+        )
+        smtp.hang_s = hang_s
+        ids += [accept_mail(app, acme, to=[f"held-{i}@example.com"]) for i in (1, 2)]
+        smtp.wait_for_messages(3, timeout_s=15.0)
+        time.sleep(hang_s + 1.0)  # the two replies came and their writes queued behind it
+        # The row of the second record held too: the statement that writes it will wait.
+        lock_b.execute("SELECT 1 FROM mail_send_record WHERE id = %s FOR UPDATE", (ids[1],))
+        lock_a.rollback()  # the first write commits; the two queued go as one statement
+        (batch_pid,) = wait_for(
+            lambda: _waiting_on_a_lock("%json_to_recordset%"),
+            15.0,
+            "a batch of Sent writes waiting",
+        )
+
+        first.process.kill()
+        assert first.wait_exit(5) == -signal.SIGKILL
+        with psycopg.connect(_driver_url(), autocommit=True) as admin:
+            admin.execute("SELECT pg_terminate_backend(%s)", (batch_pid,))
+        lock_b.rollback()
+        in_batch = [rid for rid, status in statuses(ids).items() if status == "Sending"]
+        assert len(in_batch) == 2, statuses(ids)
+
+        for i in range(3):
+            smtp.script(f"held-{i}@example.com", "250", "data")
+        second = workers.start()
+        final = wait_settled(ids, second, 45.0)
+        assert set(final.values()) == {"Sent"}, final
+        for rid in in_batch:
+            assert ("Retry", "ZOMBIE_RECOVERED", 1) in [h[:3] for h in audit.history(rid)]
+        # The batch's two arrived twice (the documented ambiguous resend), the first once.
+        counts = arrivals(smtp)
+        mids = message_ids(ids)
+        assert {rid: counts[mid] for rid, mid in mids.items()} == {
+            rid: 2 if rid in in_batch else 1 for rid in ids
+        }
+        stop([second])
 
 
 # --- b: graceful shutdown --------------------------------------------------------------------

@@ -1,0 +1,194 @@
+"""Sent writes that go to the database together (outcomes' group commit; the ``app`` fixture is
+PostgreSQL's, where it runs): one
+statement writes each record as its own write would, by version, with its attempt row, its
+refused recipients and its look for waiting events, and claims the next records for the
+workers that want one."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from datetime import UTC, datetime
+
+import pytest
+from flask import Flask
+from sqlalchemy import select, update
+
+from portal.extensions import db
+from portal.messaging import events, outcomes, scan
+from portal.messaging.outcomes import Attempt, Claimed
+from portal.models import Channel, MailSendRecord, SendAttempt, SmsSendRecord
+from tests.support.delivery import accept_mail, mail_server, record, tenant
+from tests.support.sms import UK, accept_sms, sms_record
+from tests.support.smtp_server import ScriptedSmtpServer
+
+
+@pytest.fixture
+def smtp() -> Iterator[ScriptedSmtpServer]:
+    with ScriptedSmtpServer() as server:
+        yield server
+
+
+def claimed_of(row: MailSendRecord | SmsSendRecord, channel: Channel) -> Claimed:
+    return Claimed(channel, row.id, row.version, row.tenant_id, row.retry_count)
+
+
+def write(
+    claimed: Claimed,
+    pmid: str,
+    *,
+    refused: dict[str, list[str]] | None = None,
+    attempt: Attempt | None = None,
+    wants_next: bool = False,
+) -> outcomes._SentWrite:
+    params: dict[str, object] = {"rid": claimed.id, "ver": claimed.version, "pmid": pmid}
+    if refused:
+        params["refused"] = refused
+    if attempt is not None:
+        params |= attempt.params()
+    request = scan.NextClaim(MailSendRecord, lambda: True) if wants_next else None
+    flags = (bool(refused), attempt is not None)
+    return outcomes._SentWrite(db.engine, claimed, params, flags, request)
+
+
+def test_one_statement_writes_each_record_as_its_own_write_would(
+    app: Flask, smtp: ScriptedSmtpServer
+) -> None:
+    acme = tenant("acme").id
+    server = mail_server(acme, smtp, name="relay")
+    db.session.commit()
+    ids = [accept_mail(app, acme, to=[f"u{i}@example.com"]) for i in range(4)]
+    later = [accept_mail(app, acme, to=[f"later{i}@example.com"]) for i in range(3)]
+    held = scan.claim_due(db.engine, MailSendRecord, 4)
+    assert sorted(r.id for r in held) == ids
+    by_id = {r.id: r for r in held}
+    # The records were prepared for the relay; an event for the third waits for its id.
+    db.session.execute(
+        update(MailSendRecord).where(MailSendRecord.id.in_(ids)).values(server_config_id=server.id)
+    )
+    waiting_event = events.store(
+        db.session,
+        Channel.MAIL,
+        tenant_id=acme,
+        config_id=server.id,
+        provider="generic",
+        event=events.ProviderEvent("ev-1", events.EventType.BOUNCED, "<m2@relay>", code="550"),
+    )
+    db.session.commit()
+    started = datetime(2026, 12, 2, 9, 30, tzinfo=UTC)
+    attempt = Attempt(started, 0.25, server.id, "relay", "250", "2.0.0 queued as X1")
+    c0, c1, c2, c3 = (claimed_of(by_id[i], Channel.MAIL) for i in ids)
+    batch = [
+        write(c0, "<m0@relay>", attempt=attempt, wants_next=True),
+        write(c1, "<m1@relay>", refused={"x@example.com": ["550", "no such user"]}),
+        write(c2, "<m2@relay>", attempt=attempt, wants_next=True),
+        # Lost its race: the sweep moved it on meanwhile (its version is one behind).
+        write(Claimed(Channel.MAIL, c3.id, c3.version - 1, acme, 0), "<m3@relay>"),
+    ]
+    outcomes._flush_sent(batch)
+
+    assert [(w.count, w.error) for w in batch] == [(1, None), (1, None), (1, None), (0, None)]
+    assert [w.rows for w in batch] == [[(False,)], [(False,)], [(True,)], []]
+    # The two that wanted a next record got one each, the oldest of the backlog first.
+    assert batch[0].request is not None
+    assert batch[2].request is not None
+    assert batch[0].request.ran
+    assert batch[2].request.ran
+    handed = [w.request.records for w in (batch[0], batch[2]) if w.request]
+    assert [[r.id for r in got] for got in handed] == [[later[0]], [later[1]]]
+    assert all(r.status == "Sending" for got in handed for r in got)
+
+    rows = {i: record(i) for i in ids}
+    assert [rows[i].status for i in ids] == ["Sent", "Sent", "Sent", "Sending"]
+    assert [rows[i].provider_message_id for i in ids[:3]] == [
+        "<m0@relay>",
+        "<m1@relay>",
+        "<m2@relay>",
+    ]
+    assert [rows[i].version for i in ids] == [by_id[i].version + 1 for i in ids[:3]] + [
+        by_id[ids[3]].version
+    ]
+    assert rows[ids[1]].refused_recipients == {"x@example.com": ["550", "no such user"]}
+    assert rows[ids[0]].refused_recipients is None
+    assert [rows[i].attempt_count for i in ids] == [1, 0, 1, 0]
+    assert all(rows[i].sent_at is not None for i in ids[:3])
+    assert record(later[2]).status == "Pending"
+
+    db.session.expire_all()
+    attempt_rows = db.session.scalars(select(SendAttempt).order_by(SendAttempt.record_id)).all()
+    assert [(a.record_id, a.number, a.outcome) for a in attempt_rows] == [
+        (ids[0], 1, "sent"),
+        (ids[2], 1, "sent"),
+    ]
+    first = attempt_rows[0]
+    assert (first.started_at, first.duration_ms, first.config_name) == (started, 250, "relay")
+    assert (first.code, first.message, first.provider_message_id) == (
+        "250",
+        "2.0.0 queued as X1",
+        "<m0@relay>",
+    )
+    assert first.worker == outcomes.worker_name()
+    assert waiting_event.event_id is not None
+
+
+def test_workers_writing_at_once_share_statements_and_each_record_is_written_once(
+    app: Flask, smtp: ScriptedSmtpServer
+) -> None:
+    acme = tenant("acme").id
+    mail_server(acme, smtp, name="relay")
+    db.session.commit()
+    total, threads_n = 120, 8
+    ids = [accept_mail(app, acme, to=[f"u{i}@example.com"]) for i in range(total)]
+    commit = outcomes._committer(db.engine, Channel.MAIL)
+    batches_before, written_before = commit.batches, commit.written
+    done: list[int] = []
+    lock = threading.Lock()
+    engine = db.engine
+
+    def worker() -> None:
+        (row,) = scan.claim_due(engine, MailSendRecord, 1) or (None,)
+        while row is not None:
+            claimed = claimed_of(row, Channel.MAIL)
+            attempt = Attempt(datetime.now(UTC), 0.001, None, "relay", "250", "ok")
+            with scan.claiming_next(MailSendRecord, lambda: True) as following:
+                assert outcomes.record_sent(engine, claimed, f"<{row.id}@t>", attempt=attempt)
+            with lock:
+                done.append(row.id)
+            row = following.records[0] if following.records else None
+            if not following.ran:
+                (row,) = scan.claim_due(engine, MailSendRecord, 1) or (None,)
+
+    threads = [threading.Thread(target=worker) for _ in range(threads_n)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert sorted(done) == ids  # each record once, none left out
+    assert {record(i).status for i in ids} == {"Sent"}
+    assert commit.written - written_before == total
+    assert commit.batches - batches_before < total  # some writes went together
+    db.session.expire_all()
+    numbers = db.session.execute(select(SendAttempt.record_id, SendAttempt.number)).all()
+    assert sorted(numbers) == [(i, 1) for i in ids]
+
+
+def test_sms_sent_writes_go_together_too(app: Flask) -> None:
+    acme = tenant("acme").id
+    db.session.commit()
+    ids = [accept_sms(app, acme, phoneNumber=f"{UK[:-2]}{10 + i}") for i in range(3)]
+    held = scan.claim_due(db.engine, SmsSendRecord, 3)
+    batch = [
+        outcomes._SentWrite(
+            db.engine,
+            claimed_of(row, Channel.SMS),
+            {"rid": row.id, "ver": row.version, "pmid": f"SM-{row.id}"},
+            (False, False),
+            None,
+        )
+        for row in held
+    ]
+    outcomes._flush_sent(batch)
+    assert [w.count for w in batch] == [1, 1, 1]
+    assert {(sms_record(i).status, sms_record(i).provider_message_id) for i in ids} == {
+        ("Sent", f"SM-{i}") for i in ids
+    }

@@ -1,0 +1,118 @@
+"""The group commit's queue: every write runs exactly once, in its own thread's wait, at most
+``limit`` at a time, and a failing flush strands nobody."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from portal.messaging.group_commit import Entry, GroupCommit
+
+
+class Write(Entry):
+    __slots__ = ("flushed_by", "n", "result")
+
+    def __init__(self, n: int) -> None:
+        super().__init__()
+        self.n = n
+        self.flushed_by: str | None = None
+        self.result: int | None = None
+
+
+def test_one_writer_alone_writes_each_entry_in_a_batch_of_its_own() -> None:
+    batches: list[list[int]] = []
+
+    def flush(batch: list[Write]) -> None:
+        batches.append([w.n for w in batch])
+        for w in batch:
+            w.result = w.n * 10
+
+    commit = GroupCommit(flush, limit=16)
+    results = [commit.submit(Write(i)).result for i in range(5)]
+    assert results == [0, 10, 20, 30, 40]
+    assert batches == [[0], [1], [2], [3], [4]]
+
+
+def test_writes_that_arrive_during_a_flush_go_together_each_once_within_the_limit() -> None:
+    batches: list[list[int]] = []
+    lock = threading.Lock()
+
+    def flush(batch: list[Write]) -> None:
+        time.sleep(0.01)  # a statement's round trip: the others queue meanwhile
+        with lock:
+            batches.append([w.n for w in batch])
+        for w in batch:
+            w.flushed_by = threading.current_thread().name
+            w.result = w.n
+
+    commit = GroupCommit(flush, limit=4)
+    threads_n, per_thread = 12, 20
+    got: dict[int, int | None] = {}
+
+    def writer(t: int) -> None:
+        for i in range(per_thread):
+            n = t * 1000 + i
+            done = commit.submit(Write(n))
+            assert done.flushed_by is not None
+            got[n] = done.result
+
+    threads = [threading.Thread(target=writer, args=(t,), name=f"w{t}") for t in range(threads_n)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert not any(t.is_alive() for t in threads)
+
+    flushed = [n for batch in batches for n in batch]
+    expected = {t * 1000 + i for t in range(threads_n) for i in range(per_thread)}
+    assert sorted(flushed) == sorted(expected)  # each once
+    assert got == {n: n for n in expected}
+    assert max(len(b) for b in batches) == 4  # they did go together, never more than 4
+    assert commit.written == len(expected)
+    assert commit.batches == len(batches) < len(expected)
+
+
+def test_a_flush_that_raises_wakes_its_batch_and_hands_the_lead_on() -> None:
+    release = threading.Event()
+    calls: list[list[int]] = []
+
+    def flush(batch: list[Write]) -> None:
+        calls.append([w.n for w in batch])
+        if batch[0].n == 0:
+            release.wait(5)
+            raise RuntimeError("the database went away")
+        for w in batch:
+            w.result = w.n
+
+    commit = GroupCommit(flush, limit=16)
+    outcome: dict[int, object] = {}
+
+    def writer(n: int) -> None:
+        try:
+            outcome[n] = commit.submit(Write(n)).result
+        except RuntimeError as exc:
+            outcome[n] = str(exc)
+
+    first = threading.Thread(target=writer, args=(0,))
+    first.start()
+    while not calls:
+        time.sleep(0.001)
+    others = [threading.Thread(target=writer, args=(n,)) for n in (1, 2, 3)]
+    for thread in others:
+        thread.start()
+    time.sleep(0.05)  # queued behind the failing flush
+    release.set()
+    for thread in [first, *others]:
+        thread.join(5)
+    assert outcome == {0: "the database went away", 1: 1, 2: 2, 3: 3}
+    assert calls[0] == [0]
+    assert sorted(calls[1]) == [1, 2, 3]
+    # Nothing is left running: the next write leads at once.
+    assert commit.submit(Write(9)).result == 9
+
+
+def test_a_batch_holds_at_least_one_write() -> None:
+    with pytest.raises(ValueError, match="at least one"):
+        GroupCommit(lambda batch: None, limit=0)
