@@ -40,7 +40,8 @@ import psycopg
 
 from portal.delivery.service import DeliveryService
 from portal.extensions import db
-from portal.messaging import acceptance
+from portal.messaging import acceptance, outcomes
+from portal.models import Channel
 from portal.tenancy import tenant_context
 
 DB_NAME = "postroom_bench_smtp"
@@ -75,6 +76,8 @@ def run_ours(app: Any, dsn: str, tenant_id: int, threads: int, n: int) -> dict[s
     with app.app_context():
         engine = db.engine
     service = DeliveryService(engine, settings)
+    writes = outcomes._committer(engine, Channel.MAIL)
+    batches, written = writes.batches, writes.written
     count_sql = (
         "SELECT count(*) FILTER (WHERE status = 'Sent'), "
         "count(*) FILTER (WHERE status NOT IN ('Sent', 'Pending', 'Sending')) "
@@ -97,6 +100,8 @@ def run_ours(app: Any, dsn: str, tenant_id: int, threads: int, n: int) -> dict[s
         cpu = time.process_time() - cpu
     service.stop()
     service.wait(10)
+    batches, written = writes.batches - batches, writes.written - written
+    print(f"  ours, {threads} workers: {written} Sent writes in {batches} statements")
     return {"n": sent, "s": elapsed, "cpu": cpu, "failed": failed}
 
 
