@@ -381,7 +381,7 @@ def test_the_next_claim_in_the_sent_write_walks_the_fair_indexes_too(
     direct = outcomes._SENT_AND_CLAIM[(Channel(channel), False, True)]  # with the attempt's row
     statement = compiled(direct.statement)
     table = model.__tablename__
-    assert f"postroom_claim_one_{table}(coalesce((SELECT s.tenant_id FROM sent s)" in (
+    assert f"postroom_claim_one_{table}(coalesce((SELECT max(s.tenant_id) FROM sent s)" in (
         statement.sql
     )
     attempt = outcomes.Attempt(datetime.now(UTC), 0.01, None, "relay", "250", "ok")
