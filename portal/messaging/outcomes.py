@@ -7,6 +7,7 @@ happen, and it records no metric and no log line.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -434,34 +435,26 @@ def _sent_batch_statement(channel: Channel, claims: int) -> Direct:
     return Direct(statement, [outcome.c.written, outcome.c.waiting, *record_columns])
 
 
-_SENT_BATCH: dict[tuple[Channel, int], Direct] = {}
-
-
-def _sent_batch(channel: Channel, claims: int) -> Direct:
-    found = _SENT_BATCH.get((channel, claims))
-    if found is None:
-        found = _SENT_BATCH.setdefault((channel, claims), _sent_batch_statement(channel, claims))
-    return found
+# Built once per channel and number of claims (at most SENT_BATCH_LIMIT + 1 of each).
+_sent_batch = functools.cache(_sent_batch_statement)
 
 
 class _SentWrite(group_commit.Entry):
     """One worker's Sent write waiting in the group commit, and what became of it."""
 
-    __slots__ = ("claimed", "count", "engine", "error", "flags", "params", "request", "rows")
+    __slots__ = ("claimed", "count", "engine", "error", "params", "request", "rows")
 
     def __init__(
         self,
         engine: Engine,
         claimed: Claimed,
         params: dict[str, Any],
-        flags: tuple[bool, bool],
         request: scan.NextClaim | None,
     ):
         super().__init__()
         self.engine = engine
         self.claimed = claimed
         self.params = params
-        self.flags = flags  # (with_refused, with_attempt)
         self.request = request
         self.count = 0  # 1: written Sent
         self.rows: list[Sequence[Any]] = []  # [(waiting,)] when written
@@ -470,7 +463,8 @@ class _SentWrite(group_commit.Entry):
     def alone(self) -> None:
         """This write in a statement of its own (with the next claim when it wants one)."""
         try:
-            with_refused, with_attempt = self.flags
+            # What record_sent put in the parameters says which statement it needs.
+            with_refused, with_attempt = "refused" in self.params, "a_started" in self.params
             channel = self.claimed.channel
             if self.request is None:
                 statement = _SENT[(channel, with_refused, True, with_attempt)]
@@ -570,7 +564,6 @@ def record_sent(
     attempt was accepted (its id may be unknown); said in the log line.
     """
     with_refused = bool(refused) and claimed.channel is Channel.MAIL
-    with_attempt = attempt is not None
     params: dict[str, Any] = {
         "rid": claimed.id,
         "ver": claimed.version,
@@ -586,7 +579,7 @@ def record_sent(
         # Written with the other workers' Sent writes that come meanwhile (group commit),
         # the next claim with it when this worker wants one.
         request = scan.next_claim_for(MODELS[claimed.channel])
-        write = _SentWrite(engine, claimed, params, (with_refused, with_attempt), request)
+        write = _SentWrite(engine, claimed, params, request)
         if claimed.channel in SENT_BATCH_CHANNELS:
             _committer(engine, claimed.channel).submit(write)
         else:

@@ -47,8 +47,7 @@ def write(
     if attempt is not None:
         params |= attempt.params()
     request = scan.NextClaim(MailSendRecord, lambda: True) if wants_next else None
-    flags = (bool(refused), attempt is not None)
-    return outcomes._SentWrite(db.engine, claimed, params, flags, request)
+    return outcomes._SentWrite(db.engine, claimed, params, request)
 
 
 def test_one_statement_writes_each_record_as_its_own_write_would(
@@ -184,7 +183,6 @@ def test_the_statement_writes_sms_records_too(app: Flask) -> None:
             db.engine,
             claimed_of(row, Channel.SMS),
             {"rid": row.id, "ver": row.version, "pmid": f"SM-{row.id}"},
-            (False, False),
             None,
         )
         for row in held
