@@ -19,7 +19,7 @@ RULES = DEPLOY / "prometheus" / "postroom-alerts.yml"
 RULE_TESTS = DEPLOY / "prometheus" / "postroom-alerts.test.yml"
 DASHBOARD = DEPLOY / "grafana" / "postroom.json"
 # Our metric families: every name the rules or the dashboard use starts with one of these.
-OURS = re.compile(r"\b((?:message|server|callback|chore|retention)_[a-z_]+)")
+OURS = re.compile(r"\b((?:message|server|callback|chore|retention|sent_write)_[a-z_]+)")
 SUFFIXES = ("_bucket", "_count", "_sum")
 
 
@@ -56,7 +56,12 @@ def named_metrics() -> set[str]:
 
 def test_every_metric_named_in_rules_and_dashboard_is_on_metrics(app: Flask) -> None:
     names = named_metrics()
-    assert {"message_oldest_due_age_seconds", "server_up", "callback_attempts_total"} <= names
+    assert {
+        "message_oldest_due_age_seconds",
+        "server_up",
+        "callback_attempts_total",
+        "sent_write_batch_size",
+    } <= names
     text = app.test_client().get("/metrics").text
     families = set(re.findall(r"^# TYPE (\S+) ", text, re.MULTILINE))
     exposed = families | {f"{f}_total" for f in families}

@@ -48,7 +48,10 @@ from tests.support.route_walker import (
     snapshot_changes,
     text,
 )
+from tests.support.timing import machine_slowness
 
+# On the reference machine (tests/support/timing.py); this many times longer on a slower one.
+# CI's walk took 59 s on a 2 vCPU AMD EPYC that runs pure Python 2-3x slower.
 BUDGET_S = 90
 
 # Every parameter the walker may meet, by name (query, form, JSON, hx-vals). An id names rows
@@ -376,6 +379,7 @@ def _sent_through_the_platform_tier(own: Any, platform: Any) -> None:
     db.session.commit()
 
 
+@pytest.mark.timeout(BUDGET_S * 5)
 def test_every_route_refuses_other_tiers_ids_and_shows_none_of_their_data(
     app: Flask, world: dict[str, Any], capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -565,4 +569,5 @@ def test_every_route_refuses_other_tiers_ids_and_shows_none_of_their_data(
             f"{identity.name}: only {outcome.reached[identity.name]} requests got past "
             "authentication, permission and CSRF checks; the walk proves little"
         )
-    assert elapsed < BUDGET_S, f"the walk took {elapsed:.0f} s (budget {BUDGET_S} s)"
+    budget = BUDGET_S * machine_slowness()
+    assert elapsed < budget, f"the walk took {elapsed:.0f} s (budget {budget:.0f} s)"
