@@ -69,6 +69,15 @@ MODELS: dict[Channel, type[MailSendRecord] | type[SmsSendRecord]] = {
     Channel.SMS: SmsSendRecord,
 }
 MAX_ERROR_CHARS = 2000
+
+
+def stored_text(value: str | None, limit: int) -> str:
+    """Text from the other side (a server's reply, a provider's message) as a record keeps
+    it: at most ``limit`` characters, a NUL shown as U+FFFD (PostgreSQL's text refuses NUL,
+    and a Sent write that fails on one would leave its record to be swept and sent again)."""
+    return (value or "")[:limit].replace("\x00", "\ufffd")
+
+
 MARKER_CODES = {m.value for m in MarkerCode}
 
 
@@ -124,10 +133,10 @@ class Attempt:
             "a_ms": None if self.duration_s is None else round(self.duration_s * 1000),
             "a_worker": self.worker,
             "a_config": self.config_id,
-            "a_config_name": (self.config_name or "")[:200] or None,
+            "a_config_name": stored_text(self.config_name, 200) or None,
             "a_ambiguous": ambiguous,
-            "a_code": (self.code or "")[:100] or None,
-            "a_message": (self.message or "")[:MAX_ERROR_CHARS] or None,
+            "a_code": stored_text(self.code, 100) or None,
+            "a_message": stored_text(self.message, MAX_ERROR_CHARS) or None,
         }
 
 
@@ -380,8 +389,8 @@ def _sent_batch_statement(channel: Channel, claims: int) -> Direct:
     does, and the claim of ``claims`` next records (the workers that want one) after them:
     the claim's turn reads the Sent write's result, so nothing is locked before that write
     ran (as in ``_sent_and_claim_statement``). One row per claimed record (one row with
-    NULLs when none): the ids written Sent and whether events wait for each, as arrays,
-    then the claimed record's columns."""
+    NULLs when none): the ids written Sent, the versions they were written by and whether
+    events wait for each, as arrays, then the claimed record's columns."""
     model = MODELS[channel]
     rows = (
         func.json_to_recordset(cast(bindparam("batch", type_=Text), JSON))
@@ -412,6 +421,7 @@ def _sent_batch_statement(channel: Channel, claims: int) -> Direct:
             waiting,
             model.tenant_id,
             model.id,
+            rows.c.ver,
             model.attempt_count,
             model.provider_message_id,
             *(rows.c[name] for name in _ATTEMPT_FIELDS),
@@ -420,19 +430,22 @@ def _sent_batch_statement(channel: Channel, claims: int) -> Direct:
     )
     attempt = _attempt_insert(channel, sent, AttemptOutcome.SENT, per_row=True).cte("attempt")
     ids = func.array_agg(sent.c.id, type_=postgresql.ARRAY(BigInteger)).label("written")
+    # By id and version: two workers' writes of one record (one holding it after the sweep
+    # moved it on) may share a batch, and only the current version's is written.
+    versions = func.array_agg(sent.c.ver, type_=postgresql.ARRAY(Integer)).label("versions")
     looks = func.array_agg(sent.c.waiting, type_=postgresql.ARRAY(Boolean)).label("waiting")
-    outcome = select(ids, looks).subquery("outcome")
+    outcome = select(ids, versions, looks).subquery("outcome")
+    written = [outcome.c.written, outcome.c.versions, outcome.c.waiting]
     if not claims:
-        statement = select(outcome.c.written, outcome.c.waiting).add_cte(attempt)
-        return Direct(statement, [outcome.c.written, outcome.c.waiting])
+        return Direct(select(*written).add_cte(attempt), written)
     claimed = scan.claim_statement(model, claims).cte("claimed")
     record_columns = list(claimed.c)
     statement = (
-        select(outcome.c.written, outcome.c.waiting, *record_columns)
+        select(*written, *record_columns)
         .select_from(outcome.outerjoin(claimed, true()))
         .add_cte(attempt)
     )
-    return Direct(statement, [outcome.c.written, outcome.c.waiting, *record_columns])
+    return Direct(statement, [*written, *record_columns])
 
 
 # Built once per channel and number of claims (at most SENT_BATCH_LIMIT + 1 of each).
@@ -458,7 +471,9 @@ class _SentWrite(group_commit.Entry):
         self.request = request
         self.count = 0  # 1: written Sent
         self.rows: list[Sequence[Any]] = []  # [(waiting,)] when written
-        self.error: BaseException | None = None
+        # Until the flush gives this write its outcome: a flush that ended before it did
+        # leaves the record to the sweep (logged), never reads as a lost race.
+        self.error: BaseException | None = _UNFINISHED
 
     def alone(self) -> None:
         """This write in a statement of its own (with the next claim when it wants one)."""
@@ -473,6 +488,7 @@ class _SentWrite(group_commit.Entry):
                 self.count, self.rows = _sent_and_claimed(
                     self.claimed, with_refused, with_attempt, self.params, self.request, self.engine
                 )
+            self.error = None
         except Exception as exc:
             self.error = exc
 
@@ -491,21 +507,39 @@ class _SentWrite(group_commit.Entry):
         return row
 
 
+class _Unfinished(Exception):
+    """A Sent write whose group commit ended before giving it an outcome."""
+
+
+_UNFINISHED = _Unfinished("the batch of Sent writes it was in ended before writing it")
+
+
+def _gone(exc: Exception) -> bool:
+    """The connection failed (no SQLSTATE: the client's own error; 08: connection; 57P: the
+    server shutting down): the batch may have committed unseen, and statements of their
+    own would fail too."""
+    state = getattr(exc, "sqlstate", None)
+    return isinstance(exc, psycopg.OperationalError) and (
+        state is None or state.startswith(("08", "57P"))
+    )
+
+
 def _flush_sent(batch: list[_SentWrite]) -> None:
     """Write a group commit's batch: one write alone as before; several in one statement
     (``_sent_batch_statement``). A deadlock is a lost race for the claims: each write runs
-    again alone, without its claim; any other error is every write's (each is logged and
-    left to the stuck-send sweep)."""
+    again alone, without its claim. A lost connection is every write's error (each logged and
+    left to the stuck-send sweep). Any other error (one row's bad value, a cancelled
+    statement) fails the statement as a whole, so each write runs again alone, with its
+    claim, and fails or not by itself: every write is by version, safe to repeat."""
     first = batch[0]
     SENT_BATCH_SIZE.labels(first.claimed.channel.value).observe(len(batch))
     if len(batch) == 1:
         first.alone()
         return
     wanting = [entry for entry in batch if entry.request is not None]
-    statement = _sent_batch(first.claimed.channel, len(wanting))
-    payload = json.dumps([entry.as_row() for entry in batch])
     try:
-        _n, rows = statement.run(first.engine, batch=payload)
+        statement = _sent_batch(first.claimed.channel, len(wanting))
+        _n, rows = statement.run(first.engine, batch=json.dumps([e.as_row() for e in batch]))
     except psycopg.errors.DeadlockDetected:
         log.warning("a batch of Sent writes with their claims deadlocked; written one by one")
         for entry in batch:
@@ -513,18 +547,24 @@ def _flush_sent(batch: list[_SentWrite]) -> None:
             entry.alone()
         return
     except Exception as exc:
+        if _gone(exc):
+            for entry in batch:
+                entry.error = exc
+            return
+        log.warning("a batch of Sent writes failed; written one by one", exc_info=exc)
         for entry in batch:
-            entry.error = exc
+            entry.alone()
         return
-    ids, looks = rows[0][0] or [], rows[0][1] or []
-    waiting = dict(zip(ids, looks, strict=True))
+    ids, versions, looks = rows[0][0] or [], rows[0][1] or [], rows[0][2] or []
+    waiting = dict(zip(zip(ids, versions, strict=True), looks, strict=True))
     for entry in batch:
-        if entry.claimed.id in waiting:
-            entry.count, entry.rows = 1, [(waiting[entry.claimed.id],)]
+        look = waiting.get((entry.claimed.id, entry.claimed.version))
+        entry.count, entry.rows = (0, []) if look is None else (1, [(look,)])
+        entry.error = None
     if not wanting:
         return
     loader = scan.loader_for(MODELS[first.claimed.channel])
-    claimed = [row[2:] for row in rows if row[2 + loader.pk_index] is not None]
+    claimed = [row[3:] for row in rows if row[3 + loader.pk_index] is not None]
     for entry, record in zip(wanting, claimed + [None] * len(wanting), strict=False):
         assert entry.request is not None
         entry.request.ran = True
@@ -555,10 +595,14 @@ def record_sent(
     refused: dict[str, Any] | None = None,
     duplicate: bool = False,
     attempt: Attempt | None = None,
+    batch_wait_s: float = 1.0,
 ) -> bool:
     """Sent, by version, in one statement, with the attempt's row when ``attempt`` says one
     reached the transport. A failure to write it is not a send failure: it is logged at
     ERROR and left to the stuck-send sweep (at least once).
+
+    ``batch_wait_s`` (SENT_BATCH_WAIT_S): how long a write waits in the group commit's queue
+    behind a running statement before it goes alone.
 
     ``duplicate``: the provider refused the idempotency key as already used, so an earlier
     attempt was accepted (its id may be unknown); said in the log line.
@@ -570,7 +614,11 @@ def record_sent(
         "pmid": provider_message_id,
     }
     if with_refused:
-        params["refused"] = refused
+        assert refused is not None
+        params["refused"] = {
+            address: [stored_text(x, MAX_ERROR_CHARS) if isinstance(x, str) else x for x in why]
+            for address, why in refused.items()
+        }
     if attempt is not None:
         params |= attempt.params()
     meet_events = engine.dialect.name == "postgresql"
@@ -581,7 +629,7 @@ def record_sent(
         request = scan.next_claim_for(MODELS[claimed.channel])
         write = _SentWrite(engine, claimed, params, request)
         if claimed.channel in SENT_BATCH_CHANNELS:
-            _committer(engine, claimed.channel).submit(write)
+            _committer(engine, claimed.channel).submit(write, batch_wait_s)
         else:
             write.alone()
         count, rows, error = write.count, write.rows, write.error
@@ -710,8 +758,8 @@ def finish(
                 version=model.version + 1,
                 updated_time=db_now(),
                 next_retry_at=None,
-                error_code=code[:100],
-                error_message=message[:MAX_ERROR_CHARS],
+                error_code=stored_text(code, 100),
+                error_message=stored_text(message, MAX_ERROR_CHARS),
                 **more,
             )
             .execution_options(synchronize_session=False)
@@ -741,8 +789,8 @@ def defer(engine: Engine, claimed: Claimed, code: str, message: str, delay_s: fl
                 version=model.version + 1,
                 updated_time=db_now(),
                 next_retry_at=db_now_plus(delay_s),
-                error_code=code[:100],
-                error_message=message[:MAX_ERROR_CHARS],
+                error_code=stored_text(code, 100),
+                error_message=stored_text(message, MAX_ERROR_CHARS),
                 deferral_count=model.deferral_count + 1,
             )
             .execution_options(synchronize_session=False)
@@ -790,11 +838,11 @@ def handle_failure(
     else:
         decision = deferral(policy, category, retry_after_s)
     model = MODELS[claimed.channel]
-    message = (message or "")[:MAX_ERROR_CHARS]
+    message = stored_text(message, MAX_ERROR_CHARS)
     values: dict[str, Any] = {
         "version": model.version + 1,
         "updated_time": db_now(),
-        "error_code": (code or "UNKNOWN")[:100],
+        "error_code": stored_text(code or "UNKNOWN", 100),
         "error_message": message,
     }
     if ambiguous:

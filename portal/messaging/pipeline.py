@@ -556,6 +556,7 @@ def _attempt(ctx: MailContext, record: MailSendRecord, holding: _Holding) -> Non
         prepared.message_id,
         refused=refused or None,
         attempt=outcomes.Attempt(started_at, took, config.id, config.name, "250", sent.reply),
+        batch_wait_s=ctx.settings.sent_batch_wait_s,
     )
     _observed(ctx, claimed, config.id, answered=True)
 

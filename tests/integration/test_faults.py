@@ -213,7 +213,8 @@ def test_sigkill_while_a_batch_of_sent_writes_waits_leaves_the_batch_to_the_swee
     resend per record of the batch, at most one per worker (each worker waits for its own
     write, so no record beyond the one it holds is ever in a batch)."""
     hang_s = 1.5
-    env = FAULT_ENV | {"MAIL_SEND_CONCURRENCY": "4"}  # 3 in flight to one server
+    # 3 in flight to one server; the queued writes wait for the held one however long it takes.
+    env = FAULT_ENV | {"MAIL_SEND_CONCURRENCY": "4", "SENT_BATCH_WAIT_S": "60"}
     with (
         ScriptedSmtpServer(hang_s=hang_s) as smtp,
         worker_group(tmp_path, app.config["SETTINGS"].secret_key, **env) as workers,

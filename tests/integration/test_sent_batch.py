@@ -192,3 +192,72 @@ def test_the_statement_writes_sms_records_too(app: Flask) -> None:
     assert {(sms_record(i).status, sms_record(i).provider_message_id) for i in ids} == {
         ("Sent", f"SM-{i}") for i in ids
     }
+
+
+def test_of_two_writes_of_one_record_in_a_batch_only_the_current_versions_counts(
+    app: Flask, smtp: ScriptedSmtpServer
+) -> None:
+    # A worker whose send outlived the stuck-send threshold still holds the record at its old
+    # version when another worker (same process) has claimed it again; both write Sent at once.
+    acme = tenant("acme").id
+    db.session.commit()
+    rid = accept_mail(app, acme, to=["u@example.com"])
+    (held,) = scan.claim_due(db.engine, MailSendRecord, 1)
+    current = claimed_of(held, Channel.MAIL)
+    stale = Claimed(Channel.MAIL, rid, current.version - 1, acme, 0)
+    batch = [write(stale, "<old@relay>"), write(current, "<new@relay>")]
+    outcomes._flush_sent(batch)
+    assert [(w.count, w.error) for w in batch] == [(0, None), (1, None)]
+    row = record(rid)
+    assert (row.status, row.provider_message_id) == ("Sent", "<new@relay>")
+    # And the lost race is not reported as a send.
+    assert not outcomes.record_sent(db.engine, stale, "<old@relay>")
+
+
+def test_a_row_the_statement_refuses_fails_only_its_own_record(
+    app: Flask, smtp: ScriptedSmtpServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    acme = tenant("acme").id
+    db.session.commit()
+    ids = [accept_mail(app, acme, to=[f"u{i}@example.com"]) for i in range(3)]
+    later = accept_mail(app, acme, to=["later@example.com"])
+    held = sorted(scan.claim_due(db.engine, MailSendRecord, 3), key=lambda r: r.id)
+    c0, c1, c2 = (claimed_of(r, Channel.MAIL) for r in held)
+    started = datetime(2026, 12, 2, 9, 30, tzinfo=UTC)
+    bad = write(c1, "<m1@relay>", attempt=Attempt(started, 0.1, None, "relay", "250", "ok"))
+    bad.params["a_message"] = "queued\x00"  # past Attempt.params: PostgreSQL refuses a NUL
+    batch = [write(c0, "<m0@relay>"), bad, write(c2, "<m2@relay>", wants_next=True)]
+    outcomes._flush_sent(batch)
+
+    assert [w.count for w in batch] == [1, 0, 1]
+    assert [w.error is None for w in batch] == [True, False, True]
+    assert "written one by one" in caplog.text
+    assert [record(i).status for i in ids] == ["Sent", "Sending", "Sent"]
+    # The write that wanted a next record still got it, by itself.
+    assert batch[2].request is not None
+    assert [r.id for r in batch[2].request.records] == [later]
+
+
+def test_a_reply_with_a_nul_is_kept_with_a_replacement_character(
+    app: Flask, smtp: ScriptedSmtpServer
+) -> None:
+    acme = tenant("acme").id
+    server = mail_server(acme, smtp, name="relay")
+    db.session.commit()
+    rid = accept_mail(app, acme, to=["u@example.com"])
+    (held,) = scan.claim_due(db.engine, MailSendRecord, 1)
+    claimed = claimed_of(held, Channel.MAIL)
+    reply = "2.0.0 queued\x00 as X1"
+    attempt = Attempt(datetime.now(UTC), 0.1, server.id, "relay\x00x", "250\x00", reply)
+    refused = {"x@example.com": [550, "no\x00 such user"]}
+    assert outcomes.record_sent(db.engine, claimed, "<m@relay>", refused=refused, attempt=attempt)
+    row = record(rid)
+    assert row.status == "Sent"
+    assert row.refused_recipients == {"x@example.com": [550, "no\ufffd such user"]}
+    db.session.expire_all()
+    (kept,) = db.session.scalars(select(SendAttempt)).all()
+    assert (kept.code, kept.message, kept.config_name) == (
+        "250\ufffd",
+        "2.0.0 queued\ufffd as X1",
+        "relay\ufffdx",
+    )

@@ -116,3 +116,92 @@ def test_a_flush_that_raises_wakes_its_batch_and_hands_the_lead_on() -> None:
 def test_a_batch_holds_at_least_one_write() -> None:
     with pytest.raises(ValueError, match="at least one"):
         GroupCommit(lambda batch: None, limit=0)
+
+
+def test_writes_behind_a_stuck_statement_go_alone_after_the_wait_and_batching_resumes() -> None:
+    release = threading.Event()
+    batches: list[list[int]] = []
+
+    def flush(batch: list[Write]) -> None:
+        batches.append([w.n for w in batch])
+        if batch[0].n == 0:
+            release.wait(10)  # a statement stuck on a lock
+        for w in batch:
+            w.result = w.n
+
+    commit = GroupCommit(flush, limit=16, wait_s=0.2)
+    stuck = threading.Thread(target=commit.submit, args=(Write(0),))
+    stuck.start()
+    while not batches:
+        time.sleep(0.001)
+    # Queued behind it: out of the queue after the wait, written alone meanwhile.
+    started = time.monotonic()
+    assert commit.submit(Write(1)).result == 1
+    assert 0.2 <= time.monotonic() - started < 5
+    # The statement has now run longer than the wait: the next one goes alone at once.
+    started = time.monotonic()
+    assert commit.submit(Write(2)).result == 2
+    assert time.monotonic() - started < 0.2
+    assert commit.withdrawn == 2
+    assert batches == [[0], [1], [2]]
+    release.set()
+    stuck.join(5)
+    # The stuck statement ended: the next write leads (no leader left behind, nothing queued).
+    assert commit.submit(Write(3)).result == 3
+    assert batches[-1] == [3]
+    assert commit.withdrawn == 2
+
+
+class _Interrupted(threading.Event):
+    """A waiting writer's wake-up that raises as Ctrl-C would in a main thread."""
+
+    def wait(self, timeout: float | None = None) -> bool:
+        if super().wait(timeout):
+            raise KeyboardInterrupt
+        return False
+
+
+def test_a_writer_interrupted_while_it_waits_strands_nobody() -> None:
+    release = threading.Event()
+    batches: list[list[int]] = []
+
+    def flush(batch: list[Write]) -> None:
+        batches.append([w.n for w in batch])
+        if batch[0].n == 0:
+            release.wait(10)
+        for w in batch:
+            w.result = w.n
+
+    commit = GroupCommit(flush, limit=16, wait_s=30)
+    leader = threading.Thread(target=commit.submit, args=(Write(0),))
+    leader.start()
+    while not batches:
+        time.sleep(0.001)
+    interrupted = Write(1)
+    interrupted._woken = _Interrupted()
+    raised: list[BaseException] = []
+
+    def submit_interrupted() -> None:
+        try:
+            commit.submit(interrupted)
+        except KeyboardInterrupt as exc:
+            raised.append(exc)
+
+    first = threading.Thread(target=submit_interrupted)
+    first.start()
+    while len(commit._queued) < 1:
+        time.sleep(0.001)
+    results: dict[int, int | None] = {}
+    second = threading.Thread(target=lambda: results.update({2: commit.submit(Write(2)).result}))
+    second.start()
+    while len(commit._queued) < 2:
+        time.sleep(0.001)
+    # The leader ends: the lead goes to the interrupted writer, which hands it on as it leaves.
+    release.set()
+    for thread in (leader, first, second):
+        thread.join(5)
+    assert len(raised) == 1
+    assert interrupted.result is None
+    assert results == {2: 2}
+    assert batches == [[0], [2]]
+    assert commit.submit(Write(3)).result == 3  # nothing left running
