@@ -7,17 +7,20 @@ workers that want one."""
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
 
+import psycopg
 import pytest
 from flask import Flask
-from sqlalchemy import select, update
+from sqlalchemy import make_url, select, update
 
 from portal.extensions import db
 from portal.messaging import events, outcomes, scan
 from portal.messaging.outcomes import Attempt, Claimed
 from portal.models import Channel, MailSendRecord, SendAttempt, SmsSendRecord
+from tests.conftest import TEST_DATABASE_URL
 from tests.support.delivery import accept_mail, mail_server, record, tenant
 from tests.support.sms import UK, accept_sms, sms_record
 from tests.support.smtp_server import ScriptedSmtpServer
@@ -261,3 +264,58 @@ def test_a_reply_with_a_nul_is_kept_with_a_replacement_character(
         "2.0.0 queued\ufffd as X1",
         "relay\ufffdx",
     )
+
+
+def test_a_write_stuck_at_the_database_holds_up_only_itself(
+    app: Flask, smtp: ScriptedSmtpServer
+) -> None:
+    # One worker's Sent write waits on a row lock (a long transaction elsewhere); the other
+    # workers' writes queue behind it for SENT_BATCH_WAIT_S, then go alone and are written.
+    acme = tenant("acme").id
+    db.session.commit()
+    ids = [accept_mail(app, acme, to=[f"u{i}@example.com"]) for i in range(3)]
+    held = sorted(scan.claim_due(db.engine, MailSendRecord, 3), key=lambda r: r.id)
+    stuck, queued, later = (claimed_of(r, Channel.MAIL) for r in held)
+    engine, wait_s = db.engine, 0.3
+    commit = outcomes._committer(engine, Channel.MAIL)
+    withdrawn = commit.withdrawn
+    results: dict[int, bool] = {}
+
+    def send(claimed: Claimed) -> None:
+        results[claimed.id] = outcomes.record_sent(
+            engine, claimed, f"<{claimed.id}@t>", batch_wait_s=wait_s
+        )
+
+    with psycopg.connect(driver_url()) as blocker:
+        blocker.execute("SELECT 1 FROM mail_send_record WHERE id = %s FOR UPDATE", (stuck.id,))
+        first = threading.Thread(target=send, args=(stuck,))
+        first.start()
+        deadline = time.monotonic() + 10
+        while not waiting_on_a_row_lock() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert waiting_on_a_row_lock(), "the first write is not waiting at the database"
+        started = time.monotonic()
+        send(queued)  # queued behind the stuck statement, then alone
+        assert wait_s <= time.monotonic() - started < 5
+        started = time.monotonic()
+        send(later)  # the statement has run longer than the wait: alone at once
+        assert time.monotonic() - started < wait_s
+        assert results == {queued.id: True, later.id: True}
+        assert commit.withdrawn - withdrawn == 2
+        assert first.is_alive()  # still stuck
+    first.join(10)
+    assert results == {stuck.id: True, queued.id: True, later.id: True}
+    assert {record(i).status for i in ids} == {"Sent"}
+
+
+def driver_url() -> str:
+    return make_url(TEST_DATABASE_URL).set(drivername="postgresql").render_as_string(False)
+
+
+def waiting_on_a_row_lock() -> bool:
+    with psycopg.connect(driver_url(), autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+            "AND query LIKE '%UPDATE mail_send_record%' AND pid <> pg_backend_pid()"
+        ).fetchone()
+    return bool(row and row[0])
