@@ -40,6 +40,14 @@ from portal.tenancy import tenant_context
 
 log = logging.getLogger("portal.events")
 
+
+def clean_text(value: str, limit: int = 200) -> str | None:
+    """An id or a short text from a provider as records and events keep it, the same on both
+    sides so that they match: NUL removed (PostgreSQL's text refuses it), stripped, at most
+    ``limit`` characters; None when nothing is left."""
+    return value.replace("\x00", "").strip()[:limit] or None
+
+
 MAX_VERSION_TRIES = 3
 MAX_ERROR_CHARS = 2000
 

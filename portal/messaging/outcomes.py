@@ -42,7 +42,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.orm import Session
 
-from portal.messaging import group_commit, scan
+from portal.messaging import events, group_commit, scan
 from portal.messaging.backoff import BackoffPolicy, DeadLetter, Fail, Retry, RetryDecision
 from portal.messaging.classify import ErrorCategory, MarkerCode, classify, is_retryable
 from portal.metrics import MESSAGE_FAILED, MESSAGE_SENT, SENT_BATCH_SIZE
@@ -607,6 +607,9 @@ def record_sent(
     ``duplicate``: the provider refused the idempotency key as already used, so an earlier
     attempt was accepted (its id may be unknown); said in the log line.
     """
+    # As the provider's delivery events keep it (a NUL or an over-long id from a provider
+    # would fail the write, and the record would be swept and sent again).
+    provider_message_id = events.clean_text(provider_message_id or "")
     with_refused = bool(refused) and claimed.channel is Channel.MAIL
     params: dict[str, Any] = {
         "rid": claimed.id,
@@ -723,8 +726,6 @@ def _apply_retained(
     after the other's commit. The transaction that applies events opens only when there are
     some.
     """
-    from portal.messaging import events  # events imports suppression -> acceptance
-
     try:
         if not looked:
             _count, rows = _RETAINED[claimed.channel].run(
@@ -888,7 +889,7 @@ def handle_failure(
         if not written:
             return None
         if isinstance(decision, DeadLetter):
-            session.add(dead_letter_row(claimed, code, message))
+            session.add(dead_letter_row(claimed, values["error_code"], message))
     MESSAGE_FAILED.labels(claimed.channel.value, claimed.provider, outcome).inc()
     extra = _extra(
         claimed,

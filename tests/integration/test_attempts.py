@@ -17,7 +17,15 @@ from portal.messaging import outcomes, retention, scan
 from portal.messaging.backoff import BackoffPolicy
 from portal.messaging.outcomes import Attempt, Claimed
 from portal.messaging.sweeper import sweep_stuck_sends
-from portal.models import Channel, MailSendRecord, MailSendServerConfig, SendAttempt, SendStatus
+from portal.models import (
+    Channel,
+    DeadLetterMessage,
+    MailSendRecord,
+    MailSendServerConfig,
+    SendAttempt,
+    SendStatus,
+    SmsSendRecord,
+)
 from portal.tenancy import PLATFORM_TENANT_ID
 from tests.conftest import make_api_key
 from tests.support.delivery import accept_mail, drain, mail_server, record, tenant
@@ -351,3 +359,35 @@ def test_an_attempts_eml_is_the_message_as_sent_without_bcc(
     other = Portal(app, "other@globex.test")
     assert other.get(f"/mail-records/{rid}/attempts/1.eml").status_code == 404
     assert other.get(f"/mail-records/{rid}/attempts/1").status_code == 404
+
+
+def test_ids_and_codes_the_database_would_refuse_are_kept_cleaned(app: Flask, acme: int) -> None:
+    # A provider's id with a NUL, and longer than the column: before, the Sent write failed
+    # on it and the record was swept and sent again. Kept as a webhook's event would keep it.
+    rid = accept_sms(app, acme)
+    (held,) = scan.claim_due(db.engine, SmsSendRecord, 1)
+    claimed = Claimed(Channel.SMS, held.id, held.version, held.tenant_id, held.retry_count)
+    hostile = " SM\x00" + "x" * 300
+    attempt = Attempt(datetime.now(UTC), 0.1, None, "gateway", "201", None)
+    assert outcomes.record_sent(db.engine, claimed, hostile, attempt=attempt)
+    expected = ("SM" + "x" * 300)[:200]
+    assert sms_record(rid).provider_message_id == expected
+    (row,) = attempts("sms", rid)
+    assert row.provider_message_id == expected
+
+    # A provider's code over the dead letter's column, with a NUL: the record still becomes a
+    # dead letter (before, the whole write rolled back and the record was sent again).
+    mid = accept_mail(app, acme)
+    (held_mail,) = scan.claim_due(db.engine, MailSendRecord, 1)
+    last = Claimed(Channel.MAIL, held_mail.id, held_mail.version, acme, held_mail.retry_count)
+    code = "PROVIDER_" + "Z" * 150 + "\x00"
+    none_left = BackoffPolicy(max_retries=0, base_s=0.02, quota_floor_s=0.05, retry_after_cap_s=1)
+    decision = outcomes.handle_failure(db.engine, last, code, "gone\x00 away", policy=none_left)
+    assert decision is not None
+    assert record(mid).status == "DeadLetter"
+    (dead,) = db.session.scalars(
+        select(DeadLetterMessage).where(DeadLetterMessage.event_id == str(mid))
+    ).all()
+    assert dead.error_code == code[:100]
+    assert dead.reason == "gone\ufffd away"
+    assert dead.payload["errorCode"] == code[:100]

@@ -387,8 +387,7 @@ def _clean(value: Any, limit: int = 200) -> str | None:
     """A short printable string, or None (NUL bytes never reach the database)."""
     if value is None or isinstance(value, (dict, list, bool)):
         return None
-    text = str(value).replace("\x00", "").strip()
-    return text[:limit] or None
+    return events.clean_text(str(value), limit)
 
 
 def _when(value: Any) -> datetime | None:
