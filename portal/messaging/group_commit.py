@@ -86,12 +86,13 @@ class GroupCommit(Generic[E]):
                 raise
             if not entry._leads:
                 return entry  # a leader wrote it
-        with self._lock:
-            batch = self._queued[: self.limit]
-            del self._queued[: self.limit]
-            self.batches += 1
-            self.written += len(batch)
+        batch: list[E] = []
         try:
+            with self._lock:
+                batch = self._queued[: self.limit]
+                del self._queued[: self.limit]
+                self.batches += 1
+                self.written += len(batch)
             self._flush(batch)
         finally:
             for done in batch:
@@ -100,6 +101,8 @@ class GroupCommit(Generic[E]):
             # The lead goes to the first write that queued meanwhile (this thread goes back
             # to its own work), whatever the flush did.
             with self._lock:
+                if entry in self._queued:  # interrupted before it took its batch
+                    self._queued.remove(entry)
                 self._hand_on()
         return entry
 
