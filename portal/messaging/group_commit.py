@@ -101,7 +101,7 @@ class GroupCommit(Generic[E]):
             # The lead goes to the first write that queued meanwhile (this thread goes back
             # to its own work), whatever the flush did.
             with self._lock:
-                if entry in self._queued:  # interrupted before it took its batch
+                if not batch and entry in self._queued:  # interrupted before taking it
                     self._queued.remove(entry)
                 self._hand_on()
         return entry

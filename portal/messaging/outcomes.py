@@ -507,11 +507,7 @@ class _SentWrite(group_commit.Entry):
         return row
 
 
-class _Unfinished(Exception):
-    """A Sent write whose group commit ended before giving it an outcome."""
-
-
-_UNFINISHED = _Unfinished("the batch of Sent writes it was in ended before writing it")
+_UNFINISHED = RuntimeError("the batch of Sent writes it was in ended before writing it")
 
 
 def _gone(exc: Exception) -> bool:
@@ -540,19 +536,16 @@ def _flush_sent(batch: list[_SentWrite]) -> None:
     try:
         statement = _sent_batch(first.claimed.channel, len(wanting))
         _n, rows = statement.run(first.engine, batch=json.dumps([e.as_row() for e in batch]))
-    except psycopg.errors.DeadlockDetected:
-        log.warning("a batch of Sent writes with their claims deadlocked; written one by one")
-        for entry in batch:
-            entry.request = None
-            entry.alone()
-        return
     except Exception as exc:
         if _gone(exc):
             for entry in batch:
                 entry.error = exc
             return
+        deadlock = isinstance(exc, psycopg.errors.DeadlockDetected)
         log.warning("a batch of Sent writes failed; written one by one", exc_info=exc)
         for entry in batch:
+            if deadlock:
+                entry.request = None  # a lost race for the claims: each claims on its own
             entry.alone()
         return
     ids, versions, looks = rows[0][0] or [], rows[0][1] or [], rows[0][2] or []

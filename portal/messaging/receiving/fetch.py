@@ -37,6 +37,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError, InterfaceError, OperationalError
 from sqlalchemy.orm import Session
 
+from portal.messaging.outcomes import stored_text
 from portal.messaging.receiving import apply, bounces
 from portal.messaging.receiving.imap import Fetched, ImapError, MailboxAddress, ReadOnlyMailbox
 from portal.models import MailReceiveConfig, MailReceiveState, ReceivedMail, SmtpSecurity, db_now
@@ -248,9 +249,8 @@ def record_run(engine: Engine, config_id: int, folder: str, error: str | None) -
     if error is None:
         outcome: dict[str, Any] = {"last_error": None, "last_error_at": None}
     else:
-        text = error.replace("\x00", "\ufffd")[:MAX_ERROR_CHARS]
         outcome = {
-            "last_error": text,
+            "last_error": stored_text(error, MAX_ERROR_CHARS),
             "last_error_at": func.coalesce(MailReceiveState.last_error_at, now),
         }
     first = outcome | {"last_error_at": now if error is not None else None}
