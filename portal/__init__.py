@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -130,11 +131,16 @@ def ping_when_idle(engine: Engine, idle_s: float) -> None:
 
 
 def _tune_sqlite(engine: Engine) -> None:
-    """WAL, a busy timeout and BEGIN IMMEDIATE, so concurrent writers queue instead of failing.
+    """WAL, a busy timeout, and a transaction that takes the write lock at its first write.
 
-    pysqlite's own transaction handling begins lazily with a deferred BEGIN; a deferred
-    transaction that later writes can fail with "database is locked" without waiting. We take
-    over: autocommit at the driver, and an explicit BEGIN IMMEDIATE when SQLAlchemy begins.
+    Reads never take SQLite's write lock: until a transaction writes, each SELECT runs alone
+    (autocommit at the driver; in WAL it reads the last commit, as PostgreSQL's READ COMMITTED
+    does at each statement). The first statement that writes (or a SELECT ... FOR UPDATE, or a
+    SAVEPOINT) is preceded by ``BEGIN IMMEDIATE``: the lock is taken before anything is read
+    inside the transaction, so a writer waits its turn (busy timeout) instead of failing with
+    "database is locked" when another writer committed since its first read. A page that only
+    reads therefore never holds the lock, and a second connection it opens (the breaker's
+    states, the recipient tokens written after it) never waits on the first.
     """
 
     @event.listens_for(engine, "connect")
@@ -147,6 +153,36 @@ def _tune_sqlite(engine: Engine) -> None:
         cursor.execute("PRAGMA synchronous=NORMAL")
         cursor.close()
 
-    @event.listens_for(engine, "begin")
-    def _on_begin(connection: Any) -> None:
-        connection.exec_driver_sql("BEGIN IMMEDIATE")
+    @event.listens_for(engine, "before_cursor_execute")
+    def _lock_before_first_write(
+        conn: Any, cursor: Any, statement: str, _params: Any, context: Any, _many: bool
+    ) -> None:
+        if cursor.connection.in_transaction or not conn.in_transaction():
+            return
+        if conn.get_execution_options().get("isolation_level") == "AUTOCOMMIT":
+            return
+        if sqlite_reads_only(statement, context):
+            return
+        cursor.execute("BEGIN IMMEDIATE")
+
+
+_WRITE_WORD = re.compile(r"\b(INSERT|UPDATE|DELETE|REPLACE)\b", re.IGNORECASE)
+
+
+def sqlite_reads_only(statement: str, context: Any = None) -> bool:
+    """Whether a statement only reads, so that it may run without SQLite's write lock.
+
+    Unsure means no: a statement that might write takes the lock (it then waits, never fails).
+    """
+    compiled = getattr(context, "compiled", None)
+    if compiled is not None:
+        if context.isinsert or context.isupdate or context.isdelete:
+            return False
+        if getattr(compiled.statement, "_for_update_arg", None) is not None:
+            return False
+    head = statement.lstrip()[:8].upper()
+    if head.startswith(("SELECT", "PRAGMA", "EXPLAIN")):
+        return True
+    if head.startswith("WITH"):
+        return _WRITE_WORD.search(statement) is None
+    return False
