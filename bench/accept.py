@@ -13,7 +13,7 @@ raw   the same INSERTs (the send record with the same columns, its recipient row
       batch = executemany of 500 records and 500 recipients + COMMIT on 4 connections. No
       NOTIFY (ours NOTIFYs at every commit).
 Runs alternate: raw, each gunicorn config, raw.
-Goal (issue 4): >= 1,000 single sends/s; batches >= 10,000 records/s.
+Goal: >= 1,000 single sends/s; batches >= 10,000 records/s.
 Needs `wrk` (apt-get install wrk). With py-spy on PATH (or BENCH_PYSPY=/path/to/py-spy), a
 missed goal (or --profile) is followed by a sampled profile of the gunicorn workers.
 """

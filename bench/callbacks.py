@@ -2,8 +2,8 @@
 
 Three states of the same database, taken in turns (ABC CBA ...) within one run:
 
-none   the callback triggers disabled (ALTER TABLE ... DISABLE TRIGGER): the code before
-       issue 16;
+none   the callback triggers disabled (ALTER TABLE ... DISABLE TRIGGER): no status
+       callbacks;
 0 ep   the triggers on, no endpoint anywhere: every Sent write evaluates the trigger's WHEN
        and calls the function, which finds no endpoint (one index probe);
 1 ep   the triggers on, one enabled endpoint of the records' tenant subscribed to every event:

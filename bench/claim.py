@@ -4,18 +4,18 @@ PostgreSQL with 1,000,000 history rows (mostly Sent) and a backlog of Pending re
 ours       what a busy pool worker runs for a record, minus the send, inside direct.holding
            (one connection while there is work): portal.messaging.outcomes.record_sent with a
            Claimed(...) inside scan.claiming_next, which writes the record Sent, its attempt's
-           row (issue 14) and claims the next one (fair order; detached MailSendRecord
+           row and claims the next one (fair order; detached MailSendRecord
            objects) in one statement;
            scan.claim_due (k=1) only when that found nothing. The engine is the product's
            (create_app, engine_options), logging as worker.py sets it (JSON lines at INFO,
            into /dev/null here).
-raw1       the baseline (issue 17): bare psycopg, one statement per record on our own table:
+raw1       the baseline: bare psycopg, one statement per record on our own table:
            the Sent write and the next claim (oldest Pending first) as data-modifying CTEs.
 raw1-fair  raw1 with the product's fair pick SQL (scan.fair_pick_sql): what the fair order
-           (issue 13: streams, tenants in turn, Retry merged) costs in SQL alone.
-raw1-oldest raw1 with the pick before issue 13: the oldest due record, Pending or Retry, of
+           (streams, tenants in turn, Retry merged) costs in SQL alone.
+raw1-oldest raw1 with the pick before fair claiming: the oldest due record, Pending or Retry, of
            any tenant or stream (two index probes merged by due time). raw1-fair/raw1-oldest
-           is what fairness costs (issue 13's budget: 5 %).
+           is what fairness costs (its budget: 5 %).
 raw        the two-statement bare loop of the earlier figures: claim, then the versioned
            completion (bench/_common.py RAW_*); 2 commits per record, so it flatters us.
 
@@ -23,7 +23,7 @@ The machine is shared, so the contenders take turns in short time slices (ABBA o
 and again) on the same backlog; each side's rate = its records / its own time. The backlog is
 refilled and the table VACUUM ANALYZEd between rounds when it runs low (the shared server runs
 with autovacuum off), never inside a slice.
-Goal (issue 17): ours >= 0.8 of raw1 at 8 threads. When missed (or with --profile) a
+Goal: ours >= 0.8 of raw1 at 8 threads. When missed (or with --profile) a
 breakdown follows: round trips per record, a cProfile of ours, SQLAlchemy Core running the
 raw statements, and the variants (ours-separate: claim_due then record_sent).
 """
@@ -50,7 +50,7 @@ from portal.models import Channel, MailSendRecord
 from portal.models.direct import holding
 
 DB_NAME = "postroom_bench_claim"
-GOAL = 0.8  # issue 17: ours >= 0.8 x the one-statement bare loop on our own table
+GOAL = 0.8  # ours >= 0.8 x the one-statement bare loop on our own table
 CONTENDERS = ("raw1", "ours", "raw1-fair", "raw1-oldest", "raw")
 ORDER = CONTENDERS + tuple(reversed(CONTENDERS))  # ABBA: each sees the same drift
 
@@ -131,7 +131,7 @@ def ours_body(engine: Engine, separate: bool = False) -> Body:
                 tenant_id=record.tenant_id,
                 retry_count=record.retry_count,
             )
-            # As the pool writes it: the attempt's row (issue 14) rides on the Sent write.
+            # As the pool writes it: the attempt's row rides on the Sent write.
             attempt = Attempt(datetime.now(UTC), 0.0, None, "bench", "250", "2.0.0 Ok")
             with claiming_next(MailSendRecord, lambda: not separate and not stop.is_set()) as nxt:
                 run.count(
@@ -142,7 +142,7 @@ def ours_body(engine: Engine, separate: bool = False) -> Body:
     return body
 
 
-# The issue 17 baseline: one statement per record on our own table, bare psycopg: the Sent
+# The baseline: one statement per record on our own table, bare psycopg: the Sent
 # write of the record in hand and the claim of the next (oldest Pending first), as data-
 # modifying CTEs; the claim reads the Sent write's result, so it runs after it.
 RAW1_SENT = (
@@ -202,7 +202,7 @@ def raw1_body(dsn: str, pick: str = RAW1_PICK) -> Body:
     return body
 
 
-# The pick before issue 13 (oldest due first, Pending or Retry, no streams or tenants' turn),
+# The pick before fair claiming (oldest due first, Pending or Retry, no streams or tenants' turn),
 # reading the Sent write's result as raw1's does.
 RAW1_OLDEST_PICK = (
     "WITH pend AS (SELECT r.id, r.updated_time AS due FROM mail_send_record r "
@@ -446,7 +446,7 @@ def variants(
 def through_pgbouncer(
     url: str, engine: Engine, dsn: str, slice_s: float, rounds: int, backlog: tuple[int, int]
 ) -> None:
-    """Issue 16: ours straight to PostgreSQL against ours through PgBouncer (transaction
+    """Ours straight to PostgreSQL against ours through PgBouncer (transaction
     mode, as DATABASE_POOLER=transaction runs it), raw1 beside, in ABBA turns."""
     from portal import create_app
     from tests.support.pgbouncer import pgbouncer
@@ -583,7 +583,7 @@ def main() -> int:
         c.say(
             "raw1: the Sent write + next claim (oldest Pending) in one statement, bare psycopg;"
             "\nraw1-fair: the same with the product's fair pick SQL (what fairness costs in SQL);"
-            "\nraw1-oldest: the same with the pick before issue 13 (oldest due, Pending or Retry);"
+            "\nraw1-oldest: the same with the older pick (oldest due, Pending or Retry);"
             "\nraw: the two-statement loop of earlier figures (claim, then Sent)."
             "\nThe slim-table and procrastinate figures come from ../shared/peers (bench/README)."
         )

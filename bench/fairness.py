@@ -1,4 +1,4 @@
-"""Fair claiming (issue 13, part 2): one tenant's backlog, or a broadcast backlog, must not hold
+"""Fair claiming: one tenant's backlog, or a broadcast backlog, must not hold
 back other mail. End to end through DeliveryService (4 mail workers, NOTIFY on, the product's
 engine) to scripts/smtp_sink.py's sink in its own process, on PostgreSQL.
 

@@ -6,9 +6,9 @@ ours  the whole request through Flask's test client, signed in (support staff of
       queries and the Jinja render, as a browser would wait for it (minus the network).
 raw   the main query of the same page as bare SQL over psycopg (what the page cannot beat).
 
-Goals: list, search by recipient and detail under 100 ms median (issue 6); the dashboards and
-"a week two months ago" under 100 ms p95 at 10M rows (issue 17); the one search box's results
-page, each kind of input, under 150 ms p95 and the recipient page under 100 ms p95 (issue 14).
+Goals: list, search by recipient and detail under 100 ms median; the dashboards and
+"a week two months ago" under 100 ms p95 at 10M rows; the one search box's results
+page, each kind of input, under 150 ms p95 and the recipient page under 100 ms p95.
 The other pages are measured too, for information. With --index "CREATE INDEX ...", that index
 is created on the bench database afterwards and the pages an index could change are measured
 again (a new index on a record table costs every status change an index entry: measure that
@@ -19,7 +19,7 @@ later run with the same --rows and --keep uses it again (no seeding); drop it by
 
 --versus N also seeds (or with --keep reuses) a second database of N rows and then times every
 page on both in turns, request by request (N, rows, N, rows, ...), and prints each page's p95
-and median at both sizes and their ratio (the issue 14 goal: 1M/100k <= 1.5). On a shared
+and median at both sizes and their ratio (the goal: 1M/100k <= 1.5). On a shared
 machine the two sizes measured in separate runs minutes apart see different loads; in turns
 they see the same.
 
@@ -465,7 +465,7 @@ SEARCH_GOAL_MS = 150.0
 
 
 def search_cases(ids: dict[str, Any]) -> list[Case]:
-    """The one search box (issue 14): each kind of input on the results page, and the
+    """The one search box: each kind of input on the results page, and the
     recipient page of a mail address and of a number (tokens made by ``recipient_tokens``)."""
     mail_id = ids["mail_id"]
     # An order number in a subject ("Order <g> is on its way"): one record of tenant 1 has it

@@ -15,7 +15,7 @@ raw   a bare psycopg loop running the single-statement SKIP LOCKED claim (and co
         notify   woken by its own LISTEN connection
         polling  every 0.5 s
 Blocks alternate (ours, raw, ours, raw) per mode, so a neighbour's load hits both.
-Goal (issue 4): p99 <= 50 ms with NOTIFY, <= 550 ms polling.
+Goal: p99 <= 50 ms with NOTIFY, <= 550 ms polling.
 """
 
 from __future__ import annotations
@@ -134,7 +134,7 @@ def block(
     with app.app_context():
         engine = db.engine
     if who == "pgbouncer":
-        # Issue 16: the worker's statements through PgBouncer in transaction mode (no
+        # The worker's statements through PgBouncer in transaction mode (no
         # prepared statements), its one LISTEN connection straight to the server.
         pooled = create_app(
             settings.replace(

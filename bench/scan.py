@@ -17,7 +17,7 @@ installed server's defaults: autovacuum on, naptime 60 s) and stops.
 
 Figures: client latency per scan (what a worker waits, median over many executions), the
 server's execution time and buffers (EXPLAIN ANALYZE of the same prepared statement), and the
-plan. Goal (issue 4): 1M / 10k <= 1.5 and after-churn / fresh <= 1.5. When the churn ratio is
+plan. Goal: 1M / 10k <= 1.5 and after-churn / fresh <= 1.5. When the churn ratio is
 missed, the churn is repeated on another copy with per-table settings (ALTER TABLE, as a
 migration would set them) to show what fixes it.
 """

@@ -1,5 +1,5 @@
-"""Table shape: the bare one-statement loop (issue 17's raw1) on today's record table against a
-narrow queue table that holds the claim bookkeeping, before building either (issue 17: "measure
+"""Table shape: the bare one-statement loop (claim.py's raw1) on today's record table against a
+narrow queue table that holds the claim bookkeeping, before building either ("measure
 the bare loop on a new shape before building it"). Nothing here changes the product: the other
 shapes are tables this script creates beside the migrated ones, on its own database.
 
@@ -52,7 +52,7 @@ from claim import RAW1_PICK, Body, Run, drive, raw1_statement
 from portal.extensions import db
 
 DB_NAME = "postroom_bench_shape"
-GOAL = 0.8  # issue 17: ours >= 0.8 x raw1
+GOAL = 0.8  # ours >= 0.8 x raw1
 
 TODAY = "mail_send_record"
 HOT_RECORD, HOT_QUEUE = "mail_send_record_q", "mail_queue_q"

@@ -28,7 +28,7 @@ In flight: a pool keeps at most pool size - 1 workers in flight to one provider 
 per-route cap of the fair claim), per process: 10 workers in 1 process send at most 9 at once;
 in 2 processes of 5, 8; in 5 of 2, 5; in 10 of 1, 10 (a pool of 1 keeps its one).
 
-Goals (issue 17): ours >= 0.7 x bare at 1 and 10 workers; ours at 10 workers >= 3 x ours at 1.
+Goals: ours >= 0.7 x bare at 1 and 10 workers; ours at 10 workers >= 3 x ours at 1.
 """
 
 from __future__ import annotations

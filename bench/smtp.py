@@ -19,7 +19,7 @@ with whichever side is sending), to show which is fair; --sink-port uses one alr
 Connections: a pool keeps at most pool size - 1 workers in flight to one server (the per-server
 cap), so ours with 4 workers holds 3 SMTP sessions at once against smtplib's 4 threads;
 --equal-connections gives ours one worker more (above 1) so both use as many at once.
-Goals (issue 17): ours >= 0.75 x the bare loop at 1 worker, >= 0.85 x at equal connections.
+Goals: ours >= 0.75 x the bare loop at 1 worker, >= 0.85 x at equal connections.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ from portal.models import Channel
 from portal.tenancy import tenant_context
 
 DB_NAME = "postroom_bench_smtp"
-# Issue 17: ours >= 0.75 x bare smtplib at 1 worker, >= 0.85 x with as many connections above.
+# Ours >= 0.75 x bare smtplib at 1 worker, >= 0.85 x with as many connections above.
 GOAL_ONE = 0.75
 GOAL_MANY = 0.85
 ORDER = ("raw", "ours", "ours", "raw")

@@ -164,13 +164,13 @@ class Settings:
     attachment_max_bytes: int = 5 * 1024 * 1024
     template_max_chars: int = 50_000
     variables_max_bytes: int = 64 * 1024
-    # Status callbacks (issue 16): pool size, private addresses (never in production unless
+    # Status callbacks: pool size, private addresses (never in production unless
     # said), the retry schedule's unit (5 s: 5 s, 30 s, 2 min, ...) and its window (24 h).
     callback_concurrency: int = 4
     callback_allow_private: bool = False
     callback_backoff_base_s: float = 5.0
     callback_give_up_s: float = 86400.0
-    # Retention (issue 16, part 2): the chore's interval; days kept when a tenant sets none.
+    # Retention: the chore's interval; days kept when a tenant sets none.
     retention_interval_s: float = 3600.0
     retention_days_default: int | None = None
     # Behind a transaction-mode pooler (PgBouncer 1.18): no prepared statements, and LISTEN on

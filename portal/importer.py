@@ -326,7 +326,7 @@ class _Importer:
         row = self._upsert(Tenant, "tenants", slug=slug)
         row.name = e.req("name", 200)
         row.is_active = e.flag("active", self.stored(row, "is_active"), True)
-        # Retention (issue 16): omitted keeps what is stored; null keeps records forever.
+        # Retention: omitted keeps what is stored; null keeps records forever.
         for name, attribute in (
             ("mailRetentionDays", "mail_retention_days"),
             ("smsRetentionDays", "sms_retention_days"),
@@ -448,7 +448,7 @@ class _Importer:
         window = e.number("retryWindowS", lo=60)
         row.retry_window_s = float(window) if window is not None else None
         if self.stored(row, "uncertain_policy") is None:
-            # A new provider's default follows whether it can dedupe a resend (issue 13).
+            # A new provider's default follows whether it can dedupe a resend.
             row.uncertain_policy = default_uncertain_policy(row.provider)
         row.uncertain_policy = self.policy(e, row)
 
@@ -518,7 +518,7 @@ class _Importer:
 
     def _template_version(self, e: _Entry, row: MailTemplate | SmsTemplate) -> None:
         """strictVariables (omitted: the stored value; a new template: on), then a new
-        version only when the content changed (issue 15)."""
+        version only when the content changed."""
         from portal.messaging import template_versions
 
         row.strict_variables = e.flag("strictVariables", self.stored(row, "strict_variables"), True)
@@ -532,7 +532,7 @@ class _Importer:
         template_versions.save_version(self.session, row, None, "imported")
 
     def _dry_run_note(self, e: _Entry, row: MailTemplate | SmsTemplate) -> None:
-        """No dry run stops an import, but its counts are printed (issue 15)."""
+        """No dry run stops an import, but its counts are printed."""
         from portal.messaging import template_dry_run
 
         check = template_dry_run.run(

@@ -147,7 +147,7 @@ class ServerUpCollector(Collector):
 
 
 class OperationsCollector(Collector):
-    """What the alert rules of deploy/ watch besides the backlog (issue 16, part 4): how long
+    """What the alert rules of deploy/ watch besides the backlog: how long
     ago each chore last ran (``chore_last_run_age_seconds{chore}``, from chore_run) and the
     status callbacks still owed (``callback_backlog``, ``callback_oldest_due_age_seconds``,
     along the partial index of due deliveries)."""

@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     env = dict(os.environ)
-    # The demo's callback receivers run on this machine (issue 16): allow private addresses.
+    # The demo's callback receivers run on this machine: allow private addresses.
     env.setdefault("CALLBACK_ALLOW_PRIVATE", "true")
     if args.instance is not None:
         env["INSTANCE_PATH"] = str(args.instance.resolve())

@@ -14,7 +14,7 @@ document.addEventListener("change", (event) => {
 });
 document.documentElement.classList.add("js");
 
-// --- Configuration pages (issue 6) ----------------------------------------------------------
+// --- Configuration pages ----------------------------------------------------------
 // An editor form marked data-dirty-guard: once one of its content fields changes, every button
 // marked data-needs-saved is disabled and every data-unsaved-note shown, because the attachment
 // and binding forms reload the page (Send test stays: it saves the edits first). Fields marked data-not-content (the sample variables, the

@@ -42,7 +42,7 @@ def settings_for_tests(database_url: str, **overrides: Any) -> Settings:
         smtp_connect_timeout_s=2.0,
         smtp_read_timeout_s=2.0,
         worker_metrics_port=0,
-        # Receivers in tests listen on 127.0.0.1; retries in milliseconds (issue 16).
+        # Receivers in tests listen on 127.0.0.1; retries in milliseconds.
         callback_allow_private=True,
         callback_backoff_base_s=0.02,
     )

@@ -1,4 +1,4 @@
-"""Templates over the new limits (issue 13, part 3)
+"""Templates over the new limits
 
 Re-checks every stored template against the limits checked before parsing (size, tags,
 expression tokens, path segments, nesting) and lists those now over them, with the tenant,

@@ -1,4 +1,4 @@
-"""The sweep's last run kept in the database (issue 13, part 5)
+"""The sweep's last run kept in the database
 
 The stuck-send sweep's last run is written to ``chore_run`` as well as being scheduled in
 Redis, so a delivery worker can see from the database alone that the sweep is overdue (Redis

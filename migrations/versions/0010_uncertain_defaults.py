@@ -1,4 +1,4 @@
-"""Providers that honour no idempotency key hold uncertain outcomes (issue 13, part 4)
+"""Providers that honour no idempotency key hold uncertain outcomes
 
 Twilio's Messages API and Vonage's SMS API honour no idempotency key, so a resend after an
 ambiguous attempt may deliver twice: their existing provider configs switch to

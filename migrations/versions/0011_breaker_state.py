@@ -1,4 +1,4 @@
-"""Circuit breaker state per server and provider, the fallback when Redis is away (issue 13, part 1)
+"""Circuit breaker state per server and provider, the fallback when Redis is away
 
 Redis holds the live breaker state; this table mirrors each change of state (opened, a probe
 failed, closed) for the portal and the metrics, and holds the whole state while Redis is away.

@@ -1,4 +1,4 @@
-"""Message streams: transactional and broadcast (issue 13, part 2)
+"""Message streams: transactional and broadcast
 
 Every send record and template gets a ``stream`` (``transactional`` unless said otherwise; a
 column with a constant default is only a catalogue change on PostgreSQL, the rows are not

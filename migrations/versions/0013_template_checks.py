@@ -1,4 +1,4 @@
-"""Template checks at acceptance (issue 15, part 1)
+"""Template checks at acceptance
 
 Mail and SMS templates get ``strict_variables``: a strict template refuses at acceptance a
 send that lacks a variable it needs (422 ``missing_variables``). Templates that exist when

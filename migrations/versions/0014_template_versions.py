@@ -1,4 +1,4 @@
-"""Template versions (issue 15, parts 2 and 4)
+"""Template versions
 
 ``template_version``: every save of a template is an immutable row (both channels, the whole
 content as JSON); ``template_blob``: attachment bytes stored once by SHA-256. Each existing

@@ -1,4 +1,4 @@
-"""Status callbacks: endpoints, deliveries, the triggers that write them, request metadata (issue 16, part 1)
+"""Status callbacks: endpoints, deliveries, the triggers that write them, request metadata
 
 ``callback_delivery`` rows are written by the database in the statement that changes a
 record's status: an AFTER trigger per record table inserts one row per enabled endpoint of

@@ -1,4 +1,4 @@
-"""Inbox notices by mail too, per user (issue 16, part 3)
+"""Inbox notices by mail too, per user
 
 ``app_user.notices_by_mail``: the user also gets each new notice of their tier by mail, sent
 through our own delivery path on the platform tier. A constant default: no table rewrite.

@@ -1,4 +1,4 @@
-"""The configuration epoch: workers cache the configs they read at every send (issue 17)
+"""The configuration epoch: workers cache the configs they read at every send
 
 One row, ``config_epoch`` (id 1), whose ``epoch`` changes in the same transaction as any
 change to the mail servers, SMS providers, their country routes or the SMS templates'

@@ -1,4 +1,4 @@
-"""Retention per tenant, record ids never reused on SQLite, and the notifications inbox (issue 16, parts 2 and 3)
+"""Retention per tenant, record ids never reused on SQLite, and the notifications inbox
 
 - ``tenant.mail_retention_days`` / ``sms_retention_days``: NULL keeps records forever (the
   platform default RETENTION_DAYS_DEFAULT applies then); at least 2 days.

@@ -1,4 +1,4 @@
-"""Records that need a decision get a partial index of their own (issue 13, part 4)
+"""Records that need a decision get a partial index of their own
 
 The "Needs a decision" page and the dashboard's count read Uncertain records and not-sent
 ones with an unresolved ambiguous attempt. Walking each status's index and filtering on the

@@ -1,4 +1,4 @@
-"""Due Retry records take the tenants' turn too (issue 13, part 2)
+"""Due Retry records take the tenants' turn too
 
 The one-record claim (every busy worker's next one) walks the tenants with Retry records after
 the last claim's tenant along this partial index, one probe per tenant reading its earliest

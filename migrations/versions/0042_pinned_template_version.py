@@ -1,4 +1,4 @@
-"""A test send renders the template version its editor previewed (issue 15, part 3)
+"""A test send renders the template version its editor previewed
 
 ``pinned_template_version`` on both record tables: set only on a test send from the editor, to
 the version the preview rendered; preparation renders that version's content even when a later

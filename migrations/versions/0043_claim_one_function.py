@@ -1,4 +1,4 @@
-"""The single-record claim as a PL/pgSQL function (issues 13 and 17)
+"""The single-record claim as a PL/pgSQL function
 
 Every busy worker's next claim (in the Sent write, and ``claim_due`` with k = 1) picks the next
 record in the fair order: the stream first (transactional, then broadcast), within it the

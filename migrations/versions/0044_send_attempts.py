@@ -1,4 +1,4 @@
-"""Every attempt that reached the transport is a row (issue 14, part 1)
+"""Every attempt that reached the transport is a row
 
 ``send_attempt``: one row per attempt of a mail or SMS record (number, started and finished
 times, duration, worker, server or provider, outcome, ambiguity, the reply's code and text,

@@ -1,4 +1,4 @@
-"""A record's timeline reads the audit rows that name it (issue 14, part 1)
+"""A record's timeline reads the audit rows that name it
 
 ``idx_audit_event_target (target_type, target_id)``: the record page finds the retries,
 cancels, resolutions and dead-letter triage of one record without reading its tenant's whole

@@ -1,4 +1,4 @@
-"""Search that finds what people type (issue 14, part 2): side tables and trigram indexes
+"""Search that finds what people type: side tables and trigram indexes
 
 - ``tenant.country`` (ISO 3166 alpha-2, nullable: the platform's DEFAULT_COUNTRY then): how a
   national phone number typed in the search box is read.

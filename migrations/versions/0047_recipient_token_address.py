@@ -1,4 +1,4 @@
-"""Recipient tokens go with their recipient's last record (issue 14, retention)
+"""Recipient tokens go with their recipient's last record, so retention removes them
 
 ``recipient_token`` holds a recipient's address in clear. Retention deleted the records and
 left the token rows behind; now each purge batch deletes the tokens of the addresses it took

@@ -1,4 +1,4 @@
-"""An address prefix typed in the search box walks the recipient btree (issue 14, part 2)
+"""An address prefix typed in the search box walks the recipient btree
 
 ``carol@`` was looked up in the trigram index of mail_send_recipient.address, whose trigrams
 ("car", "aro", ... and above all the "use", "ser" of every ``user...@`` address) are shared by

@@ -1,4 +1,4 @@
-"""The suppression lookup rides on the claim (issue 17)
+"""The suppression lookup rides on the claim
 
 Every attempt looked its recipients up in the tenant's suppression list in a statement of its
 own, the configuration epoch riding on it (``preparation.suppressed_recipients``): one round

@@ -1,4 +1,4 @@
-"""The status-callback pool (issue 16, part 1): CALLBACK_CONCURRENCY threads that claim due
+"""The status-callback pool: CALLBACK_CONCURRENCY threads that claim due
 ``callback_delivery`` rows and post them.
 
 Each thread claims one delivery (``callbacks.claim``: at most two in flight per endpoint,

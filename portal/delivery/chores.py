@@ -173,7 +173,7 @@ def match_events_job() -> dict[str, Any]:
 
 
 def retention_job() -> dict[str, int]:
-    """The retention chore (issue 16, part 2), as an rq job."""
+    """The retention chore, as an rq job."""
     from portal.messaging.retention import purge
 
     engine, settings = _engine_and_settings()
@@ -181,7 +181,7 @@ def retention_job() -> dict[str, int]:
 
 
 def notices_job() -> int:
-    """The inbox scan (issue 16, part 3), as an rq job: the number of new notices."""
+    """The inbox scan, as an rq job: the number of new notices."""
     from portal.messaging.notices import scan
 
     engine, _settings = _engine_and_settings()

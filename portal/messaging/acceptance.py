@@ -150,7 +150,7 @@ def _fetcher(session: Session) -> Callable[[], template_checks.Fetch]:
 def _check_template(
     fetcher: Callable[[], template_checks.Fetch], req: MailRequest | SmsRequest
 ) -> None:
-    """The request's template as it would be used now (issue 15): by code an enabled one in
+    """The request's template as it would be used now: by code an enabled one in
     the scope's tier (else 422 naming templateCode), by id any of the tier's (else 422 naming
     templateId: a test send of a disabled template stays possible); a strict template's
     needed variables given (else 422 missing_variables). Sets the request's stream from the

@@ -1,4 +1,4 @@
-"""Circuit breaker per mail server and SMS provider (issue 13, part 1).
+"""Circuit breaker per mail server and SMS provider.
 
 Only failures of the server itself count: for mail, before it accepted MAIL FROM (connect
 refused or timed out, TLS, a 4xx/5xx greeting, EHLO/STARTTLS); for SMS, no connection or a

@@ -1,4 +1,4 @@
-"""Status callbacks (issue 16, part 1): who is told what, how it is signed, where it may go,
+"""Status callbacks: who is told what, how it is signed, where it may go,
 and the queue of deliveries (claim, attempt, outcome).
 
 The ``callback_delivery`` rows are written by database triggers (migration 0015) in the

@@ -1,4 +1,4 @@
-"""The inbox (issue 16, part 3): notices for tenant admins and platform operators.
+"""The inbox: notices for tenant admins and platform operators.
 
 A notice belongs to a tier (tenant id, or -1 for platform operators) and carries a
 ``dedup_key`` unique within it: each occurrence (a quota threshold in a month, a server's

@@ -112,7 +112,7 @@ def worker_name() -> str:
 
 @dataclass(frozen=True)
 class Attempt:
-    """An attempt that reached the transport (issue 14, part 1): written as a ``send_attempt``
+    """An attempt that reached the transport: written as a ``send_attempt``
     row by the statement that writes its outcome, numbered by the record's ``attempt_count``.
     ``code``/``message``: the other side's reply (SMTP code; HTTP status and the provider's
     code); none for a send it accepted."""
@@ -363,7 +363,7 @@ _SENT_AND_CLAIM = {
 
 # --- group commit of Sent writes (PostgreSQL) ---------------------------------------------------
 
-# At most this many Sent writes in one statement (issue 17: at most 16 records a batch).
+# At most this many Sent writes in one statement (a batch is at most 16 records).
 SENT_BATCH_LIMIT = 16
 # The channels whose Sent writes go through the group commit. Mail: bench/claim.py at 8
 # threads 0.54 -> 0.61 of the bare loop (client CPU 941 -> 719 us a record), bench/smtp.py at

@@ -125,7 +125,7 @@ def suppressed_recipients(
     if not wanted:
         CONFIGS.seen(look.epoch if look is not None else None)
         return {}, len(set(raw))
-    # A forgotten recipient's suppression keeps only the address's hash (issue 16): look for
+    # A forgotten recipient's suppression keeps only the address's hash: look for
     # both forms.
     lookup = dict(wanted)
     for address, written in wanted.items():
@@ -281,7 +281,7 @@ def _check_needs(
     template: MailTemplate | SmsTemplate, variables: dict[str, Any], *, subject: bool, body: bool
 ) -> None:
     """A strict template's version saved after acceptance may need a variable the request
-    lacks (issue 15): fail naming it; a Retry after fixing the template prepares afresh."""
+    lacks: fail naming it; a Retry after fixing the template prepares afresh."""
     missing = template_checks.unmet(template, variables, subject=subject, body=body)
     if missing:
         raise PreparationFailed(
@@ -310,7 +310,7 @@ def _mail_template_of(engine: Engine, record: MailSendRecord) -> MailTemplate | 
 
 
 def _pinned(session: Session, record: MailSendRecord | SmsSendRecord, template: T) -> T:
-    """A test send's template as the version its editor previewed (issue 15); any other
+    """A test send's template as the version its editor previewed; any other
     record's as it is now (seed 000: the version current at preparation)."""
     number = record.pinned_template_version
     if number is None:

@@ -1,4 +1,4 @@
-"""Retention (issue 16, part 2): settled records past their tenant's retention are deleted
+"""Retention: settled records past their tenant's retention are deleted
 with everything that hangs off them, in short batches; a recipient can be forgotten on request.
 The recipient pages' token rows (they hold the address in clear) go in the batch that takes
 the last record to their address.

@@ -6,7 +6,7 @@ twice. A manual retry counts as one retry: a record whose retries are used up ge
 one chance and returns to DeadLetter if it fails again. A record that failed before it was
 prepared has no ``prepared_at`` and is prepared afresh on its next attempt.
 
-Issue 13 adds three rules. A record stopped by its resend window (``RETRY_WINDOW_EXPIRED``)
+Three more rules. A record stopped by its resend window (``RETRY_WINDOW_EXPIRED``)
 starts a new window: the window runs from the first claim (``first_claimed_at``), which is
 cleared here so the next claim sets it again. A record past its ``expires_at`` is refused unless
 the caller gives a new, later one (``expires_at``), which the requeue writes. A record that

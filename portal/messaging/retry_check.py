@@ -1,5 +1,5 @@
-"""Would a manual retry fail again? Issue 14: bulk retry counted by status only, so records whose
-cause was still there (a full quota, a missing template) were requeued and failed at once.
+"""Would a manual retry fail again? Bulk retry by status alone would requeue records whose
+cause is still there (a full quota, a missing template), and they would fail again at once.
 
 ``blockers`` reads the causes as they are now, not the record's status or error code: the
 recipient suppressed (every one of them), and for a record that will be prepared afresh (no

@@ -51,7 +51,7 @@ def normalise(channel: Channel | str, address: str) -> str:
 
 
 def hashed(address: str) -> str:
-    """A forgotten recipient's suppression keeps this instead of the address (issue 16)."""
+    """A forgotten recipient's suppression keeps this instead of the address."""
     return "sha256:" + hashlib.sha256(address.encode()).hexdigest()
 
 

@@ -1,4 +1,4 @@
-"""What acceptance checks of a send's template (issue 15, part 1): that it exists in the
+"""What acceptance checks of a send's template: that it exists in the
 send scope's tier (by code: enabled; by id: even disabled, for a test send), and, when the
 template is strict, that the variables hold every name it needs.
 
@@ -218,7 +218,7 @@ def unmet(
     subject: bool = True,
     body: bool = True,
 ) -> list[str]:
-    """Preparation's check (issue 15): the names a strict template's current version needs
+    """Preparation's check: the names a strict template's current version needs
     that the record's variables lack (a version saved after acceptance may need more); empty
     when the template is not strict or asks for nothing more. Parsed once per version."""
     if not template.strict_variables:

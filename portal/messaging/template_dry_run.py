@@ -1,4 +1,4 @@
-"""The dry run of a template change (issue 15, part 3): the new content rendered against the
+"""The dry run of a template change: the new content rendered against the
 variables of the last records that used the template, before it goes live.
 
 Each record's variables go through what acceptance and preparation would do with the new

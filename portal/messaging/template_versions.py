@@ -1,4 +1,4 @@
-"""Template versions (issue 15, part 2): every save of a template is an immutable version.
+"""Template versions: every save of a template is an immutable version.
 
 ``save_version`` is called wherever a template's content is saved (the editor, attachments,
 restore, import), after its ``version`` was bumped: it stores the whole content under that
@@ -25,7 +25,7 @@ from portal.models import MailTemplate, SmsTemplate, TemplateBlob, TemplateVersi
 AnyTemplate = MailTemplate | SmsTemplate
 T = TypeVar("T", MailTemplate, SmsTemplate)
 
-# The content of a version, per channel: what "the whole content" is (issue 15).
+# The content of a version, per channel: what "the whole content" is.
 MAIL_FIELDS = (
     "subject",
     "html_body",

@@ -23,7 +23,7 @@ namespace size, block nesting) only partly cover. Measured gaps, and what closes
   backstop for anything these deterministic budgets miss;
 - parsing itself cannot be interrupted, and a legal 200,000-character template (15,000
   `assign` lines, or one path of 100,000 segments) took 0.5-0.7 s to parse, again for every
-  record (issue 13): the size, tags, expression tokens, path segments and nesting are counted
+  record: the size, tags, expression tokens, path segments and nesting are counted
   in one linear scan before parsing, which keeps any parse in tens of milliseconds, and a
   parsed template is kept per process, so a batch parses once.
 
@@ -80,7 +80,7 @@ class TemplateLimits:
     """Resource limits for rendering one template; the defaults suit mail and SMS bodies."""
 
     source_max_chars: int = 50_000
-    # Counted before parsing (issue 13): with all of them at their limit, a 50,000-character
+    # Counted before parsing: with all of them at their limit, a 50,000-character
     # template parses in about 15 ms, where 200,000 characters of `assign` lines took 0.6 s.
     tags_max: int = 350  # {{ }} and {% %}, and each line of a {% liquid %} tag
     expression_tokens_max: int = 2_500  # names, path segments, values and operators in all
@@ -236,7 +236,7 @@ def variables_of(
 
 @dataclass(frozen=True)
 class VariableNeeds:
-    """What a template asks of a send's variables (issue 15): ``needed`` names must be given
+    """What a template asks of a send's variables: ``needed`` names must be given
     (with any value, empty included) when the template is strict; ``optional`` ones may be
     left out. Both are top-level names, sorted."""
 
@@ -576,8 +576,8 @@ def _check_shape(source: str, limits: TemplateLimits) -> None:
             pos = block_end.end()
 
 
-# Parsed templates, kept per process so that a batch with one template parses it once
-# (issue 13). The key is the source itself with what it is parsed for, so an edited template
+# Parsed templates, kept per process so that a batch with one template parses it once.
+# The key is the source itself with what it is parsed for, so an edited template
 # is a new entry and no version has to be passed in; errors are kept too, so a broken
 # template fails every record of its batch without parsing again.
 _CACHE_ENTRIES = 256

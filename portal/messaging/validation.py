@@ -64,7 +64,7 @@ class AcceptanceError(Exception):
 
 
 class MissingVariables(AcceptanceError):
-    """A strict template needs variables the request does not give (issue 15): 422
+    """A strict template needs variables the request does not give: 422
     ``missing_variables`` naming ``variables``, with the names in ``missing``."""
 
     def __init__(self, missing: Sequence[str], index: int | None = None, prefix: str = ""):
@@ -133,7 +133,7 @@ def _hashed(req: Any) -> dict[str, Any]:
         if req.stream is None
         else ("request_hash", "expires_at")
     )
-    if req.metadata is None:  # likewise metadata (issue 16)
+    if req.metadata is None:  # likewise metadata
         skip = (*skip, "metadata")
     return {k: v for k, v in vars(req).items() if k not in skip} | {
         "expires_at": req.expires_at.isoformat() if req.expires_at else None

@@ -1,4 +1,4 @@
-"""Every attempt that reached the transport (issue 14, part 1): one row, written by the
+"""Every attempt that reached the transport: one row, written by the
 statement that writes the attempt's outcome on the record.
 
 One table for both channels (``channel`` = mail | sms), like ``delivery_event``: the record

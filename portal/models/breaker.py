@@ -1,4 +1,4 @@
-"""Circuit breaker state per mail server and SMS provider (issue 13, part 1).
+"""Circuit breaker state per mail server and SMS provider.
 
 Redis holds the live state (the failure streak, the probe lease); this table mirrors every
 change of state (opened, a probe failed, closed), so the portal's pages and the metrics read it

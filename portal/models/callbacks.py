@@ -1,4 +1,4 @@
-"""Status callbacks (issue 16, part 1): a tenant's endpoints and the deliveries owed to them.
+"""Status callbacks: a tenant's endpoints and the deliveries owed to them.
 
 A ``callback_delivery`` row is written by the database itself, in the statement that changes a
 record's status (triggers of migration 0015, ``portal.messaging.callbacks.TRIGGERS``): one row

@@ -1,4 +1,4 @@
-"""When each periodic chore last ran, kept in the database (issue 13, part 5).
+"""When each periodic chore last ran, kept in the database.
 
 The stuck-send sweep runs on rq-scheduler, which lives in Redis. Its last run is written here
 too, so a delivery worker can tell from PostgreSQL alone that the sweep is overdue (Redis away,

@@ -55,7 +55,7 @@ class MailTemplate(Base):
         ForeignKey("mail_send_server_config.id", ondelete="SET NULL")
     )
     attachments: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON)
-    # Issue 15: a strict template refuses, at acceptance, a send that lacks a variable it
+    # A strict template refuses, at acceptance, a send that lacks a variable it
     # needs; on for new templates, off for those that existed before (migration 0013).
     strict_variables: Mapped[bool] = mapped_column(
         Boolean, default=True, server_default=text("false")

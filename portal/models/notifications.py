@@ -1,4 +1,4 @@
-"""The inbox (issue 16, part 3): notices for a tier's admins (platform operators: tier -1).
+"""The inbox: notices for a tier's admins (platform operators: tier -1).
 
 One row per occurrence, its ``dedup_key`` unique within the tier ("quota:mail:2026-12:80",
 "server-down:mail:3:<opened at>"), so a trigger seen twice writes one notice. Who has read it

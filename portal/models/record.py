@@ -14,7 +14,7 @@ from portal.models.enums import Scope, SendStatus
 
 
 class Stream(StrEnum):
-    """A record's message stream (issue 13, part 2): transactional work is claimed first, and
+    """A record's message stream: transactional work is claimed first, and
     broadcast never takes every worker of a pool while transactional work is due."""
 
     TRANSACTIONAL = "transactional"
@@ -129,7 +129,7 @@ class SendRecordMixin:
     expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     # The caller's own key/values (acceptance ``metadata``), returned on GET and in callbacks.
     request_metadata: Mapped[dict[str, Any] | None] = mapped_column("metadata", JSON)
-    # A test send from the template editor (issue 15): charged like any send, shown apart.
+    # A test send from the template editor: charged like any send, shown apart.
     is_test: Mapped[bool] = mapped_column(Boolean, default=False, server_default=text("false"))
     # A test send renders the version its editor previewed, even if a later one was saved since.
     pinned_template_version: Mapped[int | None] = mapped_column(Integer)

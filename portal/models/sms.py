@@ -48,7 +48,7 @@ class SmsTemplate(Base):
     stream: Mapped[str] = mapped_column(
         String(16), default=Stream.TRANSACTIONAL.value, server_default=text(STREAM_DEFAULT)
     )
-    # Issue 15: a strict template refuses, at acceptance, a send that lacks a variable it
+    # A strict template refuses, at acceptance, a send that lacks a variable it
     # needs; on for new templates, off for those that existed before (migration 0013).
     strict_variables: Mapped[bool] = mapped_column(
         Boolean, default=True, server_default=text("false")

@@ -1,4 +1,4 @@
-"""Template versions (issue 15): every save of a mail or SMS template is an immutable row.
+"""Template versions: every save of a mail or SMS template is an immutable row.
 
 One table for both channels (``channel`` = mail | sms): a version holds the template's whole
 content as JSON (subject, bodies or SMS content, Reply-To, priority, preferred server, stream,

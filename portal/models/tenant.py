@@ -53,7 +53,7 @@ class Tenant(Base):
     slug: Mapped[str] = mapped_column(String(64), unique=True)
     name: Mapped[str] = mapped_column(String(200))
     is_active: Mapped[bool] = mapped_column(Boolean, default=True, server_default=text("true"))
-    # Days a settled record is kept after its last change (issue 16); None: forever, unless
+    # Days a settled record is kept after its last change; None: forever, unless
     # RETENTION_DAYS_DEFAULT says otherwise. At least 2, past the resend window.
     mail_retention_days: Mapped[int | None] = mapped_column(Integer)
     sms_retention_days: Mapped[int | None] = mapped_column(Integer)
@@ -99,7 +99,7 @@ class AppUser(Base):
     role: Mapped[str] = mapped_column(String(32))
     is_active: Mapped[bool] = mapped_column(Boolean, default=True, server_default=text("true"))
     last_login_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
-    # New inbox notices of the user's tier are mailed to them too (issue 16, migration 0016).
+    # New inbox notices of the user's tier are mailed to them too (migration 0016).
     notices_by_mail: Mapped[bool] = mapped_column(
         Boolean, default=False, server_default=text("false")
     )

@@ -117,7 +117,7 @@ def viewed_tenant(*, allow_all: bool = False) -> int | None:
 
     None means "every tenant", which only operators get and only where ``allow_all`` (lists of
     records and dead letters); elsewhere an operator on "all" works in the platform tier.
-    An operator who has chosen nothing views every tenant (issue 14: the platform tier's own
+    An operator who has chosen nothing views every tenant (the platform tier's own
     view said "No records yet" while tenants had failures waiting).
     """
     if not is_operator():

@@ -1,4 +1,4 @@
-"""Issue 14, part 1 and 5 in a real browser: a record's timeline shows each attempt with the
+"""In a real browser: a record's timeline shows each attempt with the
 server's reply, and the message as sent can be looked at (headers) and downloaded (.eml)."""
 
 from __future__ import annotations

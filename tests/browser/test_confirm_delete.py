@@ -1,6 +1,5 @@
 """Deleting a mail server in a real browser with JavaScript turned off: Delete opens a confirm
-page that says what the deletion would do, and only its own button deletes (issue 12,
-finding 9)."""
+page that says what the deletion would do, and only its own button deletes."""
 
 from __future__ import annotations
 

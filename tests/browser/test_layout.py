@@ -1,4 +1,4 @@
-"""Issue 14's walk-through at a phone's width: the records list fits the screen (its table
+"""A walk-through at a phone's width: the records list fits the screen (its table
 scrolls sideways by itself), and a long address is not broken mid-word at desktop width."""
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ NAV_LINKS = "nav[aria-label=Main] a"
 def test_the_operators_nav_fits_1366_without_wrapping_and_390_without_widening(
     page: Page, acme_admin: dict[str, Any]
 ) -> None:
-    """Issue 14, part 6: at 1366 px the nav's 18 links (the operator's, who also has the tenant
+    """At 1366 px the nav's 18 links (the operator's, who also has the tenant
     switcher, the inbox bell and the user menu in the header) wrapped to two or three rows. Now
     they are either one row or one column (the sidebar), every one visible on the first screen,
     the header is one row, and the page's heading is not pushed below the fold."""

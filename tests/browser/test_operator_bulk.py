@@ -1,4 +1,4 @@
-"""Operators and bulk actions in a real browser (issue 14, part 5): bulk retry leaving out what
+"""Operators and bulk actions in a real browser: bulk retry leaving out what
 would fail again, bulk dead-letter triage, and the operator's all-tenants default view."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The record page's Retry when the record would fail again (issue 14): the page says why before
+"""The record page's Retry when the record would fail again: the page says why before
 retrying, in bulk retry's words; Retry… leads to "Retry anyway" or Cancel; one that nothing stops
 is retried in one click, as before."""
 

@@ -1,4 +1,4 @@
-"""The one search box and the recipient page in a real browser (issue 14, parts 2 and 3): each
+"""The one search box and the recipient page in a real browser: each
 kind of input typed in the dashboard's box lands on one results page of mail and SMS that says
 what it understood; a result leads to the recipient page, which shows everything sent there,
 the suppression, the bounces and what to do about the latest failure."""

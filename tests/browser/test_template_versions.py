@@ -1,4 +1,4 @@
-"""Issue 15 in a real browser: an edit's dry run shows the counts and samples, then Save this
+"""Template versions in a browser: an edit's dry run shows the counts and samples, then Save this
 version confirms it; the history with a side-by-side diff; Restore this version; a test send's
 badge in the record list and on its page; the editor lists what a send must give."""
 

@@ -119,7 +119,7 @@ def acme(app: Flask) -> int:
 
 def test_pg_statement_writes_what_the_orm_path_writes(app: Flask, acme: int) -> None:
     """The one-statement insert and the ORM path store the same columns and recipients."""
-    # Issue 15: a send by templateCode needs an enabled template with that code.
+    # A send by templateCode needs an enabled template with that code.
     db.session.add(MailTemplate(tenant_id=acme, code="order", subject="Order", text_body="x"))
     db.session.commit()
     with tenant_context(acme, trace_id="trace0001"):

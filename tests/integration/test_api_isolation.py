@@ -1,6 +1,6 @@
-"""Issue 12 on the JSON API and the operator endpoints (Flask's test client, real PostgreSQL):
-whose records a key or a session reaches (finding 2), no 500 for bad input (7), a key's last
-use (8), key scopes, the confirm page before a key is revoked (9), and the audit rows of the
+"""Isolation on the JSON API and the operator endpoints (Flask's test client, real PostgreSQL):
+whose records a key or a session reaches, no 500 for bad input, a key's last
+use, key scopes, the confirm page before a key is revoked, and the audit rows of the
 actions."""
 
 from __future__ import annotations

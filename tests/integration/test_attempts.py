@@ -1,4 +1,4 @@
-"""Issue 14, part 1: every attempt that reached the transport is a row, written by the
+"""Every attempt that reached the transport is a row, written by the
 statement that writes the attempt's outcome; deferrals add none and are counted on the record.
 Against real PostgreSQL (and SQLite where it says so), a real SMTP server in the test process
 and a local HTTP server playing the SMS providers."""

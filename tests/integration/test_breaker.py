@@ -1,4 +1,4 @@
-"""Circuit breaker per server and provider (issue 13, part 1): an outage costs records no
+"""Circuit breaker per server and provider: an outage costs records no
 retries beyond the first few, a record's own refusals never open it, and it works without Redis.
 
 Records are claimed and processed in the test thread (the code the pool workers run); the

@@ -1,4 +1,4 @@
-"""An open circuit breaker is seen (issue 13, part 1): the servers page says Down with its
+"""An open circuit breaker is seen: the servers page says Down with its
 error and next check, the dashboard shows a banner (a tenant sees only "platform mail service
 degraded" for a platform-tier server, without its name or error), and ``server_up`` is 0."""
 

@@ -1,4 +1,4 @@
-"""Bulk retry says what would fail again (issue 14, part 5), read from the causes as they are
+"""Bulk retry says what would fail again, read from the causes as they are
 (quota used vs its ceiling this month, the template, the server, suppression), not from the
 status or the error code, and leaves those out unless asked; the all-tenants view's "all
 matching" needs the explicit choice; a tenant admin never reaches another tenant's records.

@@ -1,4 +1,4 @@
-"""Status callbacks (issue 16, part 1) on real PostgreSQL (and the SQLite triggers), a real
+"""Status callbacks on real PostgreSQL (and the SQLite triggers), a real
 SMTP server and a local HTTP receiver that verifies signatures with ``standardwebhooks``."""
 
 from __future__ import annotations

@@ -120,12 +120,12 @@ def expected_counts(data: Config) -> dict[str, int]:
     for section, table in SECTION_TABLES.items():
         wanted[table] = len(data.get(section, []))
     wanted["tenant"] += 1  # the platform tier's row is always there
-    # Issue 17: on PostgreSQL, writing servers, providers, routes or bindings sets the
+    # On PostgreSQL, writing servers, providers, routes or bindings sets the
     # configuration epoch's one row (a trigger; migration 0030).
     configs = ("mailServers", "smsProviders", "smsRoutes", "smsBindings")
     if db.engine.dialect.name == "postgresql" and any(data.get(k) for k in configs):
         wanted["config_epoch"] = 1
-    # Issue 15: each imported template's first version.
+    # Each imported template's first version.
     wanted["template_version"] = len(data.get("mailTemplates", [])) + len(
         data.get("smsTemplates", [])
     )

@@ -1,4 +1,4 @@
-"""The configs a worker reads at every send, cached by the configuration epoch (issue 17;
+"""The configs a worker reads at every send, cached by the configuration epoch (see
 ``portal.messaging.configcache``, migration 0030): read once while nothing changes, read
 afresh at the first send after any change, whoever made it (here plain SQL)."""
 

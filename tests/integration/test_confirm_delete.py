@@ -1,5 +1,5 @@
 """Deleting a mail server, an SMS provider, a bounce mailbox or a country route takes a confirm
-step that works without JavaScript (issue 12, finding 9), and every configuration change
+step that works without JavaScript, and every configuration change
 writes its audit row in the same transaction (real PostgreSQL; signed in through the form).
 
 The confirm page of a server or provider counts the Pending/Retry records of its tenant that

@@ -1,4 +1,4 @@
-"""Issue 14, part 6: a failed connection test says in plain words what to change, against a
+"""A failed connection test says in plain words what to change, against a
 real SMTP server in the test process (the raw errors name no setting)."""
 
 from __future__ import annotations

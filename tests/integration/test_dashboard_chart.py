@@ -1,4 +1,4 @@
-"""The dashboard's 24-hour chart (bench/pages.py, issue 17): over every tenant it counts from the
+"""The dashboard's 24-hour chart (bench/pages.py): over every tenant it counts from the
 indexes (totals from created_time, failures down (status, updated_time)) and must give what the
 per-tenant reading of the rows gives, on PostgreSQL and SQLite."""
 

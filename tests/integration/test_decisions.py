@@ -1,4 +1,4 @@
-"""The "needs a decision" list (issue 13, part 4): every Uncertain record and every Failed,
+"""The "needs a decision" list: every Uncertain record and every Failed,
 DeadLetter or Suppressed one with an unresolved ambiguous attempt, mail and SMS, of the viewed
 tenant only (operators: every tenant); the dashboard counts them."""
 

@@ -92,7 +92,7 @@ def test_tenant_uses_own_templates_and_server_else_the_platform_default_server(
     sent = accept_mail(
         app, globex.id, subject=None, text=None, templateCode="welcome", variables={"name": "G"}
     )
-    # A tenant never sees the platform tier's templates: refused at acceptance (issue 15).
+    # A tenant never sees the platform tier's templates: refused at acceptance.
     with pytest.raises(AcceptanceError) as hidden:
         accept_mail(app, acme.id, subject=None, text=None, templateCode="shared")
     assert (hidden.value.code, hidden.value.field) == ("not_found", "templateCode")
@@ -178,7 +178,7 @@ def test_preparation_failures_fail_with_their_marker_then_retry_prepares_afresh(
         app, acme, subject=None, text=None, templateCode="welcome", variables={"name": "Ann"}
     )
     if setup == "missing_template":
-        # Issue 15: an unknown code is refused at acceptance; one deleted after it fails here.
+        # An unknown code is refused at acceptance; one deleted after it fails here.
         db.session.execute(MailTemplate.__table__.delete())
         db.session.commit()
     with caplog.at_level(logging.ERROR, logger="portal.delivery"):
@@ -248,7 +248,7 @@ def test_template_id_sends_a_disabled_template_but_code_finds_enabled_only(
     by_id = accept_mail(
         app, acme, subject=None, text=None, templateId=disabled.id, variables={"name": "A"}
     )
-    # By code only an enabled template is found: refused at acceptance (issue 15).
+    # By code only an enabled template is found: refused at acceptance.
     with pytest.raises(AcceptanceError) as by_code:
         accept_mail(app, acme, subject=None, text=None, templateCode="draft")
     assert (by_code.value.code, by_code.value.field) == ("not_found", "templateCode")
@@ -259,7 +259,7 @@ def test_template_id_sends_a_disabled_template_but_code_finds_enabled_only(
 def test_a_template_disabled_after_acceptance_fails_then_retry_after_enabling_sends(
     app: Flask, smtp: ScriptedSmtpServer, acme: int
 ) -> None:
-    """Seed 000's test point, still reachable (issue 15): disabled after acceptance, the
+    """Seed 000's test point, still reachable: disabled after acceptance, the
     record fails TEMPLATE_NOT_RESOLVABLE at preparation; Retry once it is enabled sends."""
     row = template(acme, "later")
     rid = accept_mail(

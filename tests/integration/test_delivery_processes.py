@@ -1,4 +1,4 @@
-"""DELIVERY_PROCESSES (issue 17: processes where the GIL caps threads): ``python worker.py``
+"""DELIVERY_PROCESSES (processes where the GIL caps threads): ``python worker.py``
 shares its send workers out among itself and N - 1 delivery children, supervised like its
 chore children. One real worker with DELIVERY_PROCESSES=2: every record goes out exactly once,
 both processes send (the attempts' worker names two pids, the worker's and its child's), and

@@ -1,4 +1,4 @@
-"""deploy/ (issue 16, part 4): the Prometheus alert rules pass ``promtool check rules`` and fire
+"""deploy/: the Prometheus alert rules pass ``promtool check rules`` and fire
 on synthetic series (``promtool test rules``), and every metric the rules and the Grafana
 dashboard name exists on the portal's /metrics. promtool comes from Debian's prometheus
 package (scripts/test.sh installs it); a missing promtool fails the run."""

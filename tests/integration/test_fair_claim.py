@@ -1,4 +1,4 @@
-"""Fair claiming (issue 13, part 2): streams, tenants in turn, the broadcast share.
+"""Fair claiming: streams, tenants in turn, the broadcast share.
 
 Order, not wall time: a pool of real worker threads runs a no-op attempt that writes each
 record Sent through ``outcomes.record_sent`` (so a busy worker's next claim rides on its Sent

@@ -207,7 +207,7 @@ def _waiting_on_a_lock(like: str, unlike: str | None = None) -> list[int]:
 def test_sigkill_while_a_batch_of_sent_writes_waits_leaves_the_batch_to_the_sweep(
     app: Flask, audit: StatusAudit, tmp_path: Path
 ) -> None:
-    """Issue 17's worst case of the group commit: a worker killed while a statement writing
+    """The worst case of the group commit: a worker killed while a statement writing
     several Sent records waits at the database, and that statement fails. Its records stay
     in Sending, the sweep puts them back to Retry and they are sent again: one ambiguous
     resend per record of the batch, at most one per worker (each worker waits for its own
@@ -606,7 +606,7 @@ def test_redis_gone_mail_goes_on_and_the_chores_resume_when_it_returns(
             stuck = accept_abandoned(app, acme, to=["stuck-2@example.com"])
             final = wait_settled(during, worker, 15.0)
             assert set(final.values()) == {"Sent"}
-            # Issue 13: with the scheduler gone, the worker sees from the database that the
+            # With the scheduler gone, the worker sees from the database that the
             # sweep is overdue and runs it itself.
             assert wait_settled([stuck], worker, 15.0) == {stuck: "Sent"}
             swept_without_redis = time.monotonic() - killed_at

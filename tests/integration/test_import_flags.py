@@ -1,4 +1,4 @@
-"""``import-config`` never undoes what people did in the portal (issue 12, finding 6): a flag the
+"""``import-config`` never undoes what people did in the portal: a flag the
 file omits keeps its stored value (new rows get the default), a revoked key stays revoked and
 is reported, a change to a user ends their sessions, and API key scopes (real PostgreSQL,
 through the CLI as an operator runs it)."""

@@ -1,4 +1,4 @@
-"""The inbox (issue 16, part 3): each trigger writes its notice exactly once per occurrence,
+"""The inbox: each trigger writes its notice exactly once per occurrence,
 the bell counts unread per user, mark read and mark all read; and the retention page."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Edges of tenant isolation that a review of issue 12's work found: a shared platform route
+"""Edges of tenant isolation that a review found: a shared platform route
 naming another tenant's record, operators' addresses shown to tenants, the invitation link's
 host, the API showing platform-tier ids, a deactivated tenant's people, and three 500s."""
 

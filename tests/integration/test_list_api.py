@@ -1,4 +1,4 @@
-"""Issue 14, part 4: the messages API's lists (GET /api/v1/mail and /api/v1/sms): filters,
+"""The messages API's lists (GET /api/v1/mail and /api/v1/sms): filters,
 keyset pages, 422s naming the parameter, the tenant's own records only, a per-key rate limit."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Manual retry after issue 13 (part 4): a resend window starts again, an expired record needs
+"""Manual retry rules: a resend window starts again, an expired record needs
 a new expiresAt, an Uncertain record is never retried (it can be sent as a new message), a
 record with an ambiguous attempt is retried only after a confirm step, a record whose frozen
 provider is gone is requeued with its error code kept; Twilio/Vonage configs default to hold."""

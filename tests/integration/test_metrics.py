@@ -239,7 +239,7 @@ def test_worker_logs_are_json_lines_with_record_tenant_and_trace(
         worker = start_worker(app, group)
         ids = deliver_mixed(app, acme)
         # A marker-code failure: a template that does not render (Failed before any send;
-        # an unknown code is refused at acceptance since issue 15).
+        # an unknown code is refused at acceptance).
         broken = MailTemplate(
             tenant_id=acme, code="broken", subject="Hi", text_body="{{ x | no_such_filter }}"
         )

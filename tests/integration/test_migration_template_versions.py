@@ -1,4 +1,4 @@
-"""Migrations 0013 and 0014 (issue 15) on existing templates: they stay non-strict (live callers
+"""Migrations 0013 and 0014 on existing templates: they stay non-strict (live callers
 keep working) and each gets its current content as its first version, attachments by hash."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""No stuck records from our own errors (issue 13, part 5), and two rules of part 4: a
+"""No stuck records from our own errors, and two more rules: a
 provider's Retry-After is the wait, and every channel has a resend window.
 
 Real PostgreSQL (SQLite where the rule differs), a real SMTP server (aiosmtpd, with and without

@@ -285,7 +285,7 @@ def test_bulk_retry_of_nothing(env: Env) -> None:
 
 
 def test_retry_says_which_records_it_requeued_would_fail_again(env: Env) -> None:
-    """Issue 14: the answer names the requeued records whose cause is still there (here acme's
+    """The answer names the requeued records whose cause is still there (here acme's
     full quota, for the ones still to be prepared), as the portal's Retry says; another
     tenant's record is neither requeued nor named."""
     db.session.add(TenantMessageQuota(tenant_id=env.acme_id, mail_monthly_limit=5))
@@ -462,7 +462,7 @@ def test_bulk_retry_bad_ids_are_422_and_change_nothing(
         ('{"ids": [{id}', "application/json", 400, "malformed_json"),
         ("{ids: [{id}]}", "application/json", 400, "malformed_json"),
         ("", "application/json", 400, "malformed_json"),
-        ("null", "application/json", 422, "invalid"),  # issue 12: valid JSON, not an object
+        ("null", "application/json", 422, "invalid"),  # valid JSON, not an object
         ('{"ids": [{id}]}', "text/plain", 415, "unsupported_media_type"),
         ("ids={id}", "application/x-www-form-urlencoded", 415, "unsupported_media_type"),
         ('{"ids": [{id}]}', None, 415, "unsupported_media_type"),

@@ -1,4 +1,4 @@
-"""Operators and bulk actions (issue 14, part 5): the operator's all-tenants default, figures per
+"""Operators and bulk actions: the operator's all-tenants default, figures per
 tenant where the viewed tenant has none, the tenant switcher on a page of one row, bulk retry
 that says what would fail again (read from the causes, not the status) and leaves it out, the
 all-tenants view's explicit choice before acting on everything matching, and bulk dead-letter

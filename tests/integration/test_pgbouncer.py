@@ -1,4 +1,4 @@
-"""The worker through a local PgBouncer in transaction mode (issue 16, part 4):
+"""The worker through a local PgBouncer in transaction mode:
 DATABASE_POOLER=transaction turns prepared statements off, and LISTEN goes to
 DATABASE_DIRECT_URL, so a NOTIFY still wakes the worker long before its poll."""
 

@@ -509,7 +509,7 @@ def test_a_config_that_records_use_is_disabled_not_deleted(
     assert count(MailSendServerConfig) == 3
 
 
-# --- the mail server's webhook (issue 7) -------------------------------------------------------
+# --- the mail server's webhook -------------------------------------------------------
 
 
 def test_the_edit_page_shows_the_mail_webhook_url_and_its_derived_secret(

@@ -172,7 +172,7 @@ def test_quota_posts_without_the_csrf_token_are_refused(app: Flask, world: dict[
 KEY_ROUTES = [
     ("GET", "/api-keys/", 200),
     ("POST", "/api-keys/", 422),
-    # Issue 12 finding 9: revoking asks first; a POST without confirm=yes shows the confirm
+    # Revoking asks first; a POST without confirm=yes shows the confirm
     # page (200) instead of revoking (it was a 303 after revoking at once).
     ("GET", "/api-keys/{key}/delete", 200),
     ("POST", "/api-keys/{key}/delete", 200),

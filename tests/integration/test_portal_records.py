@@ -419,7 +419,7 @@ def test_search_by_subject(app: Flask, world: World) -> None:
 
 
 def test_subject_search_reaches_every_record(app: Flask, world: World) -> None:
-    """Subjects are found through their side table (issue 14): no window, no "Older" to press."""
+    """Subjects are found through their side table: no window, no "Older" to press."""
     old = mail(world.acme, subject="Needle")
     for _ in range(3):
         mail(world.acme, subject="Hay")
@@ -820,7 +820,7 @@ def test_the_status_decides_what_to_do_unless_the_error_does() -> None:
 
 @pytest.mark.parametrize("code", ["451", "HTTP_503", "QUOTA_EXCEEDED", "ZOMBIE_RECOVERED", None])
 def test_a_dead_letter_never_says_it_is_tried_again_by_itself(code: str | None) -> None:
-    # Its retries are used up: nothing happens by itself any more (issue 14, part 5).
+    # Its retries are used up: nothing happens by itself any more.
     dead = explain.explain("DeadLetter", Channel.MAIL, code, "no answer")
     assert "Nothing" not in dead.todo
     assert "press Retry" in dead.todo

@@ -153,7 +153,7 @@ def mail_form(template: MailTemplate | None = None, **changes: Any) -> dict[str,
         "html_body": "<p>Thanks {{ name }}</p>",
         "text_body": "",
         "enabled": "on",
-        "strict_variables": "on",  # issue 15: on for a new template
+        "strict_variables": "on",  # on for a new template
         "priority": "",
         "reply_to": "",
         "preferred_server_id": "",

@@ -1,7 +1,7 @@
 """Seed 001's "Receiving" test points, against a real IMAP server (our own Dovecot), real
 PostgreSQL and mail records sent through the real pipeline: a bounce turns the matching Sent
 record into Failed with its code and suppresses the address; a read receipt records the read
-time; the same mail fetched twice is stored once. Plus the mailbox rules of issue 7: read-only,
+time; the same mail fetched twice is stored once. Plus the mailbox rules: read-only,
 a UID watermark with UIDVALIDITY resets, 100 messages a run, a broken message never blocking
 the rest, size limits, tenant isolation, and the fetch chore's schedule."""
 
@@ -648,7 +648,7 @@ def test_the_fetch_chore_has_a_fixed_id_and_registration_stays_idempotent(
     redis_client: redis.Redis,
 ) -> None:
     settings = settings_for_tests(TEST_DATABASE_URL, sweep_interval_s=1.0)
-    # ... and issue 16's retention and inbox chores.
+    # ... and the retention and inbox chores.
     every = [SWEEP_ID, FETCH_ID, MATCH_ID, f"{PREFIX}retention", f"{PREFIX}notices"]
     assert ensure_schedules(redis_client, settings) == dict.fromkeys(every, "added")
     assert ensure_schedules(redis_client, settings) == {}

@@ -1,5 +1,5 @@
 """A records list between dates is newest first by creation time and pages by keyset on it
-(bench/pages.py, issue 17: "a week two months ago" walked the primary key back from today),
+(bench/pages.py: "a week two months ago" walked the primary key back from today),
 on PostgreSQL: every record of the dates once, in creation order, none from outside them;
 another tenant's record as the cursor positions nothing."""
 

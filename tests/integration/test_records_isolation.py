@@ -1,4 +1,4 @@
-"""The record pages keep tenants apart (issue 12, findings 1 and 11), send ``next`` through the
+"""The record pages keep tenants apart, send ``next`` through the
 one ``safe_next``, and write an audit row with every retry and cancel, in its transaction.
 
 Another tenant's records carry marker strings in their text fields, so a leak shows up as a

@@ -1,4 +1,4 @@
-"""Retention (issue 16, part 2) on real PostgreSQL and SQLite: what the chore deletes and what
+"""Retention on real PostgreSQL and SQLite: what the chore deletes and what
 it must keep, ids never reused, and forgetting a recipient."""
 
 from __future__ import annotations
@@ -199,7 +199,7 @@ def test_forget_a_recipient_keeps_its_suppression_by_hash(app: Flask) -> None:
             recipient="ann@example.com",
         )
     )
-    # The recipient pages' token rows (issue 14) hold the address in clear: they go too.
+    # The recipient pages' token rows hold the address in clear: they go too.
     for tenant_id, token in ((acme.id, "t-acme"), (other.id, "t-other")):
         db.session.add(
             RecipientToken(

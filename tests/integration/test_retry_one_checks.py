@@ -1,4 +1,4 @@
-"""The record page's own Retry asks first when the record would fail again (issue 14: bulk retry
+"""The record page's own Retry asks first when the record would fail again (bulk retry
 said so, the single Retry requeued a record whose cause was still there and it failed again at
 once). The page says why in bulk retry's words, before anything is requeued; "Retry anyway"
 (confirm=yes) requeues it; a record nothing stops is retried in one click, as before; another

@@ -1,4 +1,4 @@
-"""Issue 13, part 2: at most pool size - 1 workers are in flight to any one server, so a
+"""At most pool size - 1 workers are in flight to any one server, so a
 hanging server cannot hold the whole pool. A real worker process with 4 mail workers: tenant
 A's server takes seconds to answer each mail; tenant B's mail, accepted after A's, is sent
 before any of A's (order, not wall time), and A's surplus record waited as SERVER_BUSY

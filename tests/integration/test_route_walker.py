@@ -65,7 +65,7 @@ PARAMS: dict[str, Param] = {
     "record_id": ids_of(*RECORDS),
     "recordId": ids_of(*RECORDS),
     "before": ids_of(*RECORDS),
-    # the search results' keyset cursor, one per channel (issue 14): an id or "end"
+    # the search results' keyset cursor, one per channel: an id or "end"
     "mail_before": ids_of(*RECORDS),
     "sms_before": ids_of(*RECORDS),
     "template_id": ids_of("mail_template", "sms_template"),
@@ -81,7 +81,7 @@ PARAMS: dict[str, Param] = {
     "box_id": ids_of("receiver"),
     "config_id": ids_of("mail_server", "sms_provider"),
     "letter_id": ids_of("dead_letter"),
-    "letter_ids": ids_of("dead_letter", multi=True),  # bulk dead-letter triage (issue 14)
+    "letter_ids": ids_of("dead_letter", multi=True),  # bulk dead-letter triage
     "suppression_id": ids_of("suppression"),
     "user_id": ids_of("user"),
     "event_id": ids_of("event"),
@@ -94,7 +94,7 @@ PARAMS: dict[str, Param] = {
     "templateCode": Param("code", of=("mail_template", "sms_template")),
     "code": text("walker-code"),  # a new template's code, as its author types it
     "q": Param("code", of=("search",)),
-    "toPrefix": Param("code", of=("search",)),  # the API lists (issue 14): another's address
+    "toPrefix": Param("code", of=("search",)),  # the API lists: another's address
     "actor": Param("code", of=("user_email",)),
     # enums
     "status": enum(*SEND_STATUSES),
@@ -116,7 +116,7 @@ PARAMS: dict[str, Param] = {
     "priority": enum("3", "1", "5"),
     "reason": enum("manual", "hard_bounce", "complaint"),
     "action": enum(*(a.value for a in AuditAction)),
-    "all_tenants": enum("yes", ""),  # the all-tenants view's explicit choice (issue 14)
+    "all_tenants": enum("yes", ""),  # the all-tenants view's explicit choice
     "include_blocked": enum("yes", ""),  # bulk retry: also those that would fail again
     "planned_scope": enum("selected", "filter"),  # the scope a bulk confirmation was planned for
     "remove_password": enum("on", ""),
@@ -174,9 +174,9 @@ PARAMS: dict[str, Param] = {
     "country": text("GB"),
     "version": text("1"),  # a template's version as the editor loaded it (a stale save is 409)
     "strict_variables": enum("on", ""),
-    "tests": enum("", "hide", "only"),  # the record lists' test-send filter (issue 15)
+    "tests": enum("", "hide", "only"),  # the record lists' test-send filter
     "dry_run_seen": enum("", "yes"),  # a template save confirmed after its dry run
-    # two template versions to compare (issue 15)
+    # two template versions to compare
     "a": text("1"),
     "b": text("1"),
     "current_password": text("wrong-password-1"),
@@ -191,7 +191,7 @@ PARAMS: dict[str, Param] = {
     "sms_days": text("30"),
     # the inbox: notices by mail on (1) or off
     "on": enum("1", "0"),
-    # the API lists (issue 14): time filters, page size, a cursor
+    # the API lists: time filters, page size, a cursor
     "createdFrom": text("2020-01-01T00:00:00Z"),
     "createdTo": text("2099-01-01T00:00:00Z"),
     "updatedFrom": text("2020-01-01T00:00:00Z"),
@@ -223,7 +223,7 @@ PATH_PARAMS: dict[str, Param] = {
     "notification_id": ids_of("notification"),
     "tenant_id": Param("tenant"),
     "index": Param("index"),
-    "number": text("1"),  # a template's version number (issue 15)
+    "number": text("1"),  # a template's version number
     "channel": enum("mail", "sms"),
     "kind": enum("MailSendRecord", "SmsSendRecord"),
     "provider": enum("generic", "http_json", "test", "twilio", "vonage"),

@@ -1,4 +1,4 @@
-"""The one search box (issue 14, part 2) and the recipient page (part 3), through Flask's test
+"""The one search box and the recipient page, through Flask's test
 client on PostgreSQL: each kind of input, national numbers per tenant country, both channels
 on one page newest first with keyset pages, what the page says it understood, and tenant
 isolation of the recipient page's token."""

@@ -1,5 +1,5 @@
 """Whatever is typed into the search box or the list filters, the records pages answer with a
-page, never a 500 (issue 14's search box, tried with hostile input): a NUL, which PostgreSQL
+page, never a 500 (the search box, tried with hostile input): a NUL, which PostgreSQL
 refuses in a query outright, is a 422 saying what to change; so is every other control
 character. A recipient page's token with a NUL is a 404 like any unknown token."""
 

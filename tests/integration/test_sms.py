@@ -196,7 +196,7 @@ def test_preparation_failures_fail_with_their_marker_then_retry_prepares_afresh(
         db.session.add(TenantMessageQuota(tenant_id=acme, sms_monthly_limit=0))
     db.session.commit()
     rid = accept_sms(app, acme, content=None, templateCode="otp", variables={"code": "9"})
-    # Issue 15: an unknown or disabled code is refused at acceptance; a template deleted or
+    # An unknown or disabled code is refused at acceptance; a template deleted or
     # disabled after it fails at preparation.
     if setup == "missing_template":
         db.session.execute(SmsTemplate.__table__.delete())
@@ -294,7 +294,7 @@ def test_tiers_tenant_without_providers_uses_the_platforms_platform_scope_never_
     borrowed = accept_sms(app, globex)  # globex has no provider: the platform's carries it
     owned = accept_sms(app, acme)
     platform_send = accept_sms(app, None, scope="PLATFORM", content=None, templateCode="shared")
-    # Not acme's template: refused at acceptance (issue 15).
+    # Not acme's template: refused at acceptance.
     with pytest.raises(AcceptanceError) as hidden:
         accept_sms(app, acme, content=None, templateCode="shared")
     assert (hidden.value.code, hidden.value.field) == ("not_found", "templateCode")
@@ -536,7 +536,7 @@ def test_each_provider_accepts_with_its_message_id(
 
 @pytest.mark.parametrize(
     ("retry_after", "floor", "at_least"),
-    # A Retry-After is the wait exactly, even below the floor (issue 13): "1" waits 1 s.
+    # A Retry-After is the wait exactly, even below the floor: "1" waits 1 s.
     [("3", 1.0, 3.0), ("1", 2.0, 1.0), (None, 1.5, 1.5)],
 )
 def test_429_waits_for_retry_after_and_the_quota_floor(

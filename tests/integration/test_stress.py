@@ -1,5 +1,5 @@
 """The one-statement Sent write and next claim under everything else that writes the same rows
-(issue 17, "Correctness that the speed must not cost").
+(the speed must not cost correctness).
 
 Two worker processes of 8 delivery threads each (16 in all) send to a real SMTP server for
 ``STRESS_S`` seconds (60 by default) while this process keeps accepting mail and, against the

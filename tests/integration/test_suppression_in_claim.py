@@ -1,4 +1,4 @@
-"""The suppression lookup rides on the claim (issue 17, migration 0049): on PostgreSQL a claimed
+"""The suppression lookup rides on the claim (migration 0049): on PostgreSQL a claimed
 record carries its tenant's active suppressions of its recipients and the configuration epoch,
 and the attempt's check answers from them without a statement of its own, exactly as the
 lookup would have: case, a forgotten recipient's hashed row, another tenant's and removed rows,
@@ -34,7 +34,7 @@ def _suppressions(acme: int, other: int) -> None:
     suppression.suppress(s, other, Channel.MAIL, "ann@example.com", "manual")
     suppression.suppress(s, acme, Channel.SMS, UK, "complaint")
     db.session.flush()
-    # Forgotten (issue 16): only the address's hash is kept. Removed: no longer active.
+    # Forgotten: only the address's hash is kept. Removed: no longer active.
     s.execute(
         update(Suppression)
         .where(Suppression.address == FORGOTTEN)

@@ -1,4 +1,4 @@
-"""Issue 15, part 1: a send's template is checked at acceptance (API, real PostgreSQL): unknown,
+"""A send's template is checked at acceptance (API, real PostgreSQL): unknown,
 disabled and another tenant's codes and ids, missing variables (single and batch, with the
 index), optional variables, empty values, strict off; the seed's test points after
 acceptance; ``templateVersion`` on records; the per-process cache."""

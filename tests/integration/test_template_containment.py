@@ -1,4 +1,4 @@
-"""Issue 13, part 3: a template cannot stall a worker. Real PostgreSQL, Redis, an SMTP sink
+"""A template cannot stall a worker. Real PostgreSQL, Redis, an SMTP sink
 and a real worker process: one tenant's batch with the costliest template the limits allow,
 and templates stored before the limits, never hold up another tenant's mail; the portal and
 import-config refuse the review's two templates naming the limit, and the preview answers
@@ -50,7 +50,7 @@ def stored_template(tenant_id: int, code: str, html_body: str, text_body: str | 
             html_body=html_body,
             text_body=text_body,
             enabled=True,
-            # Saved before issue 15 too: not strict (migration 0013), so sends that leave out
+            # Saved before migration 0013 too: not strict, so sends that leave out
             # what these shapes output are accepted, as they were.
             strict_variables=False,
         )

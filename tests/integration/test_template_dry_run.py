@@ -1,4 +1,4 @@
-"""Issue 15, part 3: a changed template is first rendered against the variables of its recent
+"""A changed template is first rendered against the variables of its recent
 sends (counts of renders, refusals with the missing names, failures with the first errors,
 samples beside the current version), then saved on confirmation; a template with no sends
 saves at once; the same check is a button that saves nothing."""

@@ -1,4 +1,4 @@
-"""Issue 15, part 4: a test send from the editor is marked on its record (a badge in lists and
+"""A test send from the editor is marked on its record (a badge in lists and
 on its page, a filter to hide them, shown apart in the quota's usage); its subject is what the
 preview showed, unchanged."""
 

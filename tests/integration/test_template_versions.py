@@ -1,4 +1,4 @@
-"""Issue 15, part 2: every save is an immutable version; history, diff and restore pages (admins
+"""Every save is an immutable version; history, diff and restore pages (admins
 and operators edit, support reads, another tenant gets 404); import makes a version only when
 the content changed; attachments stored once by hash; sample variables saved."""
 

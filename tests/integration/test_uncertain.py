@@ -157,7 +157,7 @@ def test_resolve_failed_needs_a_reason_and_never_resends(
 def test_the_resolve_endpoint_is_for_the_records_tenant(
     app: Flask, uncertain: dict[str, Any]
 ) -> None:
-    # Issue 12 finding 2: the tenant's own key resolves (seed 002: "from trusted server
+    # The tenant's own key resolves (seed 002: "from trusted server
     # code"); a platform key reaches the record only with ?tenantId= (it was 403 / 200).
     client = app.test_client()
     url = f"/api/v1/sms/{uncertain['id']}/resolve"
@@ -209,10 +209,10 @@ def test_the_portal_resolves_and_shows_the_timeline(app: Flask, uncertain: dict[
     assert f'hx-post="/api/v1/sms/{rid}/resolve"' in html
     assert "No provider events yet." in html
 
-    # An operator acts on the tenant it views (issue 12 finding 2): the platform tier's view
+    # An operator acts on the tenant it views: the platform tier's view
     # does not reach acme's record; acme's admins may resolve it (they were refused before).
     portal = Portal(app, "operator@postroom.test")
-    portal.view(PLATFORM_TENANT_ID)  # an operator starts on all tenants (issue 14, part 5)
+    portal.view(PLATFORM_TENANT_ID)  # an operator starts on all tenants
     elsewhere = portal.post(f"/api/v1/sms/{rid}/resolve", {"outcome": "failed", "reason": "r"})
     assert elsewhere.status_code == 404
     admin = Portal(app, "admin@acme.test")

@@ -464,7 +464,7 @@ def test_operators_manage_every_tenants_users_and_invite_operators(
     app: Flask, world: dict[str, Any]
 ) -> None:
     operator = Client(app, "operator@postroom.example.com")
-    # An operator views all tenants by default (issue 14); the platform tier shows its operators.
+    # An operator views all tenants by default; the platform tier shows its operators.
     assert operator.post("/tenants/view", {"tenant": "-1", "next": "/users/"}).status_code == 302
     platform = operator.get("/users/")
     assert "operator@postroom.example.com" in platform.text

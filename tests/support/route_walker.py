@@ -238,7 +238,7 @@ def seed_tier(session: Session, tenant_id: int, tier: str, port: int, roles: Ite
     sms_template = SmsTemplate(tenant_id=tenant_id, content=f"{marker(tier)} {{{{ name }}}}")
     add(sms_template, "sms_template")
     out.codes["sms_template"].append(sms_template.code)
-    # Each template's saved version (issue 15), its content marked like the template's.
+    # Each template's saved version, its content marked like the template's.
     for channel, saved in (("mail", mail_template), ("sms", sms_template)):
         session.add(
             TemplateVersion(

@@ -1,5 +1,5 @@
 """Every address acceptance takes can be written: an internationalised domain as its A-labels,
-a non-ASCII local part only in an SMTPUTF8 transaction (issue 13, part 5)."""
+a non-ASCII local part only in an SMTPUTF8 transaction."""
 
 from __future__ import annotations
 

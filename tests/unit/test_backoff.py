@@ -63,7 +63,7 @@ def test_quota_waits_at_least_the_floor() -> None:
 
 def test_retry_after_is_the_wait_exactly() -> None:
     assert delay_of(NO_JITTER.decide(ErrorCategory.TRANSIENT, 0, retry_after_s=90.0)) == 90.0
-    # Shorter than our own wait: the provider's word wins (issue 13), and no jitter is added.
+    # Shorter than our own wait: the provider's word wins, and no jitter is added.
     assert delay_of(NO_JITTER.decide(ErrorCategory.TRANSIENT, 3, retry_after_s=5.0)) == 5.0
     jittered = BackoffPolicy()
     assert delay_of(jittered.decide(ErrorCategory.UNKNOWN, 2, retry_after_s=7.5)) == 7.5

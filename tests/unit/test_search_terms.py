@@ -1,4 +1,4 @@
-"""What the search box makes of what people type (issue 14, part 2): ``portal.messaging.search``
+"""What the search box makes of what people type: ``portal.messaging.search``
 reads text into terms without touching the database."""
 
 from __future__ import annotations

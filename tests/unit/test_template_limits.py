@@ -1,4 +1,4 @@
-"""Issue 13, part 3: the limits checked before parsing, the worst case they allow, the parse
+"""Templates: the limits checked before parsing, the worst case they allow, the parse
 cache, and the wiring of the settings."""
 
 from __future__ import annotations

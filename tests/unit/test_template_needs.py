@@ -1,4 +1,4 @@
-"""What a template needs of a send's variables (issue 15): needed and optional names."""
+"""What a template needs of a send's variables: needed and optional names."""
 
 from __future__ import annotations
 

@@ -216,7 +216,7 @@ def test_too_deep_variables_are_rejected() -> None:
 
 def test_oversize_template_is_rejected() -> None:
     # Saving (compile_check) and a preview (draft) hold a template to 50,000 characters; a
-    # saved one still sends up to the old 200,000 (issue 13: it keeps working until saved).
+    # saved one still sends up to the old 200,000 (it keeps working until saved).
     source = "x" * 50_001
     with pytest.raises(TemplateRenderError, match="too long"):
         render(source, {}, html=False, draft=True)

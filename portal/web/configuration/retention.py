@@ -1,4 +1,4 @@
-"""Retention and erasure (issue 16, part 2): how long a tier's records are kept, the oldest one
+"""Retention and erasure: how long a tier's records are kept, the oldest one
 still kept, and "Forget this recipient" for erasure requests.
 
 Turning retention on (or shortening it) asks first and says how many records the next run of

@@ -80,7 +80,7 @@ UNCERTAIN_OPTIONS = [
     (UncertainPolicy.RETRY.value, "Retry (may deliver twice where the provider cannot dedupe)"),
     (UncertainPolicy.HOLD.value, "Hold for a person to decide (Uncertain, never resent)"),
 ]
-# What the policy means, for the form and the list (issue 13: the portal says it).
+# What the policy means, for the form and the list, in words.
 POLICY_TEXT = {
     UncertainPolicy.RETRY.value: "retried as usual: a keyed provider drops the duplicate, one "
     "without keys may deliver it twice",

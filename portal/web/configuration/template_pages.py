@@ -202,7 +202,7 @@ def form_of(kind: Kind[T], template: T, **kept: str | None) -> Form:
 def audit_save(kind: Kind[T], template: T, what: str) -> None:
     """The audit row of a change to ``template`` (committed with it): its channel and code,
     what happened ("created", "saved", "attachment added: a.pdf") and the version it made,
-    which is kept as an immutable version (issue 15)."""
+    which is kept as an immutable version."""
     template_versions.save_version(db.session(), template, user().email, what)
     audit(
         AuditAction.TEMPLATE_SAVE,
@@ -240,7 +240,7 @@ def sample_variables(*sources: str | None) -> str:
 
 
 def saved_sample(form: Form) -> dict[str, Any] | None:
-    """The editor's sample variables to keep with the template (issue 15: the preview, Send
+    """The editor's sample variables to keep with the template (the preview, Send
     test and a dry run without records use them); None unless a JSON object within limits."""
     raw = form.raw("variables")
     if not raw.strip() or len(raw) > templating.configured_limits().variables_max_bytes:
@@ -281,7 +281,7 @@ class Preview:
     variables: list[str] = field(default_factory=list)
     missing: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
-    needed: list[str] = field(default_factory=list)  # issue 15: what a send must give
+    needed: list[str] = field(default_factory=list)  # what a send must give
     optional: list[str] = field(default_factory=list)
     strict: bool = True
     refused: list[str] = field(default_factory=list)  # needed names the sample lacks
@@ -359,7 +359,7 @@ def save_edits(
     if values is None or not form.ok:
         return editor(kind, template, form, status=422)
     if form.raw("dry_run_seen") != "yes":
-        # A change goes live only after a look at what it does to recent sends (issue 15):
+        # A change goes live only after a look at what it does to recent sends:
         # a template with no earlier records saves at once.
         check = dry_run(kind, template, form, values)
         if check is not None and check.found:
@@ -702,7 +702,7 @@ def _normalised(sources: Sequence[str | None]) -> tuple[str, ...]:
 
 
 def mark_test(kind: Kind[T], tenant_id: int, record_id: int, version: int | None) -> None:
-    """A test send is marked on its record (issue 15, part 4): a badge in lists and on its
+    """A test send is marked on its record: a badge in lists and on its
     page, a filter that hides them, and a count apart in the quota's usage. ``version``: the
     template version it renders (part 3), whatever is saved before it is prepared."""
     model = MailSendRecord if kind.channel == Channel.MAIL else SmsSendRecord

@@ -1,4 +1,4 @@
-"""The messages API's lists (issue 14, part 4): ``GET /api/v1/mail`` and ``/api/v1/sms`` for a
+"""The messages API's lists: ``GET /api/v1/mail`` and ``/api/v1/sms`` for a
 tenant's own application, newest first, in keyset pages.
 
 Filters: ``to`` (an exact address or number), ``toPrefix``, ``status``, ``templateCode``,

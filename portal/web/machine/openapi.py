@@ -80,7 +80,7 @@ def _query(name: str, description: str, schema: dict[str, Any]) -> dict[str, Any
 
 
 def _list(noun: str, record_ref: str) -> dict[str, Any]:
-    """GET of a channel's records: newest first, filtered, in keyset pages (issue 14)."""
+    """GET of a channel's records: newest first, filtered, in keyset pages."""
     mail = noun == "mail"
     to = "an email address" if mail else "a phone number in international form (+447911123456)"
     stamp = {"type": "string", "format": "date-time"}

@@ -74,7 +74,7 @@ def sms_record_json(record: SmsSendRecord, caller_tenant: int) -> dict[str, Any]
 def attempts_json(
     record: MailSendRecord | SmsSendRecord, attempts: list[SendAttempt], caller_tenant: int
 ) -> list[dict[str, Any]]:
-    """A record's attempts, oldest first (issue 14): when, how it ended, the reply's code and
+    """A record's attempts, oldest first: when, how it ended, the reply's code and
     text, and the server or provider by name (a platform-tier one as "platform mail
     service" for a tenant); the worker process only for platform operators."""
     operator = caller_tenant == PLATFORM_TENANT_ID

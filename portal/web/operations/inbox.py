@@ -1,4 +1,4 @@
-"""The inbox: notices for tenant admins and platform operators (issue 16, part 3).
+"""The inbox: notices for tenant admins and platform operators.
 
 A user's inbox is their own tier's (platform operators: the platform tier's); read marks are
 per user. The header's bell shows the unread count and refreshes itself by htmx.

@@ -147,7 +147,7 @@ def _show(tenant_id: int) -> str:
 
 def _test_sends(tenant_id: int, month: str) -> dict[str, int]:
     """Test sends from the template editor prepared this month, per channel: charged like
-    any send and counted in the usage above, shown apart (issue 15)."""
+    any send and counted in the usage above, shown apart."""
     start = datetime.strptime(month, "%Y-%m").replace(tzinfo=UTC)
     counts = {}
     for channel, model in (("mail", MailSendRecord), ("sms", SmsSendRecord)):

@@ -1,4 +1,4 @@
-"""The message as sent (issue 14, part 5): an attempt's ``.eml``, and a page with its headers.
+"""The message as sent: an attempt's ``.eml``, and a page with its headers.
 
 The file is rebuilt from the frozen record (what preparation froze: subject, bodies, Reply-To,
 priority, attachments, Message-ID) by the transport's own code (``pipeline.outgoing_mail`` and

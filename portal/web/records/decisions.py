@@ -1,4 +1,4 @@
-"""Needs a decision: every record whose outcome a person has to settle (issue 13, part 4).
+"""Needs a decision: every record whose outcome a person has to settle.
 
 Seed 002: an ambiguous attempt (the request was written, no answer came) is never erased by a
 later outcome. So besides every Uncertain record (held, never resent: Resolve it), this lists

@@ -116,7 +116,7 @@ class Filters(ListFilters):
     q: str = ""
     status: str = ""
     template: str = ""
-    tests: str = ""  # issue 15: "" shows test sends, "hide" hides them, "only" shows only them
+    tests: str = ""  # "" shows test sends, "hide" hides them, "only" shows only them
     date_from: date | None = None
     date_to: date | None = None
 

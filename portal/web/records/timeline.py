@@ -1,4 +1,4 @@
-"""A record's timeline (issue 14, part 1): acceptance, every attempt with the other side's
+"""A record's timeline: acceptance, every attempt with the other side's
 reply, provider events (delivered, bounced, complained, read), and what people did to it (the
 audit log's retries, cancels, resolutions and dead-letter triage), in time order.
 
