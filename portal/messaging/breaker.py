@@ -1,8 +1,10 @@
 """Circuit breaker per mail server and SMS provider.
 
-Only failures of the server itself count: for mail, before it accepted MAIL FROM (connect
-refused or timed out, TLS, a 4xx/5xx greeting, EHLO/STARTTLS); for SMS, no connection or a
-502/503/504 without a per-message code (the transports mark them ``connection``). After
+Only failures that say the server itself is unavailable count: for mail, before it accepted
+MAIL FROM (connect refused or timed out, TLS, a 4xx/5xx greeting, EHLO/STARTTLS); for SMS, of
+every provider kind alike, ``classify.unavailable``: no connection, the request not written, an
+HTTP 502/503/504 whose provider code names no other cause, or a provider's documented "service
+unavailable" code (Twilio 20503, 21730). The transports mark them ``connection``. After
 ``BREAKER_FAILURES`` distinct records failed so in a row, across every worker and instance, the
 breaker opens: due records for it are deferred without using a retry (``SERVER_UNAVAILABLE``)
 until the next probe. One record at a time probes, at intervals doubling from

@@ -378,3 +378,75 @@ def classify_message(message: str | None) -> ErrorCategory | None:
 def classify(code: str | None, message: str | None) -> ErrorCategory:
     """Categorise a failure: by its code first, by its message only when the code says nothing."""
     return classify_code(code) or classify_message(message) or ErrorCategory.UNKNOWN
+
+
+# --- Unavailable: a failure of the server or provider itself, whoever's message it was. ------
+# The circuit breaker counts these, and only these (see breaker.py). Every SMS provider kind
+# goes through ``unavailable``; the SMTP transport counts a failure before the server took any
+# mail (connect, TLS, greeting, EHLO, STARTTLS; not the login) the same way.
+
+
+class Reach(StrEnum):
+    """How far a failed attempt got, which is what it can tell about the other side."""
+
+    CONNECT = "connect"  # no connection: refused, reset, TLS failed, connect timed out
+    REQUEST = "request"  # connected, then reset or timed out while the request was written
+    LOCAL = "local"  # stopped on our side (our connection pool, our configuration)
+    SENT = "sent"  # the request was complete and no answer came: it may have been accepted
+    ANSWERED = "answered"  # the provider answered (an HTTP status, maybe its own code)
+
+
+# A gateway or proxy in front of the provider answered for it, or the service said it is down.
+UNAVAILABLE_HTTP_STATUSES = frozenset({502, 503, 504})
+
+# The providers' own codes documented as "the service is unavailable", by provider kind
+# (SmsProviderKind's values), whatever HTTP status they come with. Deliberately not here:
+# Twilio 20429 "Too many requests" and 20500 "Internal server error"; Vonage SMS API status 1
+# "Throttled" and 10 "Too many existing binds" (limits of our account: QUOTA) and 5 "Internal
+# error" (processing this message failed). Vonage's SMS API documents no status for an
+# outage: its outages are HTTP 502/503/504 and failed connections.
+UNAVAILABLE_PROVIDER_CODES: dict[str, frozenset[str]] = {
+    "twilio": frozenset(
+        {
+            "20503",  # Service unavailable: temporarily unavailable, back off
+            "21730",  # System under maintenance, try again later
+        }
+    ),
+    "vonage": frozenset(),
+    "http_json": frozenset({"SERVICE_UNAVAILABLE"}),  # our gateway protocol's own
+}
+
+# A provider code in one of these categories names a cause of its own (a rate limit, the
+# credentials, the recipient), even on a 502/503/504: the provider was there to say so.
+_OWN_CAUSE = frozenset(ErrorCategory) - {ErrorCategory.TRANSIENT, ErrorCategory.UNKNOWN}
+
+
+def unavailable(
+    reach: Reach,
+    *,
+    kind: str | None = None,
+    status: int | None = None,
+    provider_code: str | None = None,
+    code: str | None = None,
+) -> bool:
+    """Whether a failed attempt says the server or provider itself is unavailable.
+
+    True when no connection could be made or the request could not be written (refused,
+    reset, TLS, a timeout before the request was accepted); when the provider answered with
+    one of its documented "unavailable" codes (``UNAVAILABLE_PROVIDER_CODES[kind]``); or when
+    it answered HTTP 502, 503 or 504 and its own code, if any, names no other cause (``code``
+    is our name for that code, what ``classify`` reads: Twilio's 20429 on a 503 is still a
+    rate limit). False once the request was complete without an answer (it may have been
+    accepted, which says nothing about the provider), and for a failure on our side.
+    """
+    if reach in (Reach.CONNECT, Reach.REQUEST):
+        return True
+    if reach is not Reach.ANSWERED:
+        return False
+    if provider_code is not None and provider_code in UNAVAILABLE_PROVIDER_CODES.get(
+        kind or "", frozenset()
+    ):
+        return True
+    if status not in UNAVAILABLE_HTTP_STATUSES:
+        return False
+    return provider_code is None or classify_code(code or provider_code) not in _OWN_CAUSE

@@ -1,6 +1,7 @@
 """What every HTTP adapter shares: one POST with its failures turned into results, Retry-After,
 and the status rules (408, 425, 429, 5xx retryable; 401/403 AUTH; other 4xx by the provider's
-code)."""
+code). Whether a failure says the provider itself is unavailable (its breaker counts it) is
+decided for every adapter by ``classify.unavailable``, from how far the request got."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from typing import Any
 
 import httpx
 
+from portal.messaging.classify import Reach, unavailable
 from portal.messaging.transports.sms.result import (
     CONFIG_ERROR,
     NETWORK_ERROR,
@@ -23,9 +25,6 @@ from portal.messaging.transports.sms.result import (
 # Statuses whose meaning does not depend on the provider's code: the code goes in the message.
 _STATUS_DECIDES = frozenset({401, 403, 408, 425, 429}) | frozenset(range(500, 600))
 _BODY_EXCERPT_CHARS = 300
-# The provider's front door is down (a gateway or proxy answered for it): without a code of the
-# provider's own, no message was looked at, so the circuit breaker counts it.
-_PROVIDER_DOWN = frozenset({502, 503, 504})
 
 
 def post(
@@ -39,46 +38,59 @@ def post(
     try:
         return client.post(url, **kwargs)
     except httpx.ConnectTimeout as exc:
-        return SmsResult.failed(
-            TIMEOUT, f"{provider}: connect timed out ({exc or 'no detail'})", connection=True
+        return _unanswered(
+            Reach.CONNECT, TIMEOUT, f"{provider}: connect timed out ({exc or 'no detail'})"
         )
-    except httpx.ConnectError as exc:
-        return SmsResult.failed(
-            NETWORK_ERROR, f"{provider}: cannot connect ({exc})", connection=True
+    except httpx.ConnectError as exc:  # refused, reset, unknown host, TLS
+        return _unanswered(Reach.CONNECT, NETWORK_ERROR, f"{provider}: cannot connect ({exc})")
+    except httpx.WriteTimeout as exc:
+        return _unanswered(
+            Reach.REQUEST,
+            TIMEOUT,
+            f"{provider}: timed out before the request was sent ({exc or 'no detail'})",
         )
-    except (httpx.WriteTimeout, httpx.PoolTimeout) as exc:
-        return SmsResult.failed(
-            TIMEOUT, f"{provider}: timed out before the request was sent ({exc or 'no detail'})"
+    except httpx.PoolTimeout as exc:  # waiting for a connection of our own client
+        return _unanswered(
+            Reach.LOCAL,
+            TIMEOUT,
+            f"{provider}: timed out before the request was sent ({exc or 'no detail'})",
         )
     except httpx.WriteError as exc:
-        return SmsResult.failed(
-            NETWORK_ERROR, f"{provider}: connection lost while sending the request ({exc})"
+        return _unanswered(
+            Reach.REQUEST,
+            NETWORK_ERROR,
+            f"{provider}: connection lost while sending the request ({exc})",
         )
     except httpx.ReadTimeout as exc:
-        return SmsResult.failed(
+        return _unanswered(
+            Reach.SENT,
             TIMEOUT,
             f"{provider}: request sent, no answer in time ({exc or 'read timeout'}); "
             "the provider may have accepted it",
-            ambiguous=True,
         )
     except (httpx.ReadError, httpx.RemoteProtocolError, httpx.CloseError) as exc:
-        return SmsResult.failed(
+        return _unanswered(
+            Reach.SENT,
             NETWORK_ERROR,
             f"{provider}: request sent, connection lost before the answer ({exc}); "
             "the provider may have accepted it",
-            ambiguous=True,
         )
     except (httpx.UnsupportedProtocol, httpx.InvalidURL) as exc:
-        return SmsResult.failed(
-            CONFIG_ERROR, f"{provider}: the base URL {url!r} is unusable: {exc}"
+        return _unanswered(
+            Reach.LOCAL, CONFIG_ERROR, f"{provider}: the base URL {url!r} is unusable: {exc}"
         )
     except (httpx.ProxyError, httpx.LocalProtocolError) as exc:
-        return SmsResult.failed(NETWORK_ERROR, f"{provider}: {type(exc).__name__}: {exc}")
+        return _unanswered(Reach.LOCAL, NETWORK_ERROR, f"{provider}: {type(exc).__name__}: {exc}")
     except httpx.TransportError as exc:
         # Not one we know: we cannot tell how far the request got, so do not assume it failed.
-        return SmsResult.failed(
-            NETWORK_ERROR, f"{provider}: {type(exc).__name__}: {exc}", ambiguous=True
-        )
+        return _unanswered(Reach.SENT, NETWORK_ERROR, f"{provider}: {type(exc).__name__}: {exc}")
+
+
+def _unanswered(reach: Reach, code: str, message: str) -> SmsResult:
+    """A request that got no HTTP answer: ambiguous once it was completely sent."""
+    return SmsResult.failed(
+        code, message, ambiguous=reach is Reach.SENT, connection=unavailable(reach)
+    )
 
 
 def retry_after_s(response: httpx.Response, now: datetime | None = None) -> float | None:
@@ -122,10 +134,11 @@ def error_result(
     provider: str,
     provider_code: str | None,
     provider_message: str | None,
+    kind: str,
     codes: Mapping[str, str],
     own_code_prefix: str = "",
 ) -> SmsResult:
-    """The result of a refused request (not 2xx).
+    """The result of a refused request (not 2xx) by a provider of ``kind``.
 
     The status decides for 401/403 (AUTH), 408/425/5xx (TRANSIENT) and 429 (QUOTA): the code is
     ``HTTP_<status>``. Any other status is decided by the provider's code: ``codes`` maps it
@@ -140,14 +153,17 @@ def error_result(
             f"HTTP_{status}",
             f"{provider} answered HTTP {status}: {text}",
             retry_after_s=wait,
-            connection=status in _PROVIDER_DOWN,
+            connection=unavailable(Reach.ANSWERED, kind=kind, status=status),
             reply=str(status),
         )
     message = f"{provider} {provider_code}: {provider_message or '(no message)'} (HTTP {status})"
-    if status in _STATUS_DECIDES:
-        code = f"HTTP_{status}"
-    else:
-        code = codes.get(provider_code) or f"{own_code_prefix}{provider_code}"
+    own = codes.get(provider_code) or f"{own_code_prefix}{provider_code}"
     return SmsResult.failed(
-        code, message, retry_after_s=wait, reply=f"{status} {provider_code}"[:100]
+        f"HTTP_{status}" if status in _STATUS_DECIDES else own,
+        message,
+        retry_after_s=wait,
+        connection=unavailable(
+            Reach.ANSWERED, kind=kind, status=status, provider_code=provider_code, code=own
+        ),
+        reply=f"{status} {provider_code}"[:100],
     )

@@ -12,7 +12,8 @@ The answers a gateway gives:
 - 409: this idempotency key was already accepted (a gateway records a key only when it
   accepts the message); ``{"id": "..."}`` names the earlier message when it can;
 - otherwise ``{"code": "...", "message": "..."}`` with a 4xx or 5xx status; a Retry-After
-  header is honoured.
+  header is honoured. ``SERVICE_UNAVAILABLE`` (any status), or a 502/503/504 whose code names no
+  other cause, says the gateway itself is down: its circuit breaker counts it.
 """
 
 from __future__ import annotations
@@ -47,6 +48,8 @@ CODES: dict[str, str] = {
     "THROTTLED": SmsErrorCode.THROTTLED,
     "CREDIT_EXHAUSTED": SmsErrorCode.CREDIT_EXHAUSTED,
     "PROVIDER_ERROR": SmsErrorCode.PROVIDER_ERROR,
+    # The gateway (or the carrier link behind it) is down: its breaker counts it.
+    "SERVICE_UNAVAILABLE": SmsErrorCode.PROVIDER_ERROR,
 }
 
 
@@ -107,5 +110,6 @@ def send(client: httpx.Client, account: ProviderAccount, sms: OutgoingSms) -> Sm
         provider=label,
         provider_code=str(code) if code is not None else None,
         provider_message=str(message) if message is not None else None,
+        kind="http_json",
         codes=CODES,
     )

@@ -80,8 +80,8 @@ class SmsResult:
     retry_after_s: float | None = None
     ambiguous: bool = False
     duplicate: bool = False
-    # The provider itself failed, whatever the message (no connection; 502/503/504 without a
-    # per-message code): its circuit breaker counts these, and only these.
+    # The provider itself is unavailable, whatever the message (classify.unavailable decides,
+    # the same for every provider kind): its circuit breaker counts these, and only these.
     connection: bool = False
     # The provider's reply as the attempt's row shows it: the HTTP status, then the
     # provider's own code ("400 21211"); None when no HTTP answer came.

@@ -50,6 +50,9 @@ CODES: dict[str, str] = {
     "21606": SmsErrorCode.SENDER_REJECTED,  # 'From' is not an SMS-capable number of ours
     "21659": SmsErrorCode.SENDER_REJECTED,  # 'From' is not a Twilio number
     "21611": SmsErrorCode.THROTTLED,  # 'From' has too many messages queued
+    # Twilio itself is down; classify.UNAVAILABLE_PROVIDER_CODES has them too (the breaker).
+    "20503": SmsErrorCode.PROVIDER_ERROR,  # Service unavailable
+    "21730": SmsErrorCode.PROVIDER_ERROR,  # System under maintenance
 }
 
 
@@ -95,6 +98,7 @@ def send(client: httpx.Client, account: ProviderAccount, sms: OutgoingSms) -> Sm
         provider=label,
         provider_code=str(code) if code is not None else None,
         provider_message=str(message) if message is not None else None,
+        kind="twilio",
         codes=CODES,
         own_code_prefix="TWILIO_",
     )

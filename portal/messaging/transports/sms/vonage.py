@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import httpx
 
+from portal.messaging.classify import Reach, unavailable
 from portal.messaging.transports.sms import _http
 from portal.messaging.transports.sms.result import (
     CONFIG_ERROR,
@@ -25,7 +26,9 @@ from portal.messaging.transports.sms.result import (
 
 DEFAULT_BASE_URL = "https://rest.nexmo.com"
 
-# The SMS API's documented per-message statuses (Vonage "SMS API error codes").
+# The SMS API's documented per-message statuses (Vonage "SMS API error codes"). None of them
+# says Vonage is unavailable (classify.UNAVAILABLE_PROVIDER_CODES): 1 and 10 are limits of the
+# account, 5 a failure to process this message; an outage shows as HTTP 502/503/504.
 CODES: dict[str, str] = {
     "1": SmsErrorCode.THROTTLED,  # Throttled: faster than the account limit
     "2": SmsErrorCode.INVALID_REQUEST,  # Missing parameters
@@ -95,6 +98,7 @@ def send(client: httpx.Client, account: ProviderAccount, sms: OutgoingSms) -> Sm
             provider=label,
             provider_code=str(code) if code is not None else None,
             provider_message=str(text) if text is not None else None,
+            kind="vonage",
             codes=CODES,
             own_code_prefix="VONAGE_",
         )
@@ -117,8 +121,16 @@ def send(client: httpx.Client, account: ProviderAccount, sms: OutgoingSms) -> Sm
     message = f"{label} status {status}: {text}"
     if len(parts) > 1 and refused is not parts[0]:
         message += f" (part {parts.index(refused) + 1} of {len(parts)}; earlier parts accepted)"
+    code = CODES.get(status) or f"VONAGE_{status}"
     return SmsResult.failed(
-        CODES.get(status) or f"VONAGE_{status}",
+        code,
         message,
+        connection=unavailable(
+            Reach.ANSWERED,
+            kind="vonage",
+            status=answer.status_code,
+            provider_code=status,
+            code=code,
+        ),
         reply=f"{answer.status_code} {status}"[:100],
     )
