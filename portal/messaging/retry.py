@@ -6,11 +6,14 @@ twice. A manual retry counts as one retry: a record whose retries are used up ge
 one chance and returns to DeadLetter if it fails again. A record that failed before it was
 prepared has no ``prepared_at`` and is prepared afresh on its next attempt.
 
-Three more rules. A record stopped by its resend window (``RETRY_WINDOW_EXPIRED``)
-starts a new window: the window runs from the first claim (``first_claimed_at``), which is
-cleared here so the next claim sets it again. A record past its ``expires_at`` is refused unless
-the caller gives a new, later one (``expires_at``), which the requeue writes. A record that
-failed ``CONFIG_NOT_RESOLVABLE`` (its frozen server or provider disabled or deleted) is
+Three more rules. A manual retry starts a new resend window, whatever the record's status
+(Retry, Failed, DeadLetter) and its error: the window runs from the first claim
+(``first_claimed_at``), which is cleared here so the next claim sets it again. The window
+stops automatic retries once a provider's duplicate protection may have lapsed; pressing Retry
+is a person's decision to send after that, so it is not held to the old window, while the
+automatic retries that follow are held to the new one. A record past its ``expires_at`` is
+refused unless the caller gives a new, later one (``expires_at``), which the requeue writes. A
+record that failed ``CONFIG_NOT_RESOLVABLE`` (its frozen server or provider disabled or deleted) is
 requeued like any other: it keeps its error code and its frozen render, and preparation sees
 ``status = Retry`` with that code and chooses the server or provider again. An Uncertain record
 is never retried: it is resolved, or sent again as a new message (``resend_as_new``), a new
@@ -26,12 +29,11 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import ColumnElement, and_, case, or_, select, update
+from sqlalchemy import ColumnElement, and_, or_, select, update
 from sqlalchemy.orm import Session
 
 from portal.config import Settings
 from portal.messaging import acceptance, validation
-from portal.messaging.classify import MarkerCode
 from portal.models import MailSendRecord, Scope, SendStatus, SmsSendRecord, db_now
 from portal.models.enums import RETRYABLE_BY_HAND
 from portal.tenancy import tenant_context
@@ -89,11 +91,8 @@ def retry_records(
         "retry_count": model.retry_count + 1,
         "version": model.version + 1,
         "updated_time": db_now(),
-        # A new resend window for a record its window stopped: the next claim starts it.
-        "first_claimed_at": case(
-            (model.error_code == MarkerCode.RETRY_WINDOW_EXPIRED.value, None),
-            else_=model.first_claimed_at,
-        ),
+        # A new resend window, whatever stopped or delayed the record: the next claim starts it.
+        "first_claimed_at": None,
     }
     if expires_at is None:
         live.append(or_(model.expires_at.is_(None), model.expires_at > db_now()))
