@@ -20,9 +20,11 @@ from pathlib import Path
 from typing import Any
 
 from portal.delivery.children import die_with_parent
+from portal.simulator import MAIL, MAIL_DOMAIN
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
+DEMO_RETRIES = {"MAX_RETRIES": "3", "BACKOFF_BASE_S": "3"}
 
 
 def _run(args: list[str], env: dict[str, str]) -> None:
@@ -41,6 +43,31 @@ def _wait_http(url: str, seconds: float, give_up: Any = lambda: False) -> bool:
     return False
 
 
+def _curls(url: str, token: str, instance: Path, env: dict[str, str]) -> str:
+    """The curls the user tries first: one delivered, and one that fails on purpose."""
+
+    def curl(to: str, name: str) -> str:
+        return (
+            f"  curl -s {url}/api/v1/mail -H 'Authorization: Bearer {token}' "
+            "-H 'Content-Type: application/json' \\\n"
+            f'    -d \'{{"to": ["{to}"], "templateCode": "welcome", '
+            f'"variables": {{"name": "{name}"}}}}\'\n'
+        )
+
+    refused = MAIL["refused"].address
+    return (
+        f"\nSend a mail:\n{curl('you@example.com', 'Ann')}"
+        f"Mail lands in {instance / 'mail-sink'}.\n"
+        f"\nSee one fail (the sink refuses {refused} with 550 5.1.1):\n"
+        f"{curl(refused, 'Bob')}"
+        f"Then sign in as support and type {refused} into the search box at the top "
+        "of any page: the record is Failed, and its page says why.\n"
+        f"Other addresses @{MAIL_DOMAIN} fail in other ways (retry, dead letter after "
+        f"{env['MAX_RETRIES']} retries, no answer, slow): Send test on a template lists them.\n"
+        "\nCtrl-C stops everything.\n"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--port", type=int, default=int(os.environ.get("PORT", "5000")))
@@ -51,6 +78,10 @@ def main(argv: list[str] | None = None) -> int:
     env = dict(os.environ)
     # The demo's callback receivers run on this machine: allow private addresses.
     env.setdefault("CALLBACK_ALLOW_PRIVATE", "true")
+    # A retry schedule short enough to watch a simulator address become a dead letter (about
+    # 3 + 6 + 12 s, with jitter) instead of the production default's quarter of an hour.
+    for name, value in DEMO_RETRIES.items():
+        env.setdefault(name, value)
     if args.instance is not None:
         env["INSTANCE_PATH"] = str(args.instance.resolve())
     instance = Path(env.get("INSTANCE_PATH", ROOT / "instance"))
@@ -147,14 +178,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {user['role']:<18} {user['email']:<26} {user['password']}")
         for key in demo["apiKeys"]:
             print(f"  API key ({key['tenant']}): {key['token']}")
-        print(
-            f"\nSend a mail:\n  curl -s {url}/api/v1/mail -H 'Authorization: Bearer "
-            f"{demo['apiKeys'][0]['token']}' -H 'Content-Type: application/json' \\\n"
-            '    -d \'{"to": ["you@example.com"], "templateCode": "welcome", '
-            '"variables": {"name": "Ann"}}\'\n'
-            f"Mail lands in {instance / 'mail-sink'}. Ctrl-C stops everything.\n",
-            flush=True,
-        )
+        print(_curls(url, demo["apiKeys"][0]["token"], instance, env), flush=True)
     elif not stopping:
         print("postroom: the portal did not answer within 30 s; see the output above", flush=True)
 
