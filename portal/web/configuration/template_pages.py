@@ -34,6 +34,7 @@ from sqlalchemy import select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from portal import simulator
 from portal.config import Settings
 from portal.extensions import db
 from portal.messaging import acceptance, template_dry_run, template_versions, templating, validation
@@ -49,7 +50,7 @@ from portal.models import (
 from portal.models.record import Stream
 from portal.redis_store import connect
 from portal.tenancy import PLATFORM_TENANT_ID, new_trace_id, tenant_context
-from portal.web.access import Permission, audit, can, requires, user
+from portal.web.access import Permission, audit, can, requires, user, viewed_tenant
 from portal.web.forms import (
     Form,
     form_data,
@@ -341,6 +342,7 @@ def editor(
         form=form,
         tier_name=tier_name(tier),
         send=send or {},
+        simulated=simulator.entries(kind.channel.value),
         **(previewed(kind, form) | kind.context(template, tier) | extra),
     ), status
 
@@ -568,6 +570,7 @@ def blueprint(kind: Kind[T], import_name: str) -> Blueprint:
                 template=template,
                 form=form,
                 send=result,
+                simulated=simulator.entries(kind.channel.value),
             )
             return varies(Response(html, status))
         # A save happened: the whole editor again (its version field moved on).
@@ -595,6 +598,9 @@ def blueprint(kind: Kind[T], import_name: str) -> Blueprint:
     def version(template_id: int, number: int) -> str:
         """One saved version's whole content."""
         template = owned(kind.model, template_id, viewed_tier())
+        return _version_page(template, number)
+
+    def _version_page(template: Any, number: int) -> str:
         row = _version_or_404(kind, template, number)
         return render_template(
             "shared/template_version.html",
@@ -603,7 +609,9 @@ def blueprint(kind: Kind[T], import_name: str) -> Blueprint:
             version=row,
             labels=template_versions.LABELS,
             tier_name=tier_name(template.tenant_id),
-            may_edit=can(Permission.EDIT_TEMPLATES),
+            # Its edit page is in the tier the viewer works in (an operator looking at every
+            # tenant's records reaches other tenants' versions from the records).
+            may_edit=can(Permission.EDIT_TEMPLATES) and template.tenant_id == viewed_tier(),
         )
 
     @bp.get("/<int:template_id>/versions/diff")
@@ -645,13 +653,20 @@ def blueprint(kind: Kind[T], import_name: str) -> Blueprint:
     @bp.get("/versions/record/<int:record_id>")
     @requires(Permission.VIEW_RECORDS)
     def record_version(record_id: int) -> ResponseReturnValue:
-        """The template version a record was prepared with (the record page links here)."""
-        tier = viewed_tier()
-        record: MailSendRecord | SmsSendRecord = (
-            owned(MailSendRecord, record_id, tier)
-            if kind.channel == Channel.MAIL
-            else owned(SmsSendRecord, record_id, tier)
+        """The template version a record was prepared with (the record page links here).
+
+        Whoever may see the record sees it (the record page's own scope: an operator looking at
+        every tenant's records included); the template is the record's tenant's."""
+        from portal.web.records.mail_records import MAIL as MAIL_RECORDS
+        from portal.web.records.pages import find_record
+        from portal.web.records.sms_records import SMS as SMS_RECORDS
+
+        record = find_record(
+            MAIL_RECORDS if kind.channel == Channel.MAIL else SMS_RECORDS,
+            record_id,
+            viewed_tenant(allow_all=True),
         )
+        tier = record.tenant_id
         if record.template_version is None:
             abort(404)
         template = None
@@ -665,13 +680,7 @@ def blueprint(kind: Kind[T], import_name: str) -> Blueprint:
             )
         if template is None:
             abort(404)
-        _version_or_404(kind, template, record.template_version)
-        return redirect(
-            url_for(
-                kind.endpoint("version"), template_id=template.id, number=record.template_version
-            ),
-            303,
-        )
+        return _version_page(template, record.template_version)
 
     return bp
 
