@@ -23,6 +23,13 @@ and median at both sizes and their ratio (the goal: 1M/100k <= 1.5). On a shared
 machine the two sizes measured in separate runs minutes apart see different loads; in turns
 they see the same.
 
+--sqlite seeds the same data set into a SQLite file as well (the embedded default that
+`make run` uses; migrated with the real migrations, in a temporary directory, or with --keep a
+file kept in the system's one and reused), at --rows 100,000 unless given, and times every page
+on PostgreSQL and on SQLite in turns as --versus does: each page's p95 and median on both and
+SQLite's over PostgreSQL's. A page that fails on either (an error, or anything but 200) is
+printed as FAILED, with its error under the table, and the bench goes on.
+
 Data: 10 tenants, tenant 1 holding 60 % of the records; mostly Sent, 2 % Failed, 1 % DeadLetter,
 a small backlog (Pending, Retry) at the newest end; one record every ~8 s over 90 days; 50,000
 distinct addresses and numbers (about 20 records each).
@@ -31,12 +38,16 @@ distinct addresses and numbers (about 20 records each).
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import re
+import sqlite3
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
 
@@ -44,6 +55,7 @@ import _common as c
 import psycopg
 from flask import Flask
 from flask.testing import FlaskClient
+from sqlalchemy import make_url, text
 
 from portal.extensions import db
 from portal.models import AppUser, Tenant
@@ -60,6 +72,33 @@ SPREAD_S = 90 * 24 * 3600  # the records' creation times cover 90 days
 TENANT_OF = f"CASE WHEN g % 10 < 6 THEN 1 ELSE 2 + g % {TENANTS - 1} END"
 STATUS_OF = "CASE WHEN g % 50 = 0 THEN 'Failed' WHEN g % 97 = 0 THEN 'DeadLetter' ELSE 'Sent' END"
 ERROR_OF = "CASE WHEN g % 50 = 0 THEN '550 5.1.1' WHEN g % 97 = 0 THEN '451 4.3.0' END"
+MAIL_COLUMNS = (
+    "tenant_id, scope, status, version, retry_count, error_code, error_message, "
+    "to_addrs, subject, rendered_subject, text_body, rendered_text, rendered_html, "
+    "template_code, created_time, updated_time, prepared_at, sent_at, trace_id, "
+    "business_key, message_id_header"
+)
+SMS_COLUMNS = (
+    "tenant_id, scope, status, version, retry_count, error_code, error_message, "
+    "phone_number, country_code, content, rendered_content, template_code, "
+    "created_time, updated_time, prepared_at, sent_at"
+)
+ATTEMPT_COLUMNS = (
+    "tenant_id, channel, record_id, number, started_at, finished_at, outcome, ambiguous, "
+    "provider_message_id"
+)
+BACKLOG = 300  # Pending and Retry records of tenant 1 at the newest end, per channel
+# Each table's own columns in the backlog's rows, and their values.
+BACKLOG_OF = {
+    "mail_send_record": ("to_addrs, subject", "'[\"late@example.com\"]', 'Late'"),
+    "sms_send_record": ("phone_number, content", "'+447911000001', 'Late'"),
+}
+DEAD_LETTERS = 10_000
+# The ids the cases open: a record of tenant 1's, 500 from the newest.
+LATEST_IDS = (
+    "SELECT (SELECT max(id) FROM mail_send_record WHERE tenant_id = 1) - 500, "
+    "(SELECT max(id) FROM sms_send_record WHERE tenant_id = 1) - 500"
+)
 
 # The pages an index on the record tables could change (measured again after --index).
 INDEXED_PAGES = {
@@ -86,15 +125,8 @@ RECORD_TABLES = (
 )
 
 
-def seed(app: Flask, dsn: str, n: int) -> dict[str, Any]:
-    """Tenants, users, n mail + n SMS records with recipients, a backlog and dead letters.
-
-    The records go in by COPY with the tables' secondary indexes dropped and foreign keys not
-    checked (session_replication_role = replica), then the indexes are built again from their
-    own definitions: at 10M rows, maintaining nine indexes row by row is what takes the time.
-    The rows are made by the server (generate_series) and streamed from ``COPY (SELECT ...)
-    TO STDOUT`` on one connection into ``COPY ... FROM STDIN`` on another.
-    """
+def seed_accounts(app: Flask) -> None:
+    """The tenants, the support user of tenant 1 and the operator (through the models)."""
     with app.app_context():
         for i in range(1, TENANTS + 1):
             db.session.add(Tenant(slug=f"tenant{i}", name=f"Tenant {i}"))
@@ -107,23 +139,25 @@ def seed(app: Flask, dsn: str, n: int) -> dict[str, Any]:
             user.set_password(PASSWORD)
             db.session.add(user)
         db.session.commit()
+
+
+def seed_postgresql(app: Flask, url: str, n: int) -> dict[str, Any]:
+    """Tenants, users, n mail + n SMS records with recipients, a backlog and dead letters.
+
+    The records go in by COPY with the tables' secondary indexes dropped and foreign keys not
+    checked (session_replication_role = replica), then the indexes are built again from their
+    own definitions: at 10M rows, maintaining nine indexes row by row is what takes the time.
+    The rows are made by the server (generate_series) and streamed from ``COPY (SELECT ...)
+    TO STDOUT`` on one connection into ``COPY ... FROM STDIN`` on another.
+    """
+    dsn = c.conninfo(url)
+    seed_accounts(app)
     step = SPREAD_S / n
     created = f"now() - make_interval(secs => ({n} - g) * {step})"
     chunk = 1_000_000
     with psycopg.connect(dsn) as source, psycopg.connect(dsn) as conn:
         conn.execute("SET session_replication_role = replica")  # no FK triggers while loading
         indexes = drop_secondary_indexes(conn)
-        mail_columns = (
-            "tenant_id, scope, status, version, retry_count, error_code, error_message, "
-            "to_addrs, subject, rendered_subject, text_body, rendered_text, rendered_html, "
-            "template_code, created_time, updated_time, prepared_at, sent_at, trace_id, "
-            "business_key, message_id_header"
-        )
-        sms_columns = (
-            "tenant_id, scope, status, version, retry_count, error_code, error_message, "
-            "phone_number, country_code, content, rendered_content, template_code, "
-            "created_time, updated_time, prepared_at, sent_at"
-        )
         for start in range(0, n, chunk):
             size = min(chunk, n - start)
             series = f"generate_series({start + 1}, {start + size}) g"
@@ -138,7 +172,7 @@ def seed(app: Flask, dsn: str, n: int) -> dict[str, Any]:
                 "CASE WHEN g % 3 = 0 THEN 'welcome' ELSE 'receipt' END, "
                 f"{created}, {created}, {created}, {created}, md5(g::text), "
                 f"'order-' || g, '<mail-' || g || '@example.com>' FROM {series}",
-                f"mail_send_record ({mail_columns})",
+                f"mail_send_record ({MAIL_COLUMNS})",
             )
             copy_rows(
                 source,
@@ -147,7 +181,7 @@ def seed(app: Flask, dsn: str, n: int) -> dict[str, Any]:
                 "'+447911' || lpad((g % 50000)::text, 6, '0'), 'GB', NULL, "
                 "'Your code is ' || (g % 10000), 'otp', "
                 f"{created}, {created}, {created}, {created} FROM {series}",
-                f"sms_send_record ({sms_columns})",
+                f"sms_send_record ({SMS_COLUMNS})",
             )
             conn.commit()
             source.commit()  # the next chunk's SELECT sees this one's rows
@@ -174,27 +208,18 @@ def seed(app: Flask, dsn: str, n: int) -> dict[str, Any]:
                 "SELECT tenant_id, 'sms', id, 1, created_time, created_time, 'sent', false, "
                 "'SM' || md5(id::text) FROM sms_send_record "
                 f"WHERE id BETWEEN {start + 1} AND {start + size}",
-                "send_attempt (tenant_id, channel, record_id, number, started_at, finished_at, "
-                "outcome, ambiguous, provider_message_id)",
+                f"send_attempt ({ATTEMPT_COLUMNS})",
             )
             conn.commit()
             c.say(f"  {start + size:,} of {n:,} rows each ({time.strftime('%H:%M:%S')})")
         # The backlog at the newest end, and dead letters for the operators' pages.
-        for table in ("mail_send_record", "sms_send_record"):
-            columns = (
-                "to_addrs, subject" if table == "mail_send_record" else "phone_number, content"
-            )
-            values = (
-                "'[\"late@example.com\"]', 'Late'"
-                if table == "mail_send_record"
-                else "'+447911000001', 'Late'"
-            )
+        for table, (columns, values) in BACKLOG_OF.items():
             conn.execute(
                 f"INSERT INTO {table} (tenant_id, scope, status, version, retry_count, "
                 f"next_retry_at, created_time, updated_time, {columns}) "
                 "SELECT 1, 'TENANT', CASE WHEN g % 3 = 0 THEN 'Retry' ELSE 'Pending' END, "
                 "1, 0, now() - make_interval(secs => g), now() - make_interval(secs => g), "
-                f"now() - make_interval(secs => g), {values} FROM generate_series(1, 300) g"
+                f"now() - make_interval(secs => g), {values} FROM generate_series(1, {BACKLOG}) g"
             )
         conn.execute(
             "INSERT INTO dead_letter_message (tenant_id, source, event_id, channel, provider, "
@@ -202,7 +227,7 @@ def seed(app: Flask, dsn: str, n: int) -> dict[str, Any]:
             f"SELECT 1 + g % {TENANTS}, 'SendExhausted', (g * 97)::text, 'mail', 'smtp', "
             "'451 4.3.0', 'mailbox busy', 6, json_build_object('recordId', g * 97), "
             "CASE WHEN g % 4 = 0 THEN 'Pending' ELSE 'Resolved' END, "
-            f"now() - make_interval(secs => g * 60) FROM generate_series(1, 10000) g"
+            f"now() - make_interval(secs => g * 60) FROM generate_series(1, {DEAD_LETTERS}) g"
         )
         conn.commit()
         c.say(f"  rows in; building {len(indexes)} indexes ({time.strftime('%H:%M:%S')})")
@@ -212,12 +237,9 @@ def seed(app: Flask, dsn: str, n: int) -> dict[str, Any]:
             conn.commit()
     vacuum(dsn)
     with psycopg.connect(dsn) as conn:
-        facts = conn.execute(
-            "SELECT (SELECT max(id) FROM mail_send_record WHERE tenant_id = 1), "
-            "(SELECT max(id) FROM sms_send_record WHERE tenant_id = 1)"
-        ).fetchone()
+        facts = conn.execute(LATEST_IDS).fetchone()
     assert facts is not None
-    return {"mail_id": facts[0] - 500, "sms_id": facts[1] - 500}
+    return {"mail_id": facts[0], "sms_id": facts[1]}
 
 
 def drop_secondary_indexes(conn: psycopg.Connection[Any]) -> list[str]:
@@ -244,6 +266,97 @@ def copy_rows(
     ):
         for data in out:
             inp.write(data)
+
+
+SQLITE_CHUNK = 100_000
+
+
+def seed_sqlite(app: Flask, url: str, n: int) -> dict[str, Any]:
+    """The data set of ``seed_postgresql`` in the SQLite file of ``url``.
+
+    The rows are made by SQLite itself: per chunk and table one ``WITH RECURSIVE`` counter
+    feeding an ``INSERT ... SELECT``, on one connection of the stdlib driver (foreign keys not
+    checked: it does not turn them on). The migrations' indexes and triggers stay: the subject
+    trigger writes mail_send_subject as acceptance would (PostgreSQL's seed, with its triggers
+    off, copies those rows by hand); the callback triggers find no endpoint. No ANALYZE: the
+    product never runs one on its SQLite file, so its planner has no statistics either.
+    """
+    seed_accounts(app)
+    step = SPREAD_S / n
+    created = sqlite_ago(f"({n} - g) * {step}")
+    with contextlib.closing(
+        sqlite3.connect(make_url(url).database or "", isolation_level=None)
+    ) as conn:
+        conn.execute("PRAGMA synchronous = OFF")  # a bench file: a crash only loses the bench
+        for start in range(0, n, SQLITE_CHUNK):
+            first, last = start + 1, min(start + SQLITE_CHUNK, n)
+            counter = sqlite_counter(first, last)
+            chunk = f"WHERE id BETWEEN {first} AND {last}"
+            conn.execute("BEGIN")
+            conn.execute(
+                f"{counter} INSERT INTO mail_send_record ({MAIL_COLUMNS}) "
+                f"SELECT {TENANT_OF}, 'TENANT', {STATUS_OF}, 3, 0, {ERROR_OF}, {ERROR_OF}, "
+                "json_array('user' || (g % 50000) || '@example.com'), "
+                "'Order ' || g || ' is on its way', 'Order ' || g || ' is on its way', "
+                "'Hello', 'Hello, your order ' || g || ' is on its way.', "
+                "'<h1>Order ' || g || '</h1><p>Hello, it is on its way.</p>', "
+                "CASE WHEN g % 3 = 0 THEN 'welcome' ELSE 'receipt' END, "
+                f"{created}, {created}, {created}, {created}, printf('%032x', g), "
+                "'order-' || g, '<mail-' || g || '@example.com>' FROM counter"
+            )
+            conn.execute(
+                f"{counter} INSERT INTO sms_send_record ({SMS_COLUMNS}) "
+                f"SELECT {TENANT_OF}, 'TENANT', {STATUS_OF}, 3, 0, {ERROR_OF}, {ERROR_OF}, "
+                "'+447911' || printf('%06d', g % 50000), 'GB', NULL, "
+                "'Your code is ' || (g % 10000), 'otp', "
+                f"{created}, {created}, {created}, {created} FROM counter"
+            )
+            conn.execute(
+                "INSERT INTO mail_send_recipient (record_id, tenant_id, address, kind) "
+                f"SELECT id, tenant_id, json_extract(to_addrs, '$[0]'), 'to' "
+                f"FROM mail_send_record {chunk}"
+            )
+            conn.execute(
+                f"INSERT INTO send_attempt ({ATTEMPT_COLUMNS}) "
+                "SELECT tenant_id, 'sms', id, 1, created_time, created_time, 'sent', 0, "
+                f"'SM' || printf('%032x', id) FROM sms_send_record {chunk}"
+            )
+            conn.execute("COMMIT")
+            c.say(f"  {last:,} of {n:,} rows each ({time.strftime('%H:%M:%S')})")
+        conn.execute("BEGIN")
+        for table, (columns, values) in BACKLOG_OF.items():
+            conn.execute(
+                f"{sqlite_counter(1, BACKLOG)} INSERT INTO {table} (tenant_id, scope, status, "
+                f"version, retry_count, next_retry_at, created_time, updated_time, {columns}) "
+                "SELECT 1, 'TENANT', CASE WHEN g % 3 = 0 THEN 'Retry' ELSE 'Pending' END, 1, 0, "
+                f"{sqlite_ago('g')}, {sqlite_ago('g')}, {sqlite_ago('g')}, {values} FROM counter"
+            )
+        conn.execute(
+            f"{sqlite_counter(1, DEAD_LETTERS)} INSERT INTO dead_letter_message (tenant_id, "
+            "source, event_id, channel, provider, error_code, reason, attempts, payload, status, "
+            f"created_time) SELECT 1 + g % {TENANTS}, 'SendExhausted', CAST(g * 97 AS TEXT), "
+            "'mail', 'smtp', '451 4.3.0', 'mailbox busy', 6, json_object('recordId', g * 97), "
+            "CASE WHEN g % 4 = 0 THEN 'Pending' ELSE 'Resolved' END, "
+            f"{sqlite_ago('g * 60')} FROM counter"
+        )
+        conn.execute("COMMIT")
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")  # the pages read the file, not a long WAL
+        mail_id, sms_id = conn.execute(LATEST_IDS).fetchone()
+    return {"mail_id": mail_id, "sms_id": sms_id}
+
+
+def sqlite_counter(first: int, last: int) -> str:
+    """A ``WITH`` clause naming the table ``counter``: one row for each g in first..last."""
+    return (
+        f"WITH RECURSIVE counter(g) AS (SELECT {first} UNION ALL "
+        f"SELECT g + 1 FROM counter WHERE g < {last})"
+    )
+
+
+def sqlite_ago(seconds: str) -> str:
+    """The time ``seconds`` (an SQL expression) ago, as the product's clock writes it on SQLite
+    (``db_now``: UTC text to the millisecond)."""
+    return f"strftime('%Y-%m-%d %H:%M:%f', 'now', '-' || ({seconds}) || ' seconds')"
 
 
 def database_size(dsn: str) -> list[list[Any]]:
@@ -301,31 +414,96 @@ class Timing:
     median_ms: float
     p95_ms: float
 
+    @classmethod
+    def of(cls, samples: list[float]) -> Timing:
+        return cls(c.median(samples), c.percentile(samples, 95))
+
 
 SLOW_S = 1.0  # a page slower than this is timed SLOW_RUNS times (at 10M some take 30 s)
 SLOW_RUNS = 3
 
+# A side's samples of one page (ms), or why its request failed.
+Outcome = list[float] | str
+
+
+class PageFailed(Exception):
+    """A page answered other than 200."""
+
 
 def timed(fn: Callable[[], Any], runs: int) -> Timing:
+    (samples,) = in_turns([fn], runs)
+    if isinstance(samples, str):
+        raise PageFailed(samples)
+    return Timing.of(samples)
+
+
+def in_turns(fns: list[Callable[[], Any]], runs: int) -> list[Outcome]:
+    """Each of ``fns`` timed ``runs`` times in turns, request by request (a, b, a, b, ...),
+    so that the machine's load falls on all of them alike, after two warming rounds (plans,
+    buffer and page caches, Jinja's template cache). A failed request ends its function's
+    timing (its outcome is the error), not the others'."""
+    outcomes: list[Outcome] = [[] for _ in fns]
+
+    def round_(keep: bool) -> None:
+        for i, fn in enumerate(fns):
+            samples = outcomes[i]
+            if isinstance(samples, str):
+                continue
+            t0 = time.perf_counter()
+            try:
+                fn()
+            except Exception as exc:  # reported as FAILED; the bench goes on
+                outcomes[i] = failure(exc)
+                continue
+            if keep:
+                samples.append((time.perf_counter() - t0) * 1000)
+
     t0 = time.perf_counter()
-    fn()  # warm: the plan cache, the buffer cache, Jinja's template cache
+    round_(keep=False)
     if time.perf_counter() - t0 > SLOW_S:
         runs = min(runs, SLOW_RUNS)
     else:
-        fn()
-        fn()
-    samples = []
+        round_(keep=False)
     for _ in range(runs):
-        t0 = time.perf_counter()
-        fn()
-        samples.append((time.perf_counter() - t0) * 1000)
-    return Timing(c.median(samples), c.percentile(samples, 95))
+        round_(keep=True)
+    return outcomes
+
+
+def failure(exc: Exception) -> str:
+    text = str(exc) if isinstance(exc, PageFailed) else f"{type(exc).__name__}: {exc}"
+    return " ".join(text.split())[:300]
+
+
+class ErrorsLogged(logging.Handler):
+    """The last exception the app logged: what a page that answered 500 hit (the portal's
+    error handler logs it and renders the error page)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.last = ""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        exc = record.exc_info[1] if record.exc_info else None
+        # A database error's own words, without SQLAlchemy's copy of the statement.
+        cause = getattr(exc, "orig", None) or exc
+        self.last = f"{type(cause).__name__}: {cause}" if cause else record.getMessage()
+
+    def take(self) -> str:
+        last, self.last = self.last, ""
+        return last
+
+
+ERRORS = ErrorsLogged()
+logging.getLogger("portal").addHandler(ERRORS)
 
 
 def page(client: FlaskClient, url: str, headers: dict[str, str] | None = None) -> Callable[[], Any]:
     def get() -> None:
+        ERRORS.take()
         response = client.get(url, headers=headers or {})
-        assert response.status_code == 200, (url, response.status_code)
+        if response.status_code != 200:
+            logged = ERRORS.take()
+            raise PageFailed(f"{response.status_code} on {url}" + (f": {logged}" if logged else ""))
 
     return get
 
@@ -515,25 +693,29 @@ def search_cases(ids: dict[str, Any]) -> list[Case]:
     return found
 
 
-def recipient_tokens(app: Flask, dsn: str) -> dict[str, str]:
+def recipient_tokens(app: Flask) -> dict[str, str]:
     """Tokens of a mail address and a number of tenant 1 (about 12 records each at 1M), and
-    one SMS's provider message id, for the search cases."""
+    one SMS's provider message id, for the search cases (either dialect)."""
     from portal.web.records.recipients import token_for
 
     wanted = {"mail": "user4242@example.com", "sms": "+447911004242"}
     with app.app_context():
         tokens = {channel: token_for(1, channel, address) for channel, address in wanted.items()}
-    with psycopg.connect(dsn) as conn:
-        for channel, address in wanted.items():
-            conn.execute(
-                "INSERT INTO recipient_token (token, tenant_id, channel, address) "
-                "VALUES (%s, 1, %s, %s) ON CONFLICT DO NOTHING",
-                (tokens[channel], channel, address),
-            )
-        row = conn.execute(
-            "SELECT provider_message_id FROM send_attempt WHERE tenant_id = 1 "
-            "ORDER BY id DESC LIMIT 1 OFFSET 500"
-        ).fetchone()
+        with db.engine.begin() as conn:
+            for channel, address in wanted.items():
+                conn.execute(
+                    text(
+                        "INSERT INTO recipient_token (token, tenant_id, channel, address) "
+                        "VALUES (:token, 1, :channel, :address) ON CONFLICT DO NOTHING"
+                    ),
+                    {"token": tokens[channel], "channel": channel, "address": address},
+                )
+            row = conn.execute(
+                text(
+                    "SELECT provider_message_id FROM send_attempt WHERE tenant_id = 1 "
+                    "ORDER BY id DESC LIMIT 1 OFFSET 500"
+                )
+            ).first()
     found = {f"{channel}_token": token for channel, token in tokens.items()}
     if row is not None:
         found["provider_id"] = row[0]
@@ -606,6 +788,12 @@ def options(parser: Any) -> None:
         default=None,
         help="also a database of this many rows, every page timed on both in turns (ratios)",
     )
+    parser.add_argument(
+        "--sqlite",
+        action="store_true",
+        help="the same data set in a SQLite file too (default --rows 100,000), every page "
+        "timed on SQLite and PostgreSQL in turns",
+    )
 
 
 @contextlib.contextmanager
@@ -631,85 +819,185 @@ def pages_database(n: int, keep: bool, base: str = DB_NAME) -> Iterator[tuple[st
     yield url, False
 
 
-def prepared(url: str, seeded: bool, n: int) -> tuple[Flask, str, dict[str, Any]]:
-    """The app on a bench database of ``n`` rows (seeded now unless it was), its DSN and the
-    ids the cases use."""
+@contextlib.contextmanager
+def sqlite_database(n: int, keep: bool) -> Iterator[tuple[str, bool]]:
+    """A SQLite file for the bench and whether it is already seeded with ``n`` rows: in a
+    temporary directory removed after the run, or (--keep) a file in the system's temporary
+    directory that is kept, and reused by a later run with the same --rows."""
+    if not keep:
+        with tempfile.TemporaryDirectory(prefix="bench-pages-") as where:
+            yield f"sqlite:///{where}/postroom.db", False
+        return
+    path = Path(tempfile.gettempdir()) / f"{c.db_name(DB_NAME)}.db"
+    url = f"sqlite:///{path}"
+    if seeded_rows(path) == n:
+        c.say(f"\nreusing the kept SQLite file {path} ({n:,} rows)")
+        yield url, True
+        return
+    for stale in (path, path.with_name(f"{path.name}-wal"), path.with_name(f"{path.name}-shm")):
+        stale.unlink(missing_ok=True)
+    c.say(f"\nthe SQLite file {path} is kept after this run: remove it when done")
+    yield url, False
+
+
+def seeded_rows(path: Path) -> int | None:
+    """The --rows a kept SQLite file was seeded with (None: none, or not seeded to the end)."""
+    if not path.exists():
+        return None
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        try:
+            row = conn.execute("SELECT rows FROM bench_pages_seed").fetchone()
+        except sqlite3.Error:
+            return None
+    return None if row is None else int(row[0])
+
+
+def sqlite_size(url: str) -> list[list[Any]]:
+    """Each record table's and its indexes' size in the SQLite file (dbstat), and the file's."""
+    path = make_url(url).database or ""
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        rows = conn.execute(
+            "SELECT m.tbl_name, sum(CASE WHEN m.type = 'table' THEN s.pgsize END), "
+            "sum(CASE WHEN m.type = 'index' THEN s.pgsize END) "
+            "FROM dbstat s JOIN sqlite_master m ON m.name = s.name "
+            f"WHERE m.tbl_name IN ({', '.join('?' for _ in RECORD_TABLES)}) "
+            "GROUP BY m.tbl_name ORDER BY m.tbl_name",
+            RECORD_TABLES,
+        ).fetchall()
+    size = sum(
+        Path(f"{path}{suffix}").stat().st_size
+        for suffix in ("", "-wal")
+        if Path(f"{path}{suffix}").exists()
+    )
+    return [[table, mb(heap), mb(index)] for table, heap, index in rows] + [
+        ["whole file (and its WAL)", mb(size), ""]
+    ]
+
+
+def mb(size: int | None) -> str:
+    return f"{(size or 0) / 2**20:,.0f} MB"
+
+
+SEEDS = {"postgresql": seed_postgresql, "sqlite": seed_sqlite}
+
+
+def prepared(url: str, seeded: bool, n: int) -> tuple[Flask, dict[str, Any]]:
+    """The app on a bench database of ``n`` rows, PostgreSQL or SQLite (seeded now unless it
+    was), and the ids the cases use."""
     app = c.make_app(url)
-    dsn = c.conninfo(url)
+    dialect = make_url(url).get_backend_name()
     if not seeded:
-        c.say(f"\nseeding {n:,} mail and {n:,} SMS records ...")
+        c.say(f"\nseeding {n:,} mail and {n:,} SMS records ({dialect}) ...")
         t0 = time.perf_counter()
-        ids = seed(app, dsn, n)
+        ids = SEEDS[dialect](app, url, n)
         c.say(f"  seeded in {time.perf_counter() - t0:.1f} s")
-        with psycopg.connect(dsn) as conn:
+        with app.app_context(), db.engine.begin() as conn:
             conn.execute(
-                "CREATE TABLE bench_pages_seed (rows bigint, mail_id bigint, sms_id bigint)"
+                text("CREATE TABLE bench_pages_seed (rows bigint, mail_id bigint, sms_id bigint)")
             )
             conn.execute(
-                "INSERT INTO bench_pages_seed VALUES (%s, %s, %s)",
-                (n, ids["mail_id"], ids["sms_id"]),
+                text("INSERT INTO bench_pages_seed VALUES (:rows, :mail_id, :sms_id)"),
+                {"rows": n, **ids},
             )
     else:
-        with psycopg.connect(dsn) as conn:
-            row = conn.execute("SELECT mail_id, sms_id FROM bench_pages_seed").fetchone()
-        assert row is not None
+        with app.app_context(), db.engine.connect() as conn:
+            row = conn.execute(text("SELECT mail_id, sms_id FROM bench_pages_seed")).one()
         ids = {"mail_id": row[0], "sms_id": row[1]}
-    ids |= recipient_tokens(app, dsn)  # idempotent: on a kept database too
-    return app, dsn, ids
+    ids |= recipient_tokens(app)  # idempotent: on a kept database too
+    return app, ids
 
 
-def versus(
-    small: tuple[Flask, dict[str, Any]], big: tuple[Flask, dict[str, Any]], runs: int
-) -> list[list[Any]]:
-    """Every page timed on the small and the big database in turns, request by request."""
-    sides = []
-    for app, ids in (small, big):
-        clients = {
-            "support": signed_in(app, SUPPORT),
-            "operator": signed_in(app, OPERATOR, "all"),
-        }
-        sides.append({case.name: (case, clients[case.who]) for case in cases(ids)})
-    rows = []
-    for name, (case, _) in sides[1].items():
-        if name not in sides[0]:
+def compared(
+    sides: list[tuple[Flask, dict[str, Any]]], runs: int
+) -> Iterator[tuple[Case, list[Outcome]]]:
+    """Every page timed on each side (an app and its ids) in turns, request by request."""
+    clients = [
+        {"support": signed_in(app, SUPPORT), "operator": signed_in(app, OPERATOR, "all")}
+        for app, _ in sides
+    ]
+    by_name = [{case.name: case for case in cases(ids)} for _, ids in sides]
+    for name, case in by_name[-1].items():
+        if any(name not in side for side in by_name):
             continue
-        fns = [case_page(client, one) for one, client in (side[name] for side in sides)]
-        for fn in fns:  # warm both: plans, buffers, templates
-            fn()
-            fn()
-        samples: list[list[float]] = [[], []]
-        for _ in range(runs):
-            for side_samples, fn in zip(samples, fns, strict=True):
-                t0 = time.perf_counter()
-                fn()
-                side_samples.append((time.perf_counter() - t0) * 1000)
-        small_p95, big_p95 = (c.percentile(x, 95) for x in samples)
-        small_med, big_med = (c.median(x) for x in samples)
-        goal = case.goal_ms if case.goal == "p95" else None
+        fns = [
+            case_page(side_clients[side[name].who], side[name])
+            for side_clients, side in zip(clients, by_name, strict=True)
+        ]
+        yield case, in_turns(fns, runs)
+
+
+def side_by_side(
+    title: str,
+    labels: tuple[str, str],
+    sides: list[tuple[Flask, dict[str, Any]]],
+    runs: int,
+) -> None:
+    """Every page on two sides in turns: each side's p95 and median, the second's over the
+    first's, and the second's p95 against the page's goal. A page that failed on a side is
+    FAILED there, with its error in a table of its own."""
+    rows, failed = [], []
+    for case, outcomes in compared(sides, runs):
+        timings = [Timing.of(o) if isinstance(o, list) else None for o in outcomes]
+        p95s = [t.p95_ms if t else "FAILED" for t in timings]
+        medians = [t.median_ms if t else "FAILED" for t in timings]
+        second = timings[1]
+        goal = case.goal_ms if case.goal == "p95" and second is not None else None
         rows.append(
             [
-                name,
-                small_p95,
-                big_p95,
-                big_p95 / small_p95,
-                small_med,
-                big_med,
-                big_med / small_med,
-                "" if goal is None else c.verdict(big_p95 < goal),
+                case.name,
+                *p95s,
+                ratio(*p95s),
+                *medians,
+                ratio(*medians),
+                "" if goal is None or second is None else c.verdict(second.p95_ms < goal),
             ]
         )
-        c.say(f"  {name}: p95 {small_p95:,.1f} / {big_p95:,.1f} (load {os.getloadavg()[0]:.1f})")
-    return rows
+        failed += [
+            [case.name, label, outcome]
+            for label, outcome in zip(labels, outcomes, strict=True)
+            if isinstance(outcome, str)
+        ]
+        shown = " / ".join(f"{v:,.1f}" if isinstance(v, float) else v for v in p95s)
+        c.say(f"  {case.name}: p95 {shown} (load {os.getloadavg()[0]:.1f})")
+    first, last = labels
+    c.print_table(
+        title,
+        [
+            "page",
+            f"p95 {first}",
+            f"p95 {last}",
+            "ratio",
+            f"median {first}",
+            f"median {last}",
+            "ratio",
+            f"p95 goal, {last}",
+        ],
+        rows,
+    )
+    if failed:
+        c.print_table("FAILED pages", ["page", "on", "error"], failed)
+
+
+def ratio(first: float | str, second: float | str) -> float | str:
+    """second / first, or nothing when either failed."""
+    if isinstance(first, float) and isinstance(second, float) and first > 0:
+        return second / first
+    return ""
 
 
 def main() -> int:
     args = c.parse_args(__doc__, options)
-    n = args.rows or (50_000 if args.quick else 1_000_000)
+    if args.sqlite and (args.versus or args.index):
+        raise SystemExit("--sqlite compares the two dialects: not with --versus or --index")
+    n = args.rows or (50_000 if args.quick else 100_000 if args.sqlite else 1_000_000)
     c.print_header("bench/pages.py: portal pages on a big database", args.quick)
     if args.versus:
         return main_versus(args, args.versus, n)
+    if args.sqlite:
+        return main_sqlite(args, n)
     with pages_database(n, args.keep) as (url, seeded):
-        app, dsn, ids = prepared(url, seeded, n)
+        app, ids = prepared(url, seeded, n)
+        dsn = c.conninfo(url)
         c.print_table("Database size", ["table", "heap", "indexes"], database_size(dsn))
         c.say(f"load average before measuring: {load()}")
         results = measure(app, dsn, ids, args.runs)
@@ -734,8 +1022,7 @@ def main() -> int:
                 ],
             )
         c.say(f"\nload average at the end: {load()}")
-        with app.app_context():
-            db.engine.dispose()
+        dispose(app)
     return 0
 
 
@@ -745,33 +1032,61 @@ def main_versus(args: Any, small_n: int, n: int) -> int:
         pages_database(small_n, args.keep, f"{DB_NAME}_{small_n}") as (small_url, small_seeded),
         pages_database(n, args.keep) as (url, seeded),
     ):
-        small_app, small_dsn, small_ids = prepared(small_url, small_seeded, small_n)
-        app, dsn, ids = prepared(url, seeded, n)
-        for size, where in ((small_n, small_dsn), (n, dsn)):
+        small_app, small_ids = prepared(small_url, small_seeded, small_n)
+        app, ids = prepared(url, seeded, n)
+        for size, where in ((small_n, small_url), (n, url)):
             c.print_table(
-                f"Database size, {size:,} rows", ["table", "heap", "indexes"], database_size(where)
+                f"Database size, {size:,} rows",
+                ["table", "heap", "indexes"],
+                database_size(c.conninfo(where)),
             )
         c.say(f"load average before measuring: {load()}")
-        rows = versus((small_app, small_ids), (app, ids), args.runs)
-        c.print_table(
+        side_by_side(
             f"Every page on {small_n:,} and {n:,} records in turns ({args.runs} each), ms",
-            [
-                "page",
-                f"p95 {small_n:,}",
-                f"p95 {n:,}",
-                "ratio",
-                f"median {small_n:,}",
-                f"median {n:,}",
-                "ratio",
-                f"p95 goal at {n:,}",
-            ],
-            rows,
+            (f"{small_n:,}", f"{n:,}"),
+            [(small_app, small_ids), (app, ids)],
+            args.runs,
         )
         c.say(f"\nload average at the end: {load()}")
-        for one in (small_app, app):
-            with one.app_context():
-                db.engine.dispose()
+        dispose(small_app, app)
     return 0
+
+
+def main_sqlite(args: Any, n: int) -> int:
+    """--sqlite: the same data set in a SQLite file and in PostgreSQL, every page in turns."""
+    with (
+        sqlite_database(n, args.keep) as (sqlite_url, sqlite_seeded),
+        pages_database(n, args.keep) as (url, seeded),
+    ):
+        sqlite_app, sqlite_ids = prepared(sqlite_url, sqlite_seeded, n)
+        app, ids = prepared(url, seeded, n)
+        c.print_table(
+            f"Database size, PostgreSQL, {n:,} rows",
+            ["table", "heap", "indexes"],
+            database_size(c.conninfo(url)),
+        )
+        c.print_table(
+            f"Database size, SQLite, {n:,} rows",
+            ["table", "heap", "indexes"],
+            sqlite_size(sqlite_url),
+        )
+        c.say(f"load average before measuring: {load()}")
+        side_by_side(
+            f"Every page on PostgreSQL and SQLite, {n:,} records each, in turns "
+            f"({args.runs} each), ms",
+            ("PostgreSQL", "SQLite"),
+            [(app, ids), (sqlite_app, sqlite_ids)],
+            args.runs,
+        )
+        c.say(f"\nload average at the end: {load()}")
+        dispose(app, sqlite_app)
+    return 0
+
+
+def dispose(*apps: Flask) -> None:
+    for app in apps:
+        with app.app_context():
+            db.engine.dispose()
 
 
 def load() -> str:
