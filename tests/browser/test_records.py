@@ -79,7 +79,11 @@ def test_search_by_recipient_and_read_the_record(page: Page, acme_admin: dict[st
     expect(rows.first).to_contain_text("ann@example.com")
     expect(rows.first).to_contain_text("MONTHLY_QUOTA_EXCEEDED")
 
-    rows.first.get_by_role("link", name="ann@example.com").click()
+    # The address leads to the recipient page (as in search results); the subject to the record.
+    expect(rows.first.get_by_role("link", name="ann@example.com")).to_have_attribute(
+        "href", re.compile(r"^/recipients/")
+    )
+    rows.first.get_by_role("link", name="Your invoice").click()
     expect(page).to_have_url(re.compile(rf"/mail-records/{wanted}$"))
     expect(page.get_by_role("heading", name="What happened and what to do")).to_be_visible()
     expect(page.get_by_text("Monthly quota used up")).to_be_visible()
