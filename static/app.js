@@ -14,6 +14,16 @@ document.addEventListener("change", (event) => {
 });
 document.documentElement.classList.add("js");
 
+// Menu (narrow screens, where there is no sidebar): shows or hides the navigation and the
+// account links; the page's CSS folds them only once this file has run.
+document.addEventListener("click", (event) => {
+  const button = event.target instanceof Element ? event.target.closest("[data-menu-toggle]") : null;
+  if (!button) return;
+  const open = button.getAttribute("aria-expanded") !== "true";
+  button.setAttribute("aria-expanded", String(open));
+  document.body.classList.toggle("menu-open", open);
+});
+
 // --- Configuration pages ----------------------------------------------------------
 // An editor form marked data-dirty-guard: once one of its content fields changes, every button
 // marked data-needs-saved is disabled and every data-unsaved-note shown, because the attachment
