@@ -602,6 +602,7 @@ def blueprint(kind: Kind[T], import_name: str) -> Blueprint:
 
     def _version_page(template: Any, number: int) -> str:
         row = _version_or_404(kind, template, number)
+        in_tier = template.tenant_id == viewed_tier()
         return render_template(
             "shared/template_version.html",
             kind=kind,
@@ -609,9 +610,11 @@ def blueprint(kind: Kind[T], import_name: str) -> Blueprint:
             version=row,
             labels=template_versions.LABELS,
             tier_name=tier_name(template.tenant_id),
-            # Its edit page is in the tier the viewer works in (an operator looking at every
-            # tenant's records reaches other tenants' versions from the records).
-            may_edit=can(Permission.EDIT_TEMPLATES) and template.tenant_id == viewed_tier(),
+            # The template's own pages are in the tier the viewer works in: an operator looking
+            # at every tenant's records reaches other tenants' versions from the records, and
+            # gets no link that would answer 404.
+            in_tier=in_tier,
+            may_edit=can(Permission.EDIT_TEMPLATES) and in_tier,
         )
 
     @bp.get("/<int:template_id>/versions/diff")
