@@ -3,6 +3,7 @@ and SQLite files for the embedded default. A missing test database fails the run
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -11,7 +12,7 @@ from typing import Any
 import pytest
 import redis
 from flask import Flask
-from sqlalchemy import create_engine, text
+from sqlalchemy import create_engine, make_url, text
 from sqlalchemy.orm import Session
 
 from portal import create_app
@@ -21,10 +22,140 @@ from portal.models import ApiKey, Base, Tenant
 from portal.models.tenant import new_api_token
 from portal.tenancy import PLATFORM_TENANT_ID
 
-TEST_DATABASE_URL = os.environ.get(
-    "TEST_DATABASE_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postroom_test"
+# Under pytest-xdist each worker (gw0, gw1, ...) has its own PostgreSQL database and Redis db:
+# the fixtures drop the schema and flush the db, which must not reach another worker's tests.
+XDIST_WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
+_WORKER_INDEX = int(XDIST_WORKER[2:]) if XDIST_WORKER.startswith("gw") else -1
+
+
+def _for_this_worker(database_url: str, redis_url: str) -> tuple[str, str]:
+    if _WORKER_INDEX < 0:
+        return database_url, redis_url
+    url = make_url(database_url)
+    database = url.set(database=f"{url.database}_{XDIST_WORKER}")
+    redis_base = make_url(redis_url.replace("redis://", "postgresql://", 1))
+    base_db = int((redis_base.database or "0") or 0)
+    redis_db = (base_db - 1 - _WORKER_INDEX) % 16
+    redis_url = redis_url.rsplit("/", 1)[0] + f"/{redis_db}"
+    return database.render_as_string(hide_password=False), redis_url
+
+
+TEST_DATABASE_URL, TEST_REDIS_URL = _for_this_worker(
+    os.environ.get(
+        "TEST_DATABASE_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postroom_test"
+    ),
+    os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379/15"),
 )
-TEST_REDIS_URL = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
+TEST_PG_ADMIN_URL = os.environ.get(
+    "TEST_PG_ADMIN_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
+)
+# Processes the tests start read these (and so does any helper that reads the environment).
+os.environ["TEST_DATABASE_URL"] = TEST_DATABASE_URL
+os.environ["TEST_REDIS_URL"] = TEST_REDIS_URL
+
+# The tiers, by the folder a test file is in: what a test needs to run.
+TIERS = {
+    "unit": "no services",
+    "integration": "PostgreSQL and Redis, in this process",
+    "process": "real worker.py, gunicorn or run-command processes",
+    "browser": "Debian's Chromium driven by Playwright",
+    "embedded": "the run command on the embedded default (SQLite, embedded Redis)",
+}
+# Tiers whose tests start processes or a browser: each runs on one xdist worker of its own,
+# beside the in-process tiers, so their waits overlap the others' CPU work.
+SERIAL_TIERS = ("process", "browser", "embedded")
+
+
+def tier_of(path: Path) -> str | None:
+    """The tier of a test file: the folder under tests/ it lies in (None: no tier)."""
+    parts = path.resolve().relative_to(Path(__file__).resolve().parent).parts
+    return parts[0] if len(parts) > 1 and parts[0] in TIERS else None
+
+
+# Every process a test run starts carries this variable (children inherit the environment):
+# a run that was killed leaves processes behind that keep polling the test database, and the
+# next run stops them before it starts.
+CHILD_MARK = "POSTROOM_TEST_CHILD"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    for tier, needs in TIERS.items():
+        config.addinivalue_line("markers", f"{tier}: the {tier} tier ({needs})")
+    if _WORKER_INDEX >= 0:
+        _create_database(TEST_DATABASE_URL)
+    elif CHILD_MARK not in os.environ:
+        stop_left_behind()
+        os.environ[CHILD_MARK] = str(os.getpid())
+
+
+def stop_left_behind() -> list[int]:
+    """SIGKILL the processes an earlier, killed test run left: marked, and orphaned (their
+    parent is gone, so init or a subreaper adopted them). Their children follow (each
+    worker's children die with their parent)."""
+    import signal
+
+    stopped = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) == os.getpid():
+            continue
+        try:
+            environ = (proc / "environ").read_bytes()
+            stat = (proc / "stat").read_text()
+        except OSError:
+            continue
+        if f"{CHILD_MARK}=".encode() not in environ:
+            continue
+        parent = int(stat.rsplit(")", 1)[1].split()[1])
+        if parent == 1 or not Path(f"/proc/{parent}").exists():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(proc.name), signal.SIGKILL)
+                stopped.append(int(proc.name))
+    return stopped
+
+
+def _create_database(url: str) -> None:
+    name = make_url(url).database
+    admin = create_engine(TEST_PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
+    try:
+        with admin.connect() as conn:
+            exists = conn.execute(
+                text("SELECT 1 FROM pg_database WHERE datname = :name"), {"name": name}
+            ).first()
+            if exists is None:
+                conn.execute(text(f'CREATE DATABASE "{name}"'))
+    except Exception as exc:
+        raise pytest.UsageError(f"cannot create the test database {name}: {exc}") from exc
+    finally:
+        admin.dispose()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark each test with its tier: its file's, or a heavier one its own mark names (a test
+    that starts a worker process in a file of in-process tests is ``@pytest.mark.process``).
+    Tests of the serial tiers share one xdist worker per tier."""
+    for item in items:
+        marked = [m.name for m in item.iter_markers() if m.name in TIERS]
+        tier = marked[0] if marked else tier_of(Path(str(item.fspath)))
+        if tier is None:
+            continue  # tests/unit/test_tiers.py fails the run for such a file
+        if not marked:
+            item.add_marker(getattr(pytest.mark, tier))
+        if tier in SERIAL_TIERS:
+            item.add_marker(pytest.mark.xdist_group(tier))
+
+
+@pytest.fixture(autouse=True)
+def cheap_hashing(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """argon2 at its cheapest in every test but those marked ``real_hashing`` (a sign-in at
+    the real cost takes most of a second of CPU, and nothing else here is about hashing)."""
+    if request.node.get_closest_marker("real_hashing") is None:
+        from argon2 import PasswordHasher
+
+        from portal.models import tenant as tenant_models
+
+        monkeypatch.setattr(
+            tenant_models, "_hasher", PasswordHasher(time_cost=1, memory_cost=8, parallelism=1)
+        )
 
 
 def settings_for_tests(database_url: str, **overrides: Any) -> Settings:

@@ -147,6 +147,7 @@ def test_registration_that_lost_the_race_to_remove_a_stale_schedule_still_succee
     assert scheduled(redis_client)[SWEEP_ID] == 1
 
 
+@pytest.mark.process
 def test_registration_from_two_processes_at_once_leaves_one(
     redis_client: redis.Redis, tmp_path: Path
 ) -> None:
@@ -297,6 +298,7 @@ def child(sup: Supervisor, name: str) -> subprocess.Popen[bytes]:
     return found.process
 
 
+@pytest.mark.process
 @pytest.mark.slow
 @pytest.mark.timeout(90)
 def test_scheduled_sweep_runs_in_the_supervised_children(
@@ -339,6 +341,7 @@ def child_alive(sup: Supervisor, name: str, other_than: int) -> bool:
     return process is not None and process.pid != other_than and process.poll() is None
 
 
+@pytest.mark.process
 @pytest.mark.slow
 @pytest.mark.timeout(90)
 def test_a_killed_rq_worker_is_restarted_and_the_sweep_goes_on(

@@ -124,6 +124,7 @@ def failed_rows() -> int:
 
 
 @pytest.mark.parametrize("email", [EMAIL, "nobody@acme.example.com"])
+@pytest.mark.real_hashing
 def test_parallel_wrong_passwords_get_five_checks(
     app: Flask, store: str, checks: list[str], email: str
 ) -> None:

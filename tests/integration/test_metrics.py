@@ -186,6 +186,7 @@ def deliver_mixed(app: Flask, acme: int) -> dict[str, int]:
     }
 
 
+@pytest.mark.process
 @pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_worker_metrics_port_serves_the_same_families(
@@ -230,6 +231,7 @@ def test_worker_metrics_port_serves_the_same_families(
         stop([worker])
 
 
+@pytest.mark.process
 @pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_worker_logs_are_json_lines_with_record_tenant_and_trace(
@@ -318,6 +320,7 @@ def run_a_sweep(
     return worker, stuck, metrics
 
 
+@pytest.mark.process
 @pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_a_sweep_by_the_worker_logs_json_and_counts_on_its_metrics_port(

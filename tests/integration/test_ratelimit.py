@@ -353,6 +353,7 @@ def test_a_platform_configs_budget_is_shared_by_every_tenant(
     assert counters(redis_client) == {f"rl:{channel}:daily:-1:{config_id}:{day}": 3}
 
 
+@pytest.mark.process
 def test_redis_down_defers_limited_sends_and_unlimited_mail_still_goes(
     app: Flask, smtp: ScriptedSmtpServer, sms_server: FakeSmsProvider, redis_client: redis.Redis
 ) -> None:
@@ -490,6 +491,7 @@ def wait_for(predicate: Any, timeout_s: float, what: str, workers: list[Worker])
     raise AssertionError(f"not within {timeout_s}s: {what}")
 
 
+@pytest.mark.process
 @pytest.mark.slow
 def test_two_worker_processes_share_one_budget_exactly(
     app: Flask,

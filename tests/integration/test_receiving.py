@@ -664,6 +664,7 @@ def test_the_fetch_chore_has_a_fixed_id_and_registration_stays_idempotent(
     assert redis_client.zcard(Scheduler.scheduled_jobs_key) == len(every)
 
 
+@pytest.mark.process
 def test_the_fetch_chore_reads_the_mailboxes_in_its_own_process(
     app: Flask, acme: int, mailbox: ImapUser, tmp_path: Path
 ) -> None:

@@ -17,7 +17,7 @@ from portal.config import ConfigError, Settings
 from portal.delivery.process import split
 from portal.extensions import db
 from portal.models import MailSendRecord, SendAttempt
-from tests.integration.test_concurrency import accept
+from tests.process.test_concurrency import accept
 from tests.support.delivery import mail_server, tenant
 from tests.support.smtp_server import ScriptedSmtpServer
 from tests.support.workers import alive, children_of, stop, wait_for, worker_processes

@@ -27,6 +27,7 @@ from flask import Flask
 from sqlalchemy import Engine, text
 
 from portal.config import Settings
+from portal.delivery.children import die_with_parent
 from portal.extensions import db
 from portal.messaging import acceptance
 from portal.messaging.scan import claim
@@ -244,6 +245,7 @@ class WorkerGroup:
             stdout=out_file,
             stderr=err_file,
             stdin=subprocess.DEVNULL,
+            preexec_fn=die_with_parent,  # a killed test run takes its workers with it
         )
         worker = Worker(name, process, out, err, [out_file, err_file])
         self.workers.append(worker)
