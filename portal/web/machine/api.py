@@ -35,7 +35,12 @@ from portal.web.machine.endpoint import (
     unknown_query_parameter,
 )
 from portal.web.machine.openapi import openapi_document
-from portal.web.machine.serialise import attempts_json, mail_record_json, sms_record_json
+from portal.web.machine.serialise import (
+    attempts_json,
+    mail_record_json,
+    record_tiers,
+    sms_record_json,
+)
 
 bp = Blueprint("api", __name__, url_prefix="/api/v1")
 csrf.exempt(bp)  # API keys, not cookies: there is no ambient credential to forge.
@@ -126,7 +131,7 @@ def _attempts(record: MailSendRecord | SmsSendRecord) -> dict[str, Any]:
             .order_by(SendAttempt.number)
         )
     )
-    return {"attempts": attempts_json(record, rows, g.tenant_id)}
+    return {"attempts": attempts_json(db.session(), rows, g.tenant_id)}
 
 
 @bp.get("/mail")
@@ -150,7 +155,8 @@ def mail_show(record_id: int) -> Response:
     record = _own_record(MailSendRecord, record_id)
     if record is None:
         return error_response(404, "not_found", "no such mail record", "id")
-    return jsonify(mail_record_json(record, g.tenant_id) | _attempts(record))
+    tiers = record_tiers(db.session(), "mail", [record])
+    return jsonify(mail_record_json(record, g.tenant_id, tiers) | _attempts(record))
 
 
 @bp.get("/sms/<int:record_id>")
@@ -160,7 +166,8 @@ def sms_show(record_id: int) -> Response:
     record = _own_record(SmsSendRecord, record_id)
     if record is None:
         return error_response(404, "not_found", "no such SMS record", "id")
-    return jsonify(sms_record_json(record, g.tenant_id) | _attempts(record))
+    tiers = record_tiers(db.session(), "sms", [record])
+    return jsonify(sms_record_json(record, g.tenant_id, tiers) | _attempts(record))
 
 
 # --- cancel and resolve ----------------------------------------------------------------

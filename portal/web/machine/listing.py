@@ -32,7 +32,7 @@ from portal.models import MailSendRecipient, MailSendRecord, SendStatus, SmsSend
 from portal.models.record import Stream
 from portal.redis_store import connect
 from portal.web.machine.endpoint import ApiError, acting_tenant, app_settings, error_response
-from portal.web.machine.serialise import mail_record_json, sms_record_json
+from portal.web.machine.serialise import mail_record_json, record_tiers, sms_record_json
 
 log = logging.getLogger("portal.api")
 
@@ -206,9 +206,10 @@ def record_list(channel: str) -> Response:
     more = len(rows) > limit
     rows = rows[:limit]
     shape = mail_record_json if channel == "mail" else sms_record_json
+    tiers = record_tiers(db.session(), channel, rows)
     return jsonify(
         {
-            "items": [shape(row, g.tenant_id) for row in rows],
+            "items": [shape(row, g.tenant_id, tiers) for row in rows],
             "nextCursor": _next_cursor(rows[-1].id) if more and rows else None,
         }
     )

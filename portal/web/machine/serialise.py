@@ -2,14 +2,47 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
 
-from portal.models import MailSendRecord, Scope, SendAttempt, SmsSendRecord
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from portal.models import (
+    MailSendRecord,
+    MailSendServerConfig,
+    Scope,
+    SendAttempt,
+    SmsProviderConfig,
+    SmsSendRecord,
+)
 from portal.tenancy import PLATFORM_TENANT_ID
 
 # What a tenant sees instead of a platform-tier server's or provider's name.
 PLATFORM_ROUTE = {"mail": "platform mail service", "sms": "platform SMS service"}
+
+
+def config_tiers(session: Session, channel: str, ids: Iterable[int | None]) -> dict[int, int]:
+    """The tier (owning tenant id) of each mail server or SMS provider of ``ids`` that exists."""
+    wanted = {i for i in ids if i is not None}
+    if not wanted:
+        return {}
+    config = MailSendServerConfig if channel == "mail" else SmsProviderConfig
+    rows = session.execute(select(config.id, config.tenant_id).where(config.id.in_(wanted)))
+    return {config_id: tenant_id for config_id, tenant_id in rows}
+
+
+def names_config(tier: int | None, operator: bool) -> bool:
+    """Whether a viewer may see a server's or provider's name and id: the one rule for the
+    API, the record pages, the timeline and the attempt's headers page.
+
+    It goes by the tier of the config a record used, not by the record's scope: a tenant's
+    mail falls back to the platform's server when the tenant has none. Platform operators see
+    every config; anyone else sees "platform mail service" (or SMS) for a platform-tier one,
+    and for one whose tier is unknown (None), so an unknown case never leaks a name.
+    """
+    return operator or (tier is not None and tier != PLATFORM_TENANT_ID)
 
 
 def _time(value: datetime | None) -> str | None:
@@ -43,46 +76,82 @@ def _common(record: MailSendRecord | SmsSendRecord) -> dict[str, Any]:
     }
 
 
-def _platform_hidden(record: MailSendRecord | SmsSendRecord, caller_tenant: int) -> bool:
-    """A record of the platform scope was prepared with the platform tier's template and
-    server or provider, whose ids a tenant never sees (they are null for it)."""
+def _platform_template(record: MailSendRecord | SmsSendRecord, caller_tenant: int) -> bool:
+    """A record of the platform scope was rendered from the platform tier's template, whose
+    id a tenant never sees (it is null for it)."""
     return record.scope == Scope.PLATFORM.value and caller_tenant != PLATFORM_TENANT_ID
 
 
-def mail_record_json(record: MailSendRecord, caller_tenant: int) -> dict[str, Any]:
-    hidden = _platform_hidden(record, caller_tenant)
+def record_tiers(
+    session: Session, channel: str, records: Iterable[MailSendRecord | SmsSendRecord]
+) -> dict[int, int]:
+    """``config_tiers`` of the servers or providers ``records`` name, in one query."""
+    ids: list[int | None] = []
+    for record in records:
+        if isinstance(record, MailSendRecord):
+            ids += [record.server_config_id, record.server_id]
+        else:
+            ids.append(record.provider_config_id)
+    return config_tiers(session, channel, ids)
+
+
+def _config_id(config_id: int | None, tiers: dict[int, int], caller_tenant: int) -> int | None:
+    if config_id is None:
+        return None
+    shown = names_config(tiers.get(config_id), caller_tenant == PLATFORM_TENANT_ID)
+    return config_id if shown else None
+
+
+def attempt_route(attempt: SendAttempt, tiers: dict[int, int], operator: bool) -> str | None:
+    """The name of the server or provider an attempt went through, as the viewer may see it
+    (``names_config``); ``tiers``: ``config_tiers`` of at least this attempt's config."""
+    if attempt.config_name is None:
+        return None
+    tier = tiers.get(attempt.config_id) if attempt.config_id is not None else None
+    return attempt.config_name if names_config(tier, operator) else PLATFORM_ROUTE[attempt.channel]
+
+
+def mail_record_json(
+    record: MailSendRecord, caller_tenant: int, tiers: dict[int, int]
+) -> dict[str, Any]:
+    """``tiers``: ``record_tiers`` of at least this record."""
+    template_hidden = _platform_template(record, caller_tenant)
+    server = record.server_config_id or record.server_id
     return _common(record) | {
         "to": record.to_addrs,
         "cc": record.cc_addrs or [],
         "bcc": record.bcc_addrs or [],
         "subject": record.rendered_subject or record.subject,
-        "templateId": None if hidden else record.template_id,
-        "serverId": None if hidden else (record.server_config_id or record.server_id),
+        "templateId": None if template_hidden else record.template_id,
+        "serverId": _config_id(server, tiers, caller_tenant),
     }
 
 
-def sms_record_json(record: SmsSendRecord, caller_tenant: int) -> dict[str, Any]:
-    hidden = _platform_hidden(record, caller_tenant)
+def sms_record_json(
+    record: SmsSendRecord, caller_tenant: int, tiers: dict[int, int]
+) -> dict[str, Any]:
+    """``tiers``: ``record_tiers`` of at least this record."""
     return _common(record) | {
         "phoneNumber": record.phone_number,
         "countryCode": record.country_code,
         "content": record.rendered_content or record.content,
-        "providerId": None if hidden else record.provider_config_id,
+        "providerId": _config_id(record.provider_config_id, tiers, caller_tenant),
     }
 
 
 def attempts_json(
-    record: MailSendRecord | SmsSendRecord, attempts: list[SendAttempt], caller_tenant: int
+    session: Session, attempts: list[SendAttempt], caller_tenant: int
 ) -> list[dict[str, Any]]:
     """A record's attempts, oldest first: when, how it ended, the reply's code and
     text, and the server or provider by name (a platform-tier one as "platform mail
-    service" for a tenant); the worker process only for platform operators."""
+    service" for a tenant, ``names_config``); the worker process only for platform
+    operators."""
     operator = caller_tenant == PLATFORM_TENANT_ID
-    hidden = _platform_hidden(record, caller_tenant)
+    channel = attempts[0].channel if attempts else "mail"
+    tiers = config_tiers(session, channel, [a.config_id for a in attempts])
     out = []
     for attempt in attempts:
-        channel = attempt.channel
-        route = PLATFORM_ROUTE[channel] if hidden else attempt.config_name
+        route = attempt_route(attempt, tiers, operator)
         item: dict[str, Any] = {
             "number": attempt.number,
             "startedAt": _time(attempt.started_at),

@@ -24,7 +24,8 @@ from portal.messaging.preparation import SUPPRESSED
 from portal.messaging.transports.smtp import message_bytes
 from portal.models import MailSendServerConfig, SendAttempt
 from portal.tenancy import PLATFORM_TENANT_ID
-from portal.web.access import Permission, requires, viewed_tenant
+from portal.web.access import Permission, is_operator, requires, viewed_tenant
+from portal.web.machine.serialise import names_config
 from portal.web.records.mail_records import MAIL
 from portal.web.records.pages import find_record
 
@@ -61,8 +62,10 @@ def _rebuilt(record_id: int, number: int) -> tuple[Any, SendAttempt, bytes | Non
         )
         return record, attempt, None, warnings
     if config.updated_time and config.updated_time > attempt.started_at:
+        named = names_config(config.tenant_id, is_operator())
+        server = f"The server {config.name!r}" if named else "The platform mail server"
         warnings.append(
-            f"The server {config.name!r} was saved after this attempt "
+            f"{server} was saved after this attempt "
             f"({config.updated_time:%Y-%m-%d %H:%M} UTC): the From shown is its current one, "
             "which may differ from what was sent."
         )

@@ -55,6 +55,7 @@ from portal.models import (
 from portal.models.enums import RETRYABLE_BY_HAND
 from portal.tenancy import PLATFORM_TENANT_ID
 from portal.web.access import Permission, audit, can, is_operator, viewed_tenant
+from portal.web.machine.serialise import names_config
 from portal.web.records import explain
 from portal.web.records.timeline import timeline
 from portal.web.security import safe_next
@@ -416,7 +417,8 @@ def config_names(kind: Kind, record: Any, ids: Iterable[int | None]) -> dict[int
     tenant's and the platform tier's (the only ones it can be sent through).
 
     The platform tier's rows are invisible to tenants (DESIGN, "Tenancy and roles"): a tenant
-    sees "platform mail service" (or SMS) instead of the name; operators see the real one.
+    sees "platform mail service" (or SMS) instead of the name; operators see the real one. The
+    rule, by the config's tier and not the record's scope, is ``serialise.names_config``.
     """
     wanted = {i for i in ids if i is not None}
     if not wanted:
@@ -432,7 +434,7 @@ def config_names(kind: Kind, record: Any, ids: Iterable[int | None]) -> dict[int
     names = {}
     for config_id, tenant_id, name in rows:
         platform = tenant_id == PLATFORM_TENANT_ID and record.tenant_id != PLATFORM_TENANT_ID
-        hidden = platform and not operator
+        hidden = not names_config(tenant_id, operator)
         names[config_id] = ConfigName(kind.platform_service if hidden else name, platform, hidden)
     return names
 

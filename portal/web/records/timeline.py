@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session
 
 from portal.messaging.events import events_for
 from portal.models import AuditEvent, Channel, DeadLetterMessage, SendAttempt
-from portal.web.machine.serialise import PLATFORM_ROUTE
+from portal.web.machine.serialise import attempt_route, config_tiers
 
 OUTCOME_WORDS = {
     "sent": ("Accepted by the server", "good"),
@@ -56,16 +56,18 @@ class Entry:
 def timeline(session: Session, channel: Channel, record: Any, *, operator: bool) -> list[Entry]:
     """Everything that happened to ``record``, oldest first. ``operator``: the person looking
     is a platform operator, who sees the platform's servers by name and the workers."""
-    hidden = record.scope == "PLATFORM" and not operator
     entries = [Entry(record.created_time, "accepted", "Accepted", "neutral")]
-    attempts = session.scalars(
-        select(SendAttempt)
-        .where(SendAttempt.channel == channel.value, SendAttempt.record_id == record.id)
-        .order_by(SendAttempt.number)
+    attempts = list(
+        session.scalars(
+            select(SendAttempt)
+            .where(SendAttempt.channel == channel.value, SendAttempt.record_id == record.id)
+            .order_by(SendAttempt.number)
+        )
     )
+    tiers = config_tiers(session, channel.value, [a.config_id for a in attempts])
     for attempt in attempts:
         words, tone = OUTCOME_WORDS.get(attempt.outcome, (attempt.outcome, "neutral"))
-        where = PLATFORM_ROUTE[channel.value] if hidden else attempt.config_name
+        where = attempt_route(attempt, tiers, operator)
         if operator and attempt.worker:
             where = f"{where or 'unknown'} · worker {attempt.worker}"
         took = f" in {attempt.duration_ms:,} ms" if attempt.duration_ms is not None else ""
