@@ -1,8 +1,21 @@
 #!/usr/bin/env bash
 # The whole test suite on a fresh machine: Debian packages the tests need, PostgreSQL and
 # Redis started if they are not running, the test database created, then lint, types, pytest.
+#
+#   scripts/test.sh [pytest args]         the whole suite, every tier (make test; CI)
+#   scripts/test.sh --check [pytest args] lint, types, the unit and integration tiers (make check)
+#
+# pytest runs under pytest-xdist: the in-process tiers spread over every worker, and the
+# process, browser and embedded tiers each keep to one worker of their own (xdist_group), so
+# their waits overlap the others' CPU work. Each worker has its own database and Redis db.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+MODE=test
+if [ "${1:-}" = "--check" ]; then
+  MODE=check
+  shift
+fi
 
 PYTHON=${PYTHON:-python3}
 PGHOST_ADDR=${PGHOST_ADDR:-127.0.0.1}
@@ -51,16 +64,38 @@ export TEST_PG_ADMIN_URL=${TEST_PG_ADMIN_URL:-postgresql+psycopg://postgres@$PGH
 
 log "python dependencies"
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
-.venv/bin/python -m pip install --quiet --upgrade pip
-.venv/bin/python -m pip install --quiet -e ".[dev]"
+# Installed again only when pyproject.toml changed since the last install.
+if [ ! -f .venv/.installed ] || [ pyproject.toml -nt .venv/.installed ]; then
+  .venv/bin/python -m pip install --quiet --upgrade pip
+  .venv/bin/python -m pip install --quiet -e ".[dev]"
+  touch .venv/.installed
+fi
 
 log "ruff"
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
 
-log "mypy"
-.venv/bin/mypy
-
-log "pytest"
+# Types are checked while the tests run: mypy is one process, the tests use the other core's
+# spare time, and its answer is waited for below.
+log "mypy (in the background) and pytest"
 mkdir -p test-output
-.venv/bin/pytest "$@"
+.venv/bin/mypy > test-output/mypy.log 2>&1 &
+MYPY_PID=$!
+
+WORKERS=${TEST_WORKERS:-4}
+status=0
+if [ "$MODE" = check ]; then
+  .venv/bin/pytest -n "${CHECK_WORKERS:-3}" --dist loadgroup -m "unit or integration" "$@" || status=$?
+else
+  .venv/bin/pytest -n "$WORKERS" --dist loadgroup "$@" || status=$?
+fi
+
+log "mypy"
+if ! wait "$MYPY_PID"; then
+  cat test-output/mypy.log
+  status=1
+else
+  tail -n 1 test-output/mypy.log
+fi
+
+exit "$status"

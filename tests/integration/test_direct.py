@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 from flask import Flask
-from sqlalchemy import event, func, inspect, select, text, update
+from sqlalchemy import create_engine, event, func, inspect, select, text, update
 from sqlalchemy.orm import Session
 
 from portal.extensions import db
@@ -431,12 +431,16 @@ def test_writes_survive_the_database_dropping_every_pooled_connection(app: Flask
     pids = [h.driver_connection.info.backend_pid for h in held]  # type: ignore[union-attr]
     for h in held:
         h.close()
-    with Session(engine) as session:
-        session.execute(
-            text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE pid = ANY(:p)"),
-            {"p": pids},
-        )
-        session.commit()
+    # From a connection outside the pool: one of the pool's own would terminate itself.
+    outside = create_engine(engine.url)
+    try:
+        with outside.begin() as conn:
+            conn.execute(
+                text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE pid = ANY(:p)"),
+                {"p": pids},
+            )
+    finally:
+        outside.dispose()
     time.sleep(0.2)
     done = [
         record_sent(engine, Claimed(Channel.MAIL, r.id, r.version, r.tenant_id, 0), f"<m{r.id}@x>")

@@ -271,6 +271,7 @@ def test_one_worker_at_a_time_sweeps_on_postgresql(app: Flask) -> None:
     assert sweep_if_overdue(db.engine, settings_) is not None
 
 
+@pytest.mark.process
 @pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_a_worker_sweeps_while_redis_is_down(

@@ -57,6 +57,7 @@ def stored_template(tenant_id: int, code: str, html_body: str, text_body: str | 
     )
 
 
+@pytest.mark.process
 def test_a_costly_batch_and_stored_hostile_templates_do_not_hold_up_another_tenant(
     app: Flask, smtp: ScriptedSmtpServer, tmp_path: Path
 ) -> None:
