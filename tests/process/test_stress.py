@@ -2,7 +2,9 @@
 (the speed must not cost correctness).
 
 Two worker processes of 8 delivery threads each (16 in all) send to a real SMTP server for
-``STRESS_S`` seconds (60 by default) while this process keeps accepting mail and, against the
+until each chore has done its count of rounds (``STRESS_ROUNDS`` scales them; bounded by counts,
+not by a clock, so a slow machine runs longer and a fast one shorter, both with the same
+coverage) while this process keeps accepting mail and, against the
 same rows, runs the stuck-send sweep, cancels Pending and Retry records, bulk-retries Failed
 ones and applies delivery events to Sent ones (as the webhooks and the bounce reader do). Some
 recipients are refused at RCPT (permanent, so Failed, then retried by hand, failing again), some
@@ -38,12 +40,16 @@ from tests.support.delivery import mail_server, tenant
 from tests.support.smtp_server import ScriptedSmtpServer
 from tests.support.workers import StatusAudit, stop, worker_processes
 
-STRESS_S = float(os.environ.get("STRESS_S", "60"))
+# Rounds each chore must have done before the run ends (accept: batches of 40 mails that went
+# in; the others: runs that did their work), times STRESS_ROUNDS.
+STRESS_ROUNDS = float(os.environ.get("STRESS_ROUNDS", "1"))
+ROUNDS = {"accepted": 20, "cancel": 20, "retry": 15, "deliver": 20, "sweep": 10}
+STRESS_LIMIT_S = 300.0  # a run that cannot reach its counts in this long fails
 FINAL = {"Sent", "Failed", "Cancelled", "DeadLetter", "Suppressed", "Uncertain"}
 UNFINISHED = ("Pending", "Sending", "Retry")
 EXPECTED = ("send failed (failed)", "send failed (dead letter)", "send failed (dead_letter)")
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(STRESS_S + 240)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(STRESS_LIMIT_S + 240)]
 
 
 def _deadlocks(engine: Any) -> int:
@@ -121,6 +127,11 @@ class Chores:
         with tenant_context(self.tenant_id):
             acceptance.send_mail_batch(session, items, settings=self.app.config["SETTINGS"])
         session.commit()
+        self.counts["accepted"] += 1
+
+    def done(self) -> bool:
+        """Every chore has done its rounds."""
+        return all(self.counts[name] >= n * STRESS_ROUNDS for name, n in ROUNDS.items())
 
     def cancel(self, session: Session) -> None:
         ids = self.ids(session, "Pending", 3) + self.ids(session, "Retry", 2)
@@ -190,8 +201,11 @@ def test_sixteen_threads_with_sweeps_cancels_retries_and_events_end_each_record_
                 chores.every("retry", 0.5, chores.retry)
                 chores.every("deliver", 0.2, lambda s: chores.deliver(s, config_id))
                 chores.every("sweep", 0.5, chores.sweep)
-                time.sleep(STRESS_S)
+                deadline = time.monotonic() + STRESS_LIMIT_S
+                while not chores.done() and time.monotonic() < deadline and not chores.errors:
+                    time.sleep(0.2)
                 chores.end()
+                assert chores.done(), f"rounds not reached in {STRESS_LIMIT_S} s: {chores.counts}"
                 print(f"\n[stress] chores {dict(chores.counts)}", flush=True)
                 assert not chores.errors, chores.errors[:10]
                 _wait_until_finished(tenant_id)
@@ -221,7 +235,7 @@ def test_sixteen_threads_with_sweeps_cancels_retries_and_events_end_each_record_
 
     statuses = Counter(r.status for r in rows)
     print(
-        f"\n[stress {STRESS_S:g} s] {len(rows)} records {dict(statuses)}; chores "
+        f"\n[stress x{STRESS_ROUNDS:g}] {len(rows)} records {dict(statuses)}; chores "
         f"{dict(chores.counts)}; {len(by_message_id)} Message-IDs at the server; "
         f"deadlocks {deadlocks}"
     )
