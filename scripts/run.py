@@ -76,8 +76,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     env = dict(os.environ)
-    # The demo's callback receivers run on this machine: allow private addresses.
+    # The demo's callback receivers, its tenant's SMTP server and test provider run on this
+    # machine: allow tenants' configs to reach private addresses.
     env.setdefault("CALLBACK_ALLOW_PRIVATE", "true")
+    env.setdefault("OUTBOUND_TENANT_ALLOW_PRIVATE", "true")
     # A retry schedule short enough to watch a simulator address become a dead letter (about
     # 3 + 6 + 12 s, with jitter) instead of the production default's quarter of an hour.
     for name, value in DEMO_RETRIES.items():

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -61,9 +62,10 @@ TIERS = {
     "browser": "Debian's Chromium driven by Playwright",
     "embedded": "the run command on the embedded default (SQLite, embedded Redis)",
 }
-# Tiers whose tests start processes or a browser: each runs on one xdist worker of its own,
-# beside the in-process tiers, so their waits overlap the others' CPU work.
-SERIAL_TIERS = ("process", "browser", "embedded")
+# Tiers whose tests start processes or a browser run on xdist workers of their own (this many
+# groups each, a file's tests always in one), beside the in-process tiers, so their waits
+# overlap the others' CPU work and two of them never compete for the machine.
+SERIAL_TIERS = {"process": 2, "browser": 1, "embedded": 1}
 
 
 def tier_of(path: Path) -> str | None:
@@ -141,7 +143,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if not marked:
             item.add_marker(getattr(pytest.mark, tier))
         if tier in SERIAL_TIERS:
-            item.add_marker(pytest.mark.xdist_group(tier))
+            share = zlib.crc32(Path(str(item.fspath)).name.encode()) % SERIAL_TIERS[tier]
+            item.add_marker(pytest.mark.xdist_group(f"{tier}-{share}"))
 
 
 @pytest.fixture(autouse=True)
@@ -175,6 +178,7 @@ def settings_for_tests(database_url: str, **overrides: Any) -> Settings:
         worker_metrics_port=0,
         # Receivers in tests listen on 127.0.0.1; retries in milliseconds.
         callback_allow_private=True,
+        outbound_tenant_allow_private=True,  # every test server is on 127.0.0.1
         callback_backoff_base_s=0.02,
     )
     return base.replace(**overrides) if overrides else base

@@ -7,25 +7,23 @@ callbacks. This module reads them like the send records are read: claimed by a p
 (``portal.delivery.callback_pool``), at most ``PER_ENDPOINT`` in flight per endpoint, endpoints
 taken in turn, retried on a fixed schedule until the retry window ends, then ``dead``.
 
-Safety: a URL's host is resolved once per attempt, every address is checked against the
-private ranges (unless ``CALLBACK_ALLOW_PRIVATE``), and the connection goes to the address
-that was checked (no second lookup; TLS still checks the host name).
+Safety: ``portal.messaging.outbound``'s policy, as for every connection a tier's configuration
+causes: a URL's host is resolved once per attempt, every address is checked against the refused
+ranges (unless ``CALLBACK_ALLOW_PRIVATE``), and the connection goes to the address that was
+checked (no second lookup; TLS still checks the host name).
 """
 
 from __future__ import annotations
 
 import base64
-import ipaddress
 import json
 import logging
 import secrets
-import socket
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
-from urllib.parse import urlsplit
 
 import httpx
 from sqlalchemy import Engine, select, text, update
@@ -33,6 +31,7 @@ from sqlalchemy.orm import Session
 from standardwebhooks import Webhook
 
 from portal.config import Settings
+from portal.messaging import outbound
 from portal.models import CallbackDelivery, CallbackEndpoint, DeliveryStatus, db_now, db_now_plus
 
 log = logging.getLogger("portal.callbacks")
@@ -60,136 +59,27 @@ STEPS = (1, 6, 24, 120, 360)
 HOURLY = 720
 
 
-class Refused(Exception):
-    """The URL may not be called (scheme, host, or an address in a private range)."""
-
-
-Resolver = Callable[[str, int], Sequence[str]]
-
-
-def system_resolver(host: str, port: int) -> list[str]:
-    """Every address the system resolver gives for ``host`` (one lookup)."""
-    infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    return list(dict.fromkeys(str(info[4][0]) for info in infos))
-
-
-_FORBIDDEN = tuple(
-    ipaddress.ip_network(n)
-    for n in (
-        "0.0.0.0/8",
-        "10.0.0.0/8",
-        "100.64.0.0/10",
-        "127.0.0.0/8",
-        "169.254.0.0/16",
-        "172.16.0.0/12",
-        "192.168.0.0/16",
-        "224.0.0.0/4",
-        "240.0.0.0/4",
-        "::/128",
-        "::1/128",
-        "fc00::/7",
-        "fe80::/10",
-        "ff00::/8",
-    )
-)
-_NAT64 = ipaddress.ip_network("64:ff9b::/96")
-
-
-def forbidden(address: str) -> bool:
-    """Whether ``address`` is in a range a callback may never reach (IPv4-mapped and NAT64
-    forms of a private IPv4 address included)."""
-    ip = ipaddress.ip_address(address.split("%", 1)[0])
-    if isinstance(ip, ipaddress.IPv6Address):
-        if ip.ipv4_mapped is not None:
-            ip = ip.ipv4_mapped
-        elif ip in _NAT64:
-            ip = ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
-    return any(ip.version == net.version and ip in net for net in _FORBIDDEN)
-
-
-@dataclass(frozen=True)
-class Target:
-    """Where one attempt connects: the checked address, with the URL's host for Host/SNI."""
-
-    scheme: str
-    host: str
-    port: int
-    address: str
-    path: str
-
-    @property
-    def connect_url(self) -> str:
-        literal = f"[{self.address}]" if ":" in self.address else self.address
-        return f"{self.scheme}://{literal}:{self.port}{self.path}"
-
-    @property
-    def host_header(self) -> str:
-        default = 443 if self.scheme == "https" else 80
-        name = f"[{self.host}]" if ":" in self.host else self.host
-        return name if self.port == default else f"{name}:{self.port}"
-
-
-def url_problem(url: str) -> str | None:
-    """What is wrong with ``url`` as an endpoint URL, before any lookup ("must be ...")."""
-    if not url or len(url) > MAX_URL_CHARS:
-        return f"must be an http(s) URL of at most {MAX_URL_CHARS} characters"
-    if any(ch.isspace() for ch in url):
-        return "must not contain spaces"
-    try:
-        parts = urlsplit(url)
-        parts.port  # noqa: B018 (raises on a bad port)
-    except ValueError:
-        return "is not a valid URL"
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        return "must start with http:// or https:// and name a host"
-    if parts.username or parts.password:
-        return "must not carry a user name or password"
-    if parts.fragment:
-        return "must not have a #fragment"
-    return None
+# The policy is every outbound connection's (portal.messaging.outbound); these names stay
+# here for the callers that speak of callbacks.
+Refused = outbound.Refused
+Resolver = outbound.Resolver
+Target = outbound.Target
+system_resolver = outbound.system_resolver
+forbidden = outbound.forbidden
+url_problem = outbound.url_problem
 
 
 def resolve(url: str, *, allow_private: bool, resolver: Resolver = system_resolver) -> Target:
     """Check ``url`` and its addresses; the Target to connect to. Raises Refused."""
-    problem = url_problem(url)
-    if problem:
-        raise Refused(f"the URL {problem}")
-    parts = urlsplit(url)
-    host = parts.hostname or ""
-    port = parts.port or (443 if parts.scheme == "https" else 80)
-    try:
-        ipaddress.ip_address(host.split("%", 1)[0])
-        addresses: Sequence[str] = [host]
-    except ValueError:
-        try:
-            addresses = resolver(host, port)
-        except OSError as exc:
-            raise Refused(f"{host} cannot be resolved ({exc})") from None
-        if not addresses:
-            raise Refused(f"{host} has no address") from None
-    if not allow_private:
-        for address in addresses:
-            if forbidden(address):
-                raise Refused(f"{host} resolves to {address}, a private or reserved address")
-    path = parts.path or "/"
-    if parts.query:
-        path += f"?{parts.query}"
-    return Target(parts.scheme, host, port, addresses[0], path)
+    return outbound.resolve(url, allow_private=allow_private, resolver=resolver)
 
 
 def check_at_save(url: str, settings: Settings, resolver: Resolver = system_resolver) -> str | None:
     """Why ``url`` cannot be saved, or None. A name that does not resolve now is accepted (DNS
     may be late); every attempt checks it again."""
-    problem = url_problem(url)
-    if problem:
-        return f"URL {problem}"
-    try:
-        resolve(url, allow_private=settings.callback_allow_private, resolver=resolver)
-    except Refused as exc:
-        if "cannot be resolved" in str(exc) or "has no address" in str(exc):
-            return None
-        return str(exc)
-    return None
+    return outbound.url_problem_at_save(
+        url, allow_private=settings.callback_allow_private, resolver=resolver
+    )
 
 
 # --- secrets and signing --------------------------------------------------------------------
@@ -268,19 +158,17 @@ def post(
     RESPONSE_MAX_BYTES of the answer read, TIMEOUT_S in all. 2xx is delivered."""
     started = time.monotonic()
     try:
-        target = resolve(url, allow_private=allow_private, resolver=resolver)
+        request = outbound.pinned_request(
+            client,
+            "POST",
+            url,
+            allow_private=allow_private,
+            resolver=resolver,
+            headers=headers,
+            content=body.encode(),
+        )
     except Refused as exc:
         return Result(False, None, 0, f"refused: {exc}"[:MAX_ERROR_CHARS])
-    extensions: dict[str, Any] = {}
-    if target.scheme == "https":
-        extensions["sni_hostname"] = target.host
-    request = client.build_request(
-        "POST",
-        target.connect_url,
-        content=body.encode(),
-        headers={**headers, "host": target.host_header},
-        extensions=extensions,
-    )
     try:
         response = client.send(request, stream=True, follow_redirects=False)
         try:

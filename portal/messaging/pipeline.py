@@ -24,7 +24,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
 from portal.config import Settings
-from portal.messaging import breaker, outcomes, ratelimit, scan
+from portal.messaging import breaker, outbound, outcomes, ratelimit, scan
 from portal.messaging.backoff import BackoffPolicy
 from portal.messaging.breaker import Breaker, ServerDown, Verdict
 from portal.messaging.classify import DeferralCode, MarkerCode
@@ -359,6 +359,7 @@ def _server(config: MailSendServerConfig, settings: Settings) -> SmtpServer:
         connect_timeout_s=settings.smtp_connect_timeout_s,
         read_timeout_s=settings.smtp_read_timeout_s,
         verify_tls=config.verify_tls,
+        allow_private=outbound.allows_private(settings, config.tenant_id),
     )
 
 
@@ -578,7 +579,7 @@ def _frozen_sms(record: SmsSendRecord) -> PreparedSms:
     )
 
 
-def _account(config: SmsProviderConfig) -> sms_transport.ProviderAccount:
+def _account(config: SmsProviderConfig, settings: Settings) -> sms_transport.ProviderAccount:
     """The adapter's view of the config (decrypts the secret: may raise SecretUnavailable)."""
     return sms_transport.ProviderAccount(
         kind=config.provider,
@@ -587,6 +588,7 @@ def _account(config: SmsProviderConfig) -> sms_transport.ProviderAccount:
         account_id=config.account_id,
         secret=config.secret,
         sender_id=config.sender_id,
+        allow_private=outbound.allows_private(settings, config.tenant_id),
     )
 
 
@@ -615,7 +617,7 @@ def _read_provider(
             problem = f"the SMS provider {config.name!r} this record was prepared for is disabled"
         elif config is not None:
             try:
-                account = _account(config)
+                account = _account(config, ctx.settings)
             except SecretUnavailable as exc:
                 problem = str(exc)
     return config, account, problem

@@ -17,11 +17,12 @@ from portal.extensions import db
 from portal.messaging.receiving.fetch import FetchLimits, fetch_all
 from portal.models import MailReceiveConfig, MailReceiveState, ReceivedMail
 from portal.tenancy import PLATFORM_TENANT_ID
-from tests.conftest import make_tenant
+from tests.conftest import TEST_DATABASE_URL, make_tenant, settings_for_tests
 from tests.integration.test_portal_templates import ROLES, Portal, user
 from tests.support.imap_server import DovecotServer, ImapUser
 
 MAILBOX_PASSWORD = "imap-Pa55word-plain-0003"
+LOCAL = settings_for_tests(TEST_DATABASE_URL)  # tenants' mailboxes may be on 127.0.0.1
 BOUNCE = (
     b"From: MAILER-DAEMON@example.com\r\nTo: bounces@acme.test\r\n"
     b"Subject: Undelivered Mail Returned to Sender\r\nMessage-ID: <b-%d@example.com>\r\n\r\n"
@@ -364,7 +365,7 @@ def test_the_watermark_shows_whether_the_mailbox_is_being_read(
     assert "Never" in admin.get("/mail-receivers/").text
 
     uids = mailbox.append_many([BOUNCE % 1, BOUNCE % 2, b"\x00\xff not a message"])
-    report = fetch_all(db.engine, FetchLimits(timeout_s=5))
+    report = fetch_all(db.engine, FetchLimits(timeout_s=5, settings=LOCAL))
     assert report.mailboxes[0].error is None, report.as_dict()
     state = db.session.scalar(select(MailReceiveState).where(MailReceiveState.config_id == box_id))
     assert state is not None
@@ -379,7 +380,7 @@ def test_the_watermark_shows_whether_the_mailbox_is_being_read(
     read_once = state.updated_time
 
     # A run with nothing new still moves "last read".
-    fetch_all(db.engine, FetchLimits(timeout_s=5))
+    fetch_all(db.engine, FetchLimits(timeout_s=5, settings=LOCAL))
     db.session.expire_all()
     state = db.session.get(MailReceiveState, state.id)
     assert state is not None
@@ -456,7 +457,7 @@ def test_a_run_that_cannot_log_in_shows_on_the_page_until_one_can(
         db.session.commit()
         mailbox.append(BOUNCE % 1)
 
-        (run,) = fetch_all(db.engine, FetchLimits(timeout_s=10)).mailboxes
+        (run,) = fetch_all(db.engine, FetchLimits(timeout_s=10, settings=LOCAL)).mailboxes
         assert run.config_id == box_id
         db.session.expire_all()
         state = db.session.scalar(
@@ -484,7 +485,7 @@ def test_a_run_that_cannot_log_in_shows_on_the_page_until_one_can(
             security="plain", username=mailbox.name, password=mailbox.password,
         )  # fmt: skip
         assert admin.post(f"/mail-receivers/{box_id}", form).status_code == 303
-        (run,) = fetch_all(db.engine, FetchLimits(timeout_s=10)).mailboxes
+        (run,) = fetch_all(db.engine, FetchLimits(timeout_s=10, settings=LOCAL)).mailboxes
         assert (run.error, run.stored) == (None, 1)
         db.session.expire_all()
         state = db.session.get(MailReceiveState, state.id)

@@ -32,6 +32,18 @@ VONAGE = sms.ProviderAccount("vonage", "vo", "https://vo.test", "key", "secret",
 GATEWAY = sms.ProviderAccount("http_json", "gw", "https://gw.test/send", None, "s3cret", "Acme")
 
 
+@pytest.fixture(autouse=True)
+def _public_addresses(monkeypatch: pytest.MonkeyPatch) -> None:
+    # No I/O: every provider host "resolves" to one public address (requests go to it, with
+    # the host name kept as Host).
+    monkeypatch.setattr(_http, "RESOLVER", lambda host, port: ["93.184.216.34"])
+
+
+def host_and_path(request: httpx.Request) -> str:
+    """The URL as configured: the host name (Host) and the path the request was sent to."""
+    return f"{request.url.scheme}://{request.headers['host']}{request.url.raw_path.decode()}"
+
+
 def client(handler: Handler) -> httpx.Client:
     return httpx.Client(transport=httpx.MockTransport(handler))
 
@@ -175,7 +187,7 @@ def test_the_status_decides_except_for_other_4xx(
 def test_a_body_that_is_not_understood_gives_the_http_status() -> None:
     result = send(TWILIO, answer(404, b"<html>Not Found</html>"))
     assert result.code == "HTTP_404"
-    assert "<html>Not Found</html>" in (result.message or "")
+    assert "<html>" not in (result.message or "")  # a body in no provider's format: not shown
 
 
 # --- Twilio --------------------------------------------------------------------------------
@@ -191,7 +203,7 @@ def test_twilio_posts_a_form_with_basic_auth() -> None:
     result = send(TWILIO, handle)
     assert (result.accepted, result.provider_message_id) == (True, "SM1")
     (request,) = seen
-    assert str(request.url) == "https://tw.test/2010-04-01/Accounts/AC1/Messages.json"
+    assert host_and_path(request) == "https://tw.test/2010-04-01/Accounts/AC1/Messages.json"
     assert request.headers["authorization"] == "Basic " + base64.b64encode(b"AC1:token").decode()
     form = {k: v[0] for k, v in parse_qs(request.content.decode()).items()}
     assert form == {"To": "+447400123456", "From": "+15005550006", "Body": "Hello"}
@@ -222,7 +234,7 @@ def test_twilio_defaults_to_its_production_url_and_needs_credentials() -> None:
     urls: list[str] = []
 
     def handle(request: httpx.Request) -> httpx.Response:
-        urls.append(str(request.url))
+        urls.append(host_and_path(request))
         return httpx.Response(201, json={"sid": "SM3"})
 
     send(sms.ProviderAccount("twilio", "tw", "", "AC1", "t", "+1"), handle)
@@ -239,7 +251,7 @@ def test_vonage_posts_the_key_and_the_client_ref() -> None:
     seen: list[dict[str, str]] = []
 
     def handle(request: httpx.Request) -> httpx.Response:
-        assert str(request.url) == "https://vo.test/sms/json"
+        assert host_and_path(request) == "https://vo.test/sms/json"
         seen.append({k: v[0] for k, v in parse_qs(request.content.decode()).items()})
         return httpx.Response(
             200, json={"message-count": "1", "messages": [{"status": "0", "message-id": "0C1"}]}

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from email.parser import BytesHeaderParser
 from email.policy import compat32
 from typing import Any
@@ -37,6 +37,8 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError, InterfaceError, OperationalError
 from sqlalchemy.orm import Session
 
+from portal.config import Settings
+from portal.messaging import outbound
 from portal.messaging.outcomes import stored_text
 from portal.messaging.receiving import apply, bounces
 from portal.messaging.receiving.imap import Fetched, ImapError, MailboxAddress, ReadOnlyMailbox
@@ -63,6 +65,9 @@ class FetchLimits:
     max_bytes: int = MAX_MESSAGE_BYTES
     max_broken: int = MAX_BROKEN_PER_RUN
     timeout_s: float = IMAP_TIMEOUT_S
+    # Whose mailboxes may reach private addresses (portal.messaging.outbound); None: the
+    # environment's settings.
+    settings: Settings | None = None
 
 
 @dataclass
@@ -114,6 +119,8 @@ def fetch_all(engine: Engine, limits: FetchLimits | None = None) -> FetchReport:
     """Read every enabled mailbox once (the scheduled job); one failing mailbox never stops
     the others."""
     limits = limits or FetchLimits()
+    if limits.settings is None:
+        limits = replace(limits, settings=Settings.from_env())
     with Session(engine) as session:
         configs = session.execute(
             select(MailReceiveConfig.id, MailReceiveConfig.tenant_id, MailReceiveConfig.folder)
@@ -158,6 +165,9 @@ def fetch_mailbox(engine: Engine, config_id: int, limits: FetchLimits) -> Mailbo
                 folder=config.folder,
                 verify_tls=config.verify_tls,
                 timeout_s=limits.timeout_s,
+                allow_private=outbound.allows_private(
+                    limits.settings or Settings.from_env(), config.tenant_id
+                ),
             )
         except SecretUnavailable as exc:
             run.error = UNREADABLE_PASSWORD
@@ -216,29 +226,29 @@ def _read_mailbox(
 
 
 def plain_error(error: str, address: MailboxAddress) -> str:
-    """An IMAP error said plainly: what went wrong first (connection refused, host not found,
-    timeout, TLS, login failed, folder missing), then the server's or the library's words."""
+    """An IMAP error said plainly: what went wrong (refused by our policy, connection refused,
+    host not found, timeout, TLS, login failed, folder missing). Never the server's or the
+    library's words: a tenant must not read what some service at a host and port says."""
     lowered = error.lower()
+    if lowered.startswith("refused: the server is refused"):
+        return f"Not allowed. {address.host}: {outbound.REFUSED_ADDRESS}."
     if "cannot open folder" in lowered:
-        return (
-            f"Folder missing. Logged in, but the folder {address.folder!r} cannot be opened "
-            f"({error})."
-        )
+        return f"Folder missing. Logged in, but the folder {address.folder!r} cannot be opened."
     if "authenticationfailed" in lowered or "authentication failed" in lowered:
-        return f"Login failed. The server refused the username or password ({error})."
+        return "Login failed. The server refused the username or password."
     if "login" in lowered and lowered.startswith("error:"):  # another refusal of LOGIN
-        return f"Login failed ({error})."
+        return "Login failed. The server refused the login."
     if "certificate" in lowered:
-        return f"TLS failed. The server's TLS certificate was not accepted ({error})."
+        return "TLS failed. The server's TLS certificate was not accepted."
     if lowered.startswith(("sslerror", "sslzeroreturnerror", "sleoferror")) or "[ssl" in lowered:
-        return f"TLS failed. No TLS connection could be set up with the server ({error})."
+        return "TLS failed. No TLS connection could be set up with the server."
     if "timed out" in lowered or "timeout" in lowered:
-        return f"Timed out. The server did not answer in time ({error})."
+        return "Timed out. The server did not answer in time."
     if "refused" in lowered:
-        return f"Connection refused. Nothing answers at {address.host}:{address.port} ({error})."
+        return f"Connection refused. Nothing answers at {address.host}:{address.port}."
     if "gaierror" in lowered or "name or service not known" in lowered:
-        return f"Host not found. The name {address.host!r} cannot be resolved ({error})."
-    return f"The mailbox could not be read ({error})."
+        return f"Host not found. The name {address.host!r} cannot be resolved."
+    return "The mailbox could not be read: the server's answer was not one of an IMAP server."
 
 
 def record_run(engine: Engine, config_id: int, folder: str, error: str | None) -> None:

@@ -10,10 +10,12 @@ from __future__ import annotations
 import contextlib
 import imaplib
 import re
+import socket
 import ssl
 from dataclasses import dataclass
 from types import TracebackType
 
+from portal.messaging import outbound
 from portal.models import SmtpSecurity
 
 SEARCH_WINDOW = 5000  # UIDs per UID SEARCH, so no answer line grows past imaplib's limit
@@ -35,6 +37,9 @@ class MailboxAddress:
     folder: str = "INBOX"
     verify_tls: bool = True
     timeout_s: float = 30.0
+    # Whether the host may resolve to private and reserved addresses: the caller decides by the
+    # config's tier (portal.messaging.outbound.allows_private); every connection checks it.
+    allow_private: bool = True
 
     def __repr__(self) -> str:  # keep the password out of logs and tracebacks
         return (
@@ -69,6 +74,33 @@ def _tls_context(verify: bool) -> ssl.SSLContext:
     return context
 
 
+class _Checked(imaplib.IMAP4):
+    """IMAP connecting to the address the outbound policy checked (no second lookup); the
+    host name stays the TLS server name (STARTTLS)."""
+
+    def __init__(self, host: str, port: int, *, allow_private: bool, timeout: float) -> None:
+        self.allow_private = allow_private
+        super().__init__(host, port, timeout=timeout)
+
+    def _create_socket(self, timeout: float | None) -> socket.socket:
+        return outbound.connect(self.host, self.port, timeout, allow_private=self.allow_private)
+
+
+class _CheckedSSL(imaplib.IMAP4_SSL):
+    """IMAPS to the checked address, the host name as the TLS server name."""
+
+    def __init__(
+        self, host: str, port: int, *, allow_private: bool, context: ssl.SSLContext, timeout: float
+    ) -> None:
+        self.allow_private = allow_private
+        super().__init__(host, port, ssl_context=context, timeout=timeout)
+
+    def _create_socket(self, timeout: float | None) -> socket.socket:
+        sock = outbound.connect(self.host, self.port, timeout, allow_private=self.allow_private)
+        wrapped: socket.socket = self.ssl_context.wrap_socket(sock, server_hostname=self.host)
+        return wrapped
+
+
 class ReadOnlyMailbox:
     """One logged-in connection with one folder open read-only. Use as a context manager."""
 
@@ -94,11 +126,15 @@ class ReadOnlyMailbox:
         a = self.address
         try:
             if a.security is SmtpSecurity.SSL:
-                imap: imaplib.IMAP4 = imaplib.IMAP4_SSL(
-                    a.host, a.port, ssl_context=_tls_context(a.verify_tls), timeout=a.timeout_s
+                imap: imaplib.IMAP4 = _CheckedSSL(
+                    a.host,
+                    a.port,
+                    allow_private=a.allow_private,
+                    context=_tls_context(a.verify_tls),
+                    timeout=a.timeout_s,
                 )
             else:
-                imap = imaplib.IMAP4(a.host, a.port, timeout=a.timeout_s)
+                imap = _Checked(a.host, a.port, allow_private=a.allow_private, timeout=a.timeout_s)
                 if a.security is SmtpSecurity.STARTTLS:
                     imap.starttls(_tls_context(a.verify_tls))
             self._imap = imap
@@ -113,6 +149,9 @@ class ReadOnlyMailbox:
             count = int(exists) if isinstance(exists, bytes) and exists.isdigit() else None
             self.folder = FolderState(validity, _response_int(imap, "UIDNEXT"), count)
             return self.folder
+        except outbound.Refused as exc:
+            self.close()
+            raise ImapError(f"Refused: the server is refused: {exc}") from exc
         except (imaplib.IMAP4.error, OSError, ssl.SSLError) as exc:
             self.close()
             raise ImapError(f"{type(exc).__name__}: {exc}") from exc

@@ -28,6 +28,8 @@ from types import TracebackType
 
 from email_validator import EmailNotValidError, validate_email
 
+from portal.messaging import outbound
+
 __all__ = [
     "Attachment",
     "OutgoingMail",
@@ -123,6 +125,9 @@ class SmtpServer:
     read_timeout_s: float
     verify_tls: bool = True
     local_hostname: str | None = None
+    # Whether the host may resolve to private and reserved addresses: the caller decides by the
+    # config's tier (portal.messaging.outbound.allows_private); every connection checks it.
+    allow_private: bool = True
 
 
 @dataclass(frozen=True)
@@ -593,6 +598,20 @@ def _tls_context(verify: bool) -> ssl.SSLContext:
     return context
 
 
+class _Checked(smtplib.SMTP):
+    """SMTP connecting to the address the outbound policy checked (no second lookup); the
+    host name stays the TLS server name, for SSL and STARTTLS alike."""
+
+    allow_private = True
+
+    def _get_socket(self, host: str, port: int, timeout: float) -> socket.socket:
+        return outbound.connect(host, port, timeout, allow_private=self.allow_private)
+
+
+class _CheckedSSL(smtplib.SMTP_SSL, _Checked):
+    """SMTP_SSL wraps what ``_Checked._get_socket`` connected."""
+
+
 def _open(server: SmtpServer) -> smtplib.SMTP:
     """Connect, EHLO, STARTTLS and log in; raise SmtpSendError on any failure."""
     local_hostname = server.local_hostname or _default_local_hostname()
@@ -600,22 +619,18 @@ def _open(server: SmtpServer) -> smtplib.SMTP:
     stage = "connect"
     try:
         # The connect timeout covers TCP, the TLS handshake (SSL) and the greeting. The host goes
-        # to the constructor (which connects) because STARTTLS checks the certificate against it.
+        # to connect() because STARTTLS checks the certificate against it.
         if server.security == Security.SSL:
-            smtp = smtplib.SMTP_SSL(
-                server.host,
-                server.port,
+            smtp = _CheckedSSL(
                 local_hostname=local_hostname,
                 timeout=server.connect_timeout_s,
                 context=_tls_context(server.verify_tls),
             )
         else:
-            smtp = smtplib.SMTP(
-                server.host,
-                server.port,
-                local_hostname=local_hostname,
-                timeout=server.connect_timeout_s,
-            )
+            smtp = _Checked(local_hostname=local_hostname, timeout=server.connect_timeout_s)
+        smtp.allow_private = server.allow_private
+        smtp._host = server.host  # the TLS server name; only the constructor sets it
+        smtp.connect(server.host, server.port)
         if smtp.sock is None:
             raise smtplib.SMTPServerDisconnected("no socket after connect")
         smtp.sock.settimeout(server.read_timeout_s)
@@ -641,6 +656,10 @@ def _open(server: SmtpServer) -> smtplib.SMTP:
         # refused login is our credentials (AUTH), never the server being down.
         error.connection = stage != "auth"
         raise error from exc
+    except outbound.Refused as exc:
+        if smtp is not None:
+            smtp.close()
+        raise SmtpSendError(CONFIG_ERROR, f"the server is refused: {exc}") from exc
     except UnicodeError as exc:
         # smtplib encodes AUTH credentials as ASCII.
         if smtp is not None:
@@ -915,6 +934,24 @@ def test_connection(server: SmtpServer) -> tuple[float, str | None]:
 
 # pytest would otherwise try to collect the function above when a test imports it by name.
 test_connection.__test__ = False  # type: ignore[attr-defined]
+
+
+def shown_error(error: str) -> str:
+    """A failed connection test as a person configuring the server is shown it: the reply code
+    or what failed, never the server's own words (a tenant must not read what some service on
+    the far side of a host and port says; ``connection_hint`` explains the raw error)."""
+    code, _, rest = error.partition(" ")
+    if code == CONFIG_ERROR and rest.startswith("the server is refused"):
+        return rest[:1].upper() + rest[1:]
+    if code == TIMEOUT:
+        return "No answer in time."
+    if code == NETWORK_ERROR:
+        return "The connection failed."
+    if code == CONFIG_ERROR:
+        return "The settings cannot be used for a connection."
+    if code[:3].isdigit():
+        return f"The server answered with reply code {code[:3]}."
+    return "The connection failed."
 
 
 def connection_hint(server: SmtpServer, error: str) -> str | None:

@@ -22,6 +22,7 @@ from flask.typing import ResponseReturnValue
 from sqlalchemy import func, select
 
 from portal.extensions import db
+from portal.messaging import outbound
 from portal.messaging.receiving.fetch import UNREADABLE_PASSWORD, plain_error
 from portal.messaging.receiving.imap import ImapError, MailboxAddress, ReadOnlyMailbox
 from portal.models import (
@@ -34,6 +35,7 @@ from portal.models import (
 from portal.models.secretbox import SecretUnavailable
 from portal.web.access import Permission, audit, requires
 from portal.web.configuration import config_pages
+from portal.web.configuration.mail_servers import busy_response
 from portal.web.forms import Form, form_data, owned, settings, tier_name, viewed_tier
 
 bp = Blueprint("mail_receivers", __name__, url_prefix="/mail-receivers")
@@ -70,6 +72,11 @@ def _read(form: Form, box: MailReceiveConfig, tier: int) -> bool:
     folder = form.text("folder", max_len=200)
     if host is not None and any(c.isspace() or c in "/@:" for c in host):
         form.fail("host", "must be a host name or IP address, such as imap.example.com")
+    elif host is not None:
+        allowed = outbound.allows_private(settings(), tier)
+        problem = outbound.host_problem(host, port or 993, allow_private=allowed)
+        if problem:
+            form.fail("host", f"cannot be used: {problem}")
     if not box.secret_encrypted and password is None and "password" not in form.errors:
         form.fail("password", "is required (the mailbox is read by logging in)")
     if form.flag("remove_password") and password is None:
@@ -397,6 +404,7 @@ def mailbox_address(box: MailReceiveConfig, timeout_s: float) -> MailboxAddress 
         folder=box.folder,
         verify_tls=box.verify_tls,
         timeout_s=timeout_s,
+        allow_private=outbound.allows_private(settings(), box.tenant_id),
     )
 
 
@@ -422,10 +430,19 @@ def check_connection(address: MailboxAddress) -> ConnectionResult:
 @bp.post("/<int:box_id>/test")
 @requires(Permission.EDIT_CONFIG)
 def test(box_id: int) -> ResponseReturnValue:
-    """Log in to the saved mailbox and open its folder read-only: its count or the error."""
-    box = owned(MailReceiveConfig, box_id, viewed_tier())
-    timeout = min(TEST_TIMEOUT_S, max(settings().smtp_connect_timeout_s, 1.0) * 2)
+    """Log in to the saved mailbox and open its folder read-only: its count or the error (a
+    few seconds at most, and only as many at once as the caps allow)."""
+    tier = viewed_tier()
+    box = owned(MailReceiveConfig, box_id, tier)
+    timeout = min(TEST_TIMEOUT_S, settings().outbound_test_timeout_s)
     address = mailbox_address(box, timeout)
     db.session.close()  # no database connection held while the IMAP server answers
-    result = ConnectionResult(address) if isinstance(address, str) else check_connection(address)
+    if isinstance(address, str):
+        result = ConnectionResult(address)
+    else:
+        try:
+            with outbound.test_slot(settings(), tier):
+                result = check_connection(address)
+        except outbound.Busy as busy:
+            return busy_response(busy)
     return config_pages.connection(PAGES, box, result=result)

@@ -16,15 +16,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from flask import Blueprint, render_template, url_for
+from flask import Blueprint, Response, render_template, url_for
 from flask.typing import ResponseReturnValue
 
 from portal.extensions import db
-from portal.messaging import breaker
+from portal.messaging import breaker, outbound
 from portal.messaging.transports.smtp import (
     Security,
     SmtpServer,
     connection_hint,
+    shown_error,
     test_connection,
 )
 from portal.models import (
@@ -96,6 +97,11 @@ def _read(form: Form, server: MailSendServerConfig, tier: int) -> bool:
     policy = form.choice("uncertain_policy", [p.value for p in UncertainPolicy], "retry")
     if host is not None and any(c.isspace() or c in "/@" for c in host):
         form.fail("host", "must be a host name or IP address, such as smtp.example.com")
+    elif host is not None:
+        allowed = outbound.allows_private(settings(), tier)
+        problem = outbound.host_problem(host, port or 587, allow_private=allowed)
+        if problem:
+            form.fail("host", f"cannot be used: {problem}")
     if not from_address and not username and not {"from_address", "username"} & set(form.errors):
         form.fail("from_address", "or a username is required (the sender is one of them)")
     config_pages.check_name(PAGES, form, server, tier, name)
@@ -294,12 +300,22 @@ def delete(server_id: int) -> ResponseReturnValue:
     return config_pages.delete_unless_used(PAGES, server, _deletion(server))
 
 
+def busy_response(busy: outbound.Busy) -> Response:
+    """429 for a Test button pressed while too many connection tests run (the caps of
+    ``outbound.test_slot``), with when to try again."""
+    response = Response(str(busy), 429, mimetype="text/plain")
+    response.headers["Retry-After"] = str(busy.retry_after_s)
+    return response
+
+
 @bp.post("/<int:server_id>/test")
 @requires(Permission.EDIT_CONFIG)
 def test(server_id: int) -> ResponseReturnValue:
-    """Connect to the saved server, say hello, log in and quit: latency or the error."""
-    server = owned(MailSendServerConfig, server_id, viewed_tier())
-    timeout = settings().smtp_connect_timeout_s
+    """Connect to the saved server, say hello, log in and quit: latency or the error (never the
+    server's own words), at most a few seconds, and only as many at once as the caps allow."""
+    tier = viewed_tier()
+    server = owned(MailSendServerConfig, server_id, tier)
+    timeout = min(settings().smtp_connect_timeout_s, settings().outbound_test_timeout_s)
     error: str | None
     hint: str | None = None
     try:
@@ -317,10 +333,16 @@ def test(server_id: int) -> ResponseReturnValue:
             connect_timeout_s=timeout,
             read_timeout_s=timeout,
             verify_tls=server.verify_tls,
+            allow_private=outbound.allows_private(settings(), server.tenant_id),
         )
-        latency, error = test_connection(tested)
+        try:
+            with outbound.test_slot(settings(), tier):
+                latency, error = test_connection(tested)
+        except outbound.Busy as busy:
+            return busy_response(busy)
         if error is not None:
             hint = connection_hint(tested, error)  # the raw error names no setting
+            error = shown_error(error)
     return config_pages.connection(
         PAGES, server, latency_ms=round(latency * 1000), error=error, hint=hint
     )

@@ -25,8 +25,8 @@ from sqlalchemy import select
 
 from portal.extensions import db
 from portal.importer import dedupes, default_uncertain_policy
-from portal.messaging import breaker
-from portal.messaging.transports.sms import twilio, vonage
+from portal.messaging import breaker, outbound
+from portal.messaging.transports.sms import CONFIG_ERROR, SmsResult, _http, twilio, vonage
 from portal.models import (
     AuditAction,
     Channel,
@@ -39,6 +39,7 @@ from portal.models import (
 from portal.models.secretbox import SecretUnavailable
 from portal.web.access import Permission, audit, requires
 from portal.web.configuration import config_pages
+from portal.web.configuration.mail_servers import busy_response
 from portal.web.forms import (
     MAX_INT,
     Form,
@@ -104,6 +105,11 @@ def _read(form: Form, provider: SmsProviderConfig, tier: int) -> bool:
     policy = form.choice("uncertain_policy", ["", *(p.value for p in UncertainPolicy)], "")
     if kind == SmsProviderKind.HTTP_JSON.value and not base_url and "base_url" not in form.errors:
         form.fail("base_url", "is required for a generic HTTP JSON provider")
+    if base_url and "base_url" not in form.errors:
+        allowed = outbound.allows_private(settings(), tier)
+        problem = outbound.url_problem_at_save(base_url, allow_private=allowed)
+        if problem:
+            form.fail("base_url", f"cannot be used: {problem}")
     config_pages.check_name(PAGES, form, provider, tier, name)
     if not form.ok:
         return False
@@ -445,11 +451,14 @@ def delete_route(provider_id: int, route_id: int) -> ResponseReturnValue:
 # --- credential check --------------------------------------------------------------------------
 
 
-def check_credentials(provider: SmsProviderConfig, timeout_s: float) -> tuple[float, str | None]:
+def check_credentials(
+    provider: SmsProviderConfig, timeout_s: float, *, allow_private: bool
+) -> tuple[float, str | None]:
     """Ask the provider whether the saved credentials work, sending nothing: (latency, error).
 
     Twilio: fetch the account resource; Vonage: read the account balance. Both are free reads
-    that only answer with the right credentials. Error texts never carry the secret.
+    that only answer with the right credentials. The base URL passes the outbound policy like
+    a send's; error texts never carry the secret nor anything the far side said.
     """
     started = time.monotonic()
     try:
@@ -459,25 +468,33 @@ def check_credentials(provider: SmsProviderConfig, timeout_s: float) -> tuple[fl
     if not provider.account_id or not secret:
         return 0.0, "Enter the account id and the auth token first."
     kind = provider.provider
-    try:
-        with httpx.Client(timeout=timeout_s, follow_redirects=False) as client:
-            if kind == SmsProviderKind.TWILIO.value:
-                base = (provider.base_url or twilio.DEFAULT_BASE_URL).rstrip("/")
-                account = quote(provider.account_id, safe="")
-                answer = client.get(
-                    f"{base}/2010-04-01/Accounts/{account}.json",
-                    auth=(provider.account_id, secret),
-                )
-            else:
-                base = (provider.base_url or vonage.DEFAULT_BASE_URL).rstrip("/")
-                answer = client.get(
-                    f"{base}/account/get-balance",
-                    params={"api_key": provider.account_id, "api_secret": secret},
-                )
-    except httpx.HTTPError as exc:
-        message = f"{type(exc).__name__}: {exc}".replace(secret, "***")
-        return time.monotonic() - started, f"No answer from the provider ({message})"
+    with httpx.Client(timeout=timeout_s, follow_redirects=False) as client:
+        if kind == SmsProviderKind.TWILIO.value:
+            base = (provider.base_url or twilio.DEFAULT_BASE_URL).rstrip("/")
+            account = quote(provider.account_id, safe="")
+            answer = _http.post(
+                client,
+                f"{base}/2010-04-01/Accounts/{account}.json",
+                provider="The provider",
+                allow_private=allow_private,
+                method="GET",
+                auth=(provider.account_id, secret),
+            )
+        else:
+            base = (provider.base_url or vonage.DEFAULT_BASE_URL).rstrip("/")
+            answer = _http.post(
+                client,
+                f"{base}/account/get-balance",
+                provider="The provider",
+                allow_private=allow_private,
+                method="GET",
+                params={"api_key": provider.account_id, "api_secret": secret},
+            )
     latency = time.monotonic() - started
+    if isinstance(answer, SmsResult):
+        if answer.code == CONFIG_ERROR:
+            return latency, (answer.message or "").replace(secret, "***")
+        return latency, f"No answer from the provider ({answer.code})"
     if answer.status_code in (401, 403):
         return latency, f"The provider refused the credentials (HTTP {answer.status_code})"
     if not answer.is_success:
@@ -488,13 +505,21 @@ def check_credentials(provider: SmsProviderConfig, timeout_s: float) -> tuple[fl
 @bp.post("/<int:provider_id>/test")
 @requires(Permission.EDIT_CONFIG)
 def test(provider_id: int) -> ResponseReturnValue:
-    """Check the saved credentials where the provider offers a cheap way to."""
-    provider = owned(SmsProviderConfig, provider_id, viewed_tier())
+    """Check the saved credentials where the provider offers a cheap way to (a few seconds at
+    most, and only as many at once as the caps allow)."""
+    tier = viewed_tier()
+    provider = owned(SmsProviderConfig, provider_id, tier)
     context: dict[str, object] = {"latency_ms": 0, "error": None}
     if provider.provider == SmsProviderKind.TEST.value:
         context["note"] = "The test provider accepts every message without any network."
     elif provider.provider in (SmsProviderKind.TWILIO.value, SmsProviderKind.VONAGE.value):
-        latency, error = check_credentials(provider, settings().sms_connect_timeout_s)
+        timeout = min(settings().sms_connect_timeout_s, settings().outbound_test_timeout_s)
+        allowed = outbound.allows_private(settings(), provider.tenant_id)
+        try:
+            with outbound.test_slot(settings(), tier):
+                latency, error = check_credentials(provider, timeout, allow_private=allowed)
+        except outbound.Busy as busy:
+            return busy_response(busy)
         context.update(latency_ms=round(latency * 1000), error=error)
     else:
         context["unavailable"] = True

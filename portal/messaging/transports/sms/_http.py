@@ -14,6 +14,7 @@ from typing import Any
 
 import httpx
 
+from portal.messaging import outbound
 from portal.messaging.classify import Reach, unavailable
 from portal.messaging.transports.sms.result import (
     CONFIG_ERROR,
@@ -24,19 +25,41 @@ from portal.messaging.transports.sms.result import (
 
 # Statuses whose meaning does not depend on the provider's code: the code goes in the message.
 _STATUS_DECIDES = frozenset({401, 403, 408, 425, 429}) | frozenset(range(500, 600))
-_BODY_EXCERPT_CHARS = 300
+# A provider's own message (beside its error code) is kept to this many characters; a body
+# in no provider's format is never shown (the target may not be a provider at all).
+_MESSAGE_CHARS = 200
+
+
+# How hosts are looked up (one lookup a request); tests without a network set their own.
+RESOLVER: outbound.Resolver = outbound.system_resolver
 
 
 def post(
-    client: httpx.Client, url: str, *, provider: str, **kwargs: Any
+    client: httpx.Client,
+    url: str,
+    *,
+    provider: str,
+    allow_private: bool,
+    method: str = "POST",
+    auth: tuple[str, str] | None = None,
+    **kwargs: Any,
 ) -> httpx.Response | SmsResult:
-    """POST, or the failed result that says how far the request got.
+    """POST (or ``method``) to the checked address of ``url``'s host (the outbound policy), or
+    the failed result that says how far the request got.
 
     A failure before the request was completely written cannot have been acted on; one after it
     (no answer in time, connection dropped) may have been: that attempt is ambiguous.
     """
     try:
-        return client.post(url, **kwargs)
+        request = outbound.pinned_request(
+            client, method, url, allow_private=allow_private, resolver=RESOLVER, **kwargs
+        )
+    except outbound.Unresolved as exc:
+        return _unanswered(Reach.CONNECT, NETWORK_ERROR, f"{provider}: cannot connect ({exc})")
+    except outbound.Refused as exc:
+        return _unanswered(Reach.LOCAL, CONFIG_ERROR, f"{provider}: the base URL is refused: {exc}")
+    try:
+        return client.send(request, auth=auth, follow_redirects=False)
     except httpx.ConnectTimeout as exc:
         return _unanswered(
             Reach.CONNECT, TIMEOUT, f"{provider}: connect timed out ({exc or 'no detail'})"
@@ -122,10 +145,7 @@ def json_body(response: httpx.Response) -> dict[str, Any] | None:
     return body if isinstance(body, dict) else None
 
 
-def excerpt(response: httpx.Response) -> str:
-    """The start of the body, for an error message."""
-    text = response.text.strip().replace("\n", " ")
-    return text[:_BODY_EXCERPT_CHARS] or "(empty body)"
+NOT_UNDERSTOOD = "an answer in no format we read (not shown)"
 
 
 def error_result(
@@ -148,7 +168,8 @@ def error_result(
     status = response.status_code
     wait = retry_after_s(response)
     if provider_code is None:
-        text = provider_message or excerpt(response)
+        # Without the provider's code the body may be anything the URL answers: never echoed.
+        text = NOT_UNDERSTOOD
         return SmsResult.failed(
             f"HTTP_{status}",
             f"{provider} answered HTTP {status}: {text}",
@@ -156,7 +177,8 @@ def error_result(
             connection=unavailable(Reach.ANSWERED, kind=kind, status=status),
             reply=str(status),
         )
-    message = f"{provider} {provider_code}: {provider_message or '(no message)'} (HTTP {status})"
+    said = (provider_message or "(no message)")[:_MESSAGE_CHARS]
+    message = f"{provider} {provider_code[:40]}: {said} (HTTP {status})"
     own = codes.get(provider_code) or f"{own_code_prefix}{provider_code}"
     return SmsResult.failed(
         f"HTTP_{status}" if status in _STATUS_DECIDES else own,

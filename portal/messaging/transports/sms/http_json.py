@@ -84,6 +84,7 @@ def send(client: httpx.Client, account: ProviderAccount, sms: OutgoingSms) -> Sm
         client,
         account.base_url,
         provider=label,
+        allow_private=account.allow_private,
         content=body,
         headers={
             "Content-Type": "application/json",

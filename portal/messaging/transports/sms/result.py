@@ -47,6 +47,9 @@ class ProviderAccount:
     account_id: str | None
     secret: str | None
     sender_id: str | None
+    # Whether the base URL may reach private and reserved addresses: the caller decides by the
+    # config's tier (portal.messaging.outbound.allows_private); every send checks it.
+    allow_private: bool = True
 
 
 @dataclass(frozen=True)

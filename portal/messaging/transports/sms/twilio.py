@@ -81,6 +81,7 @@ def send(client: httpx.Client, account: ProviderAccount, sms: OutgoingSms) -> Sm
         client,
         url,
         provider=label,
+        allow_private=account.allow_private,
         data=form,
         auth=(account.account_id, account.secret),
         headers={"Accept": "application/json"},

@@ -84,6 +84,7 @@ def send(client: httpx.Client, account: ProviderAccount, sms: OutgoingSms) -> Sm
         client,
         f"{base}/sms/json",
         provider=label,
+        allow_private=account.allow_private,
         data=form,
         headers={"Accept": "application/json"},
     )
@@ -108,7 +109,7 @@ def send(client: httpx.Client, account: ProviderAccount, sms: OutgoingSms) -> Sm
         return SmsResult.failed(
             f"HTTP_{answer.status_code}",
             f"{label} answered HTTP {answer.status_code} without message statuses: "
-            f"{_http.excerpt(answer)}",
+            f"{_http.NOT_UNDERSTOOD}",
             ambiguous=True,
             reply=str(answer.status_code),
         )
