@@ -6,8 +6,12 @@ HTTP server playing the SMS provider."""
 
 from __future__ import annotations
 
+import shutil
+import subprocess
 from collections.abc import Iterator
 from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
 
 import pytest
 from flask import Flask
@@ -23,6 +27,7 @@ from tests.support.sms_provider import FakeSmsProvider
 from tests.support.smtp_server import ScriptedSmtpServer
 
 FAST = BackoffPolicy(max_retries=5, base_s=0.02, quota_floor_s=0.05, retry_after_cap_s=1.0)
+ROOT = Path(__file__).resolve().parents[2]
 SECRET = "PLATFORM-SECRET-5d2b"  # in the platform tier's server and provider names
 
 
@@ -114,3 +119,62 @@ def test_a_tenants_own_server_keeps_its_name_and_id(app: Flask, smtp: ScriptedSm
     body = app.test_client().get(f"/api/v1/mail/{rid}", headers=bearer(tenant_key)).get_json()
     assert body["serverId"] == own
     assert body["attempts"][0]["server"] == "acme-relay"
+
+
+# --- /metrics is closed to the outside ----------------------------------------------------------
+
+
+def with_settings(app: Flask, monkeypatch: pytest.MonkeyPatch, **changes: Any) -> None:
+    monkeypatch.setitem(app.config, "SETTINGS", app.config["SETTINGS"].replace(**changes))
+
+
+def test_metrics_without_a_token_answer_only_to_this_machine_unforwarded(app: Flask) -> None:
+    client = app.test_client()
+    assert client.get("/metrics").status_code == 200  # the test client is 127.0.0.1
+    assert client.get("/metrics", environ_base={"REMOTE_ADDR": "::1"}).status_code == 200
+    outside = client.get("/metrics", environ_base={"REMOTE_ADDR": "203.0.113.9"})
+    assert outside.status_code == 403
+    assert "METRICS_TOKEN" in outside.text
+    assert "server_up" not in outside.text
+    # Through a reverse proxy on this host the peer is loopback: a forwarded request is refused.
+    proxied = client.get("/metrics", headers={"X-Forwarded-For": "203.0.113.9"})
+    assert proxied.status_code == 403
+
+
+def test_metrics_with_a_token_answer_only_to_it(
+    app: Flask, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with_settings(app, monkeypatch, metrics_token="s3cret-metrics-token")
+    client = app.test_client()
+    remote = {"REMOTE_ADDR": "203.0.113.9"}
+    refused = client.get("/metrics")  # loopback is not enough once a token is set
+    assert refused.status_code == 401
+    assert refused.headers["WWW-Authenticate"].startswith("Bearer")
+    wrong = client.get("/metrics", headers=bearer("nope"), environ_base=remote)
+    assert wrong.status_code == 401
+    right = client.get("/metrics", headers=bearer("s3cret-metrics-token"), environ_base=remote)
+    assert right.status_code == 200
+    assert "# TYPE" in right.text
+
+
+def test_the_prometheus_example_scrapes_with_the_token_and_is_valid() -> None:
+    config = ROOT / "deploy" / "prometheus" / "prometheus.yml"
+    text = config.read_text()
+    assert "type: Bearer" in text
+    assert "credentials_file:" in text
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        raise pytest.UsageError("promtool is missing: apt-get install prometheus (scripts/test.sh)")
+    done = subprocess.run(
+        [promtool, "check", "config", "--syntax-only", config.name],
+        cwd=config.parent,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_the_workers_metrics_port_listens_on_loopback_only() -> None:
+    source = (ROOT / "portal" / "metrics.py").read_text()
+    assert 'start_http_server(port, addr="127.0.0.1"' in source
