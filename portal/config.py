@@ -168,6 +168,15 @@ class Settings:
     # said), the retry schedule's unit (5 s: 5 s, 30 s, 2 min, ...) and its window (24 h).
     callback_concurrency: int = 4
     callback_allow_private: bool = False
+    # Outbound connections a tier's configuration causes (portal.messaging.outbound): whether
+    # the platform tier's and tenants' configs may reach private and reserved addresses, and
+    # the Test buttons' timeout and caps (per tier and in total across processes, per process).
+    outbound_platform_allow_private: bool = True
+    outbound_tenant_allow_private: bool = False
+    outbound_test_timeout_s: float = 5.0
+    outbound_test_per_tier: int = 2
+    outbound_test_total: int = 4
+    outbound_test_per_process: int = 2
     callback_backoff_base_s: float = 5.0
     callback_give_up_s: float = 86400.0
     # Retention: the chore's interval; days kept when a tenant sets none.
@@ -237,7 +246,19 @@ class Settings:
             sms_monthly_default=_int(env, "SMS_MONTHLY_DEFAULT", None),
             worker_metrics_port=_int(env, "WORKER_METRICS_PORT", 9101) or 0,
             callback_concurrency=_int(env, "CALLBACK_CONCURRENCY", 4) or 0,
-            callback_allow_private=_bool(env, "CALLBACK_ALLOW_PRIVATE", False),
+            # Each of the two defaults to the other: CALLBACK_ALLOW_PRIVATE, from before every
+            # outbound connection was checked, keeps allowing tenants' private targets.
+            callback_allow_private=_bool(
+                env, "CALLBACK_ALLOW_PRIVATE", _bool(env, "OUTBOUND_TENANT_ALLOW_PRIVATE", False)
+            ),
+            outbound_platform_allow_private=_bool(env, "OUTBOUND_PLATFORM_ALLOW_PRIVATE", True),
+            outbound_tenant_allow_private=_bool(
+                env, "OUTBOUND_TENANT_ALLOW_PRIVATE", _bool(env, "CALLBACK_ALLOW_PRIVATE", False)
+            ),
+            outbound_test_timeout_s=_float(env, "OUTBOUND_TEST_TIMEOUT_S", 5.0),
+            outbound_test_per_tier=_positive(env, "OUTBOUND_TEST_PER_TIER", 2),
+            outbound_test_total=_positive(env, "OUTBOUND_TEST_TOTAL", 4),
+            outbound_test_per_process=_positive(env, "OUTBOUND_TEST_PER_PROCESS", 2),
             callback_backoff_base_s=_float(env, "CALLBACK_BACKOFF_BASE_S", 5.0),
             callback_give_up_s=_float(env, "CALLBACK_GIVE_UP_S", 86400.0),
             retention_interval_s=_float(env, "RETENTION_INTERVAL_S", 3600.0),
