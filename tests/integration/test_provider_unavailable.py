@@ -218,6 +218,14 @@ GATEWAY = sms_transport.ProviderAccount("http_json", "gw", "https://gw.test/send
 OUTGOING = sms_transport.OutgoingSms(1, "+447400123456", "Hello", "postroom-sms-1")
 
 
+@pytest.fixture(autouse=True)
+def _public_addresses(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The providers are httpx.MockTransport handlers: their hosts "resolve" to a public address.
+    from portal.messaging.transports.sms import _http
+
+    monkeypatch.setattr(_http, "RESOLVER", lambda host, port: ["93.184.216.34"])
+
+
 def _answer(status: int, body: dict[str, Any] | bytes) -> httpx.Client:
     def handler(request: httpx.Request) -> httpx.Response:
         if isinstance(body, bytes):

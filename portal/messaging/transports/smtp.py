@@ -629,7 +629,7 @@ def _open(server: SmtpServer) -> smtplib.SMTP:
         else:
             smtp = _Checked(local_hostname=local_hostname, timeout=server.connect_timeout_s)
         smtp.allow_private = server.allow_private
-        smtp._host = server.host  # the TLS server name; only the constructor sets it
+        smtp._host = server.host  # type: ignore[attr-defined]  # TLS name; set by __init__ only
         smtp.connect(server.host, server.port)
         if smtp.sock is None:
             raise smtplib.SMTPServerDisconnected("no socket after connect")
