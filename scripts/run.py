@@ -80,6 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     # machine: allow tenants' configs to reach private addresses.
     env.setdefault("CALLBACK_ALLOW_PRIVATE", "true")
     env.setdefault("OUTBOUND_TENANT_ALLOW_PRIVATE", "true")
+    env.setdefault("PUBLIC_BASE_URL", f"http://127.0.0.1:{args.port}")  # invitation links
     # A retry schedule short enough to watch a simulator address become a dead letter (about
     # 3 + 6 + 12 s, with jitter) instead of the production default's quarter of an hour.
     for name, value in DEMO_RETRIES.items():

@@ -7,12 +7,21 @@ from __future__ import annotations
 import re
 from typing import Any
 
+import pytest
+from flask import Flask
 from playwright.sync_api import Browser, Page, expect
 from sqlalchemy import select
 
 from portal.extensions import db
 from portal.models import AppUser, MailSendRecord
 from tests.browser.conftest import PASSWORD, screenshot, sign_in
+
+
+@pytest.fixture(autouse=True)
+def portal_address(pg_app: Flask, live_server: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Invitations need the portal's address: the live server's."""
+    settings = pg_app.config["SETTINGS"].replace(public_base_url=live_server)
+    monkeypatch.setitem(pg_app.config, "SETTINGS", settings)
 
 
 def _user(email: str) -> AppUser:

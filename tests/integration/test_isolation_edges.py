@@ -150,8 +150,10 @@ def test_an_invitation_link_uses_the_public_base_url_not_the_requests_host(
 
 
 def test_an_operators_invitation_mail_does_not_name_the_operator(
-    app: Flask, world: dict[str, Any]
+    app: Flask, world: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    settings = app.config["SETTINGS"].replace(public_base_url="https://portal.example.com")
+    monkeypatch.setitem(app.config, "SETTINGS", settings)
     operator = Portal(app, OPERATOR)
     operator.post("/tenants/view", {"tenant": str(world["acme"])})
     answer = operator.post("/users/", {"email": "newbie@acme.example.com", "role": "support"})

@@ -15,9 +15,11 @@ from typing import Any
 
 import pytest
 from flask import Flask
+from sqlalchemy import func, select
 
 from portal.extensions import db
 from portal.messaging.backoff import BackoffPolicy
+from portal.models import AppUser, MailSendRecord
 from portal.tenancy import PLATFORM_TENANT_ID
 from tests.conftest import make_api_key
 from tests.integration.test_portal_templates import Portal, user
@@ -178,3 +180,53 @@ def test_the_prometheus_example_scrapes_with_the_token_and_is_valid() -> None:
 def test_the_workers_metrics_port_listens_on_loopback_only() -> None:
     source = (ROOT / "portal" / "metrics.py").read_text()
     assert 'start_http_server(port, addr="127.0.0.1"' in source
+
+
+# --- invitations: the configured address only, and a rate per tier -----------------------------
+
+
+def invite(portal: Portal, email: str) -> Any:
+    return portal.post("/users/", {"email": email, "role": "support", "name": ""})
+
+
+def test_without_public_base_url_no_invitation_is_sent(app: Flask) -> None:
+    """The link took the request's Host, which the client chooses."""
+    acme = tenant("acme").id
+    user("admin@acme.example.com", "tenant_admin", acme)
+    db.session.commit()
+    assert app.config["SETTINGS"].public_base_url is None
+    answer = Portal(app, "admin@acme.example.com").client.post(
+        "/users/",
+        data={"email": "new@acme.example.com", "role": "support"},
+        base_url="http://evil.example",
+    )
+    refused = invite(Portal(app, "admin@acme.example.com"), "new@acme.example.com")
+    assert refused.status_code == 503
+    assert "PUBLIC_BASE_URL" in refused.text
+    assert answer.status_code in (400, 503)  # no CSRF token on the first: refused either way
+    assert "evil.example" not in answer.text
+    assert db.session.scalar(select(AppUser.id).where(AppUser.email == "new@acme.example.com")) is None
+    assert db.session.scalar(select(func.count()).select_from(MailSendRecord)) == 0
+
+
+def test_invitations_are_limited_per_tier_per_hour(
+    app: Flask, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with_settings(
+        app, monkeypatch, public_base_url="https://portal.example.com", invitations_per_hour=3
+    )
+    acme, globex = tenant("acme").id, tenant("globex").id
+    user("admin@acme.example.com", "tenant_admin", acme)
+    user("admin@globex.example.com", "tenant_admin", globex)
+    db.session.commit()
+    admin = Portal(app, "admin@acme.example.com")
+    for n in range(3):
+        answer = invite(admin, f"person{n}@acme.example.com")
+        assert answer.status_code == 200, answer.text
+        assert "https://portal.example.com/users/accept/" in answer.text
+    over = invite(admin, "person3@acme.example.com")
+    assert over.status_code == 429
+    assert "invitations in the last hour" in over.text
+    assert db.session.scalar(select(AppUser.id).where(AppUser.email == "person3@acme.example.com")) is None
+    # Another tenant has its own allowance.
+    assert invite(Portal(app, "admin@globex.example.com"), "person@globex.example.com").status_code == 200

@@ -77,9 +77,12 @@ def make_user(email: str, role: str, tenant_id: int, password: str = PASSWORD) -
 
 
 @pytest.fixture
-def world(app: Flask, redis_client: Redis) -> dict[str, Any]:
+def world(app: Flask, redis_client: Redis, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     """Two tenants (admin and support in acme, an admin in globex) and an operator (Redis
-    emptied: the sign-in throttle counts there, and these tests sign in often)."""
+    emptied: the sign-in throttle counts there, and these tests sign in often); the portal's
+    address configured, as invitations need it."""
+    settings = app.config["SETTINGS"].replace(public_base_url="http://portal.test")
+    monkeypatch.setitem(app.config, "SETTINGS", settings)
     acme, globex = make_tenant("acme"), make_tenant("globex")
     ids = {
         "acme": acme.id,

@@ -17,12 +17,12 @@ from datetime import UTC, datetime
 
 from flask import Blueprint, abort, flash, redirect, render_template, request, url_for
 from flask.typing import ResponseReturnValue
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 
 from portal.extensions import db
 from portal.messaging import acceptance, validation
-from portal.models import AppUser, AuditAction, Role, Scope, db_now
+from portal.models import AppUser, AuditAction, AuditEvent, Role, Scope, db_now
 from portal.models.base import db_now_plus
 from portal.models.tenant import MAX_PASSWORD_CHARS, password_problem
 from portal.tenancy import PLATFORM_TENANT_ID, new_trace_id, tenant_context
@@ -157,18 +157,31 @@ def create() -> tuple[str, int]:
         form.fail("email", CANNOT_INVITE)
     if not form.ok or email is None:
         return _index(form, 422)
+    base = settings().public_base_url
+    if not base:
+        # The request's Host is the client's to choose: a link built from it could point
+        # anywhere, so without the configured address no invitation is sent.
+        form.fail(
+            "email",
+            "cannot be invited: the portal's address (PUBLIC_BASE_URL) is not configured, "
+            "so the invitation link cannot be made. Ask the platform's administrator",
+        )
+        return _index(form, 503)
+    if _invitations_this_hour(tier) >= settings().invitations_per_hour:
+        form.fail(
+            "email",
+            f"cannot be invited now: {tier_name(tier)} has sent "
+            f"{settings().invitations_per_hour} invitations in the last hour "
+            "(INVITATIONS_PER_HOUR). Try again later",
+        )
+        return _index(form, 429)
     token = secrets.token_urlsafe(32)
     invited = AppUser(email=email, name=name, role=role, tenant_id=tier, is_active=True)
     # A random password nobody knows (a real hash, so sign-in takes as long as for anyone).
     invited.set_password(secrets.token_urlsafe(32))
     invited.password_token_hash = hash_token(token)
     invited.password_token_expires_at = db_now_plus(INVITATION_VALID_S)
-    base = settings().public_base_url
-    link = (
-        base + url_for("users.accept", token=token)
-        if base
-        else url_for("users.accept", token=token, _external=True)
-    )
+    link = base + url_for("users.accept", token=token)
     try:
         db.session.add(invited)
         db.session.flush()
@@ -198,6 +211,21 @@ def create() -> tuple[str, int]:
         record_id=record_id,
         valid_hours=INVITATION_VALID_S // 3600,
     ), 200
+
+
+def _invitations_this_hour(tier: int) -> int:
+    """Invitations into ``tier`` in the last hour, by their audit rows (each mails a link, so
+    they are capped per tier: ``INVITATIONS_PER_HOUR``)."""
+    return (
+        db.session.scalar(
+            select(func.count()).where(
+                AuditEvent.tenant_id == tier,
+                AuditEvent.action == AuditAction.USER_INVITE,
+                AuditEvent.created_time > db_now_plus(-3600),
+            )
+        )
+        or 0
+    )
 
 
 def _mail_invitation(invited: AppUser, link: str) -> int:
