@@ -51,7 +51,9 @@ bp = Blueprint("auth", __name__, url_prefix="/auth")
 log = logging.getLogger(__name__)
 
 # Password checks allowed per window: per (address typed, client), and per address typed from
-# anywhere. Counted before the check, so parallel guesses cannot overrun them.
+# anywhere; and failed ones per client whatever the addresses (``login_client_max_failures``:
+# one client spreading guesses over many addresses). Counted before the check, so parallel
+# guesses cannot overrun them; a right password gives its count back.
 MAX_CHECKS_PER_CLIENT = 5
 MAX_CHECKS_PER_EMAIL = 30
 WINDOW_S = 900
@@ -182,11 +184,14 @@ for i, key in ipairs(KEYS) do
 end
 return counts
 """
-# A successful sign-in: forget this client's attempts, and give back the address's one.
+# A successful sign-in: forget this client's attempts at the address, and give back the
+# address's one and the client's one.
 _REFUND = """
 redis.call('DEL', KEYS[1])
-if redis.call('GET', KEYS[2]) and tonumber(redis.call('GET', KEYS[2])) > 0 then
-  redis.call('DECR', KEYS[2])
+for i = 2, #KEYS do
+  if redis.call('GET', KEYS[i]) and tonumber(redis.call('GET', KEYS[i])) > 0 then
+    redis.call('DECR', KEYS[i])
+  end
 end
 return 0
 """
@@ -198,23 +203,24 @@ class Attempt:
 
     client_key: str
     email_key: str
+    from_key: str  # the client's attempts at any address
     allowed: bool
     just_locked: bool  # the first attempt refused in this window (audited once)
     in_database: bool  # counted in login_throttle because Redis could not be reached
 
 
-def _keys(email: str, client: str) -> tuple[str, str]:
+def _keys(email: str, client: str) -> tuple[str, str, str]:
     # A client address has no spaces, so "client email" names one pair only.
-    return f"login:client:{client} {email}", f"login:email:{email}"
+    return f"login:client:{client} {email}", f"login:email:{email}", f"login:from:{client}"
 
 
-def _count_in_redis(keys: tuple[str, str]) -> list[int]:
+def _count_in_redis(keys: tuple[str, ...]) -> list[int]:
     store = connect(current_app.config["SETTINGS"].redis_url)
     counts = store.register_script(_COUNT)(keys=list(keys), args=[WINDOW_S])
     return [int(c) for c in counts]
 
 
-def _count_in_database(keys: tuple[str, str]) -> list[int]:
+def _count_in_database(keys: tuple[str, ...]) -> list[int]:
     """The same count in login_throttle: an atomic upsert per key (PostgreSQL and SQLite)."""
     expired = LoginThrottle.window_start < db_now_plus(-WINDOW_S)
     insert = pg_insert if db.engine.dialect.name == "postgresql" else sqlite_insert
@@ -247,10 +253,15 @@ def _count_attempt(email: str, client: str) -> Attempt:
     except redis.RedisError as exc:  # Redis away: the database counts instead
         log.warning("login throttle counts in the database; Redis: %s", exc)
         counts, in_database = _count_in_database(keys), True
-    limits = (MAX_CHECKS_PER_CLIENT, MAX_CHECKS_PER_EMAIL)
+    limits = (
+        MAX_CHECKS_PER_CLIENT,
+        MAX_CHECKS_PER_EMAIL,
+        current_app.config["SETTINGS"].login_client_max_failures,
+    )
     return Attempt(
         client_key=keys[0],
         email_key=keys[1],
+        from_key=keys[2],
         allowed=all(n <= limit for n, limit in zip(counts, limits, strict=True)),
         just_locked=any(n == limit + 1 for n, limit in zip(counts, limits, strict=True)),
         in_database=in_database,
@@ -263,7 +274,8 @@ def _refund(attempt: Attempt) -> None:
     if not attempt.in_database:
         try:
             store = connect(current_app.config["SETTINGS"].redis_url)
-            store.register_script(_REFUND)(keys=[attempt.client_key, attempt.email_key])
+            keys = [attempt.client_key, attempt.email_key, attempt.from_key]
+            store.register_script(_REFUND)(keys=keys)
             return
         except redis.RedisError as exc:
             log.warning("login throttle: could not clear the count: %s", exc)
@@ -272,7 +284,10 @@ def _refund(attempt: Attempt) -> None:
         conn.execute(delete(LoginThrottle).where(LoginThrottle.key == attempt.client_key))
         conn.execute(
             update(LoginThrottle)
-            .where(LoginThrottle.key == attempt.email_key, LoginThrottle.attempts > 0)
+            .where(
+                LoginThrottle.key.in_([attempt.email_key, attempt.from_key]),
+                LoginThrottle.attempts > 0,
+            )
             .values(attempts=LoginThrottle.attempts - 1)
         )
 

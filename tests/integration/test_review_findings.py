@@ -189,6 +189,10 @@ def invite(portal: Portal, email: str) -> Any:
     return portal.post("/users/", {"email": email, "role": "support", "name": ""})
 
 
+def exists(email: str) -> bool:
+    return db.session.scalar(select(AppUser.id).where(AppUser.email == email)) is not None
+
+
 def test_without_public_base_url_no_invitation_is_sent(app: Flask) -> None:
     """The link took the request's Host, which the client chooses."""
     acme = tenant("acme").id
@@ -205,7 +209,9 @@ def test_without_public_base_url_no_invitation_is_sent(app: Flask) -> None:
     assert "PUBLIC_BASE_URL" in refused.text
     assert answer.status_code in (400, 503)  # no CSRF token on the first: refused either way
     assert "evil.example" not in answer.text
-    assert db.session.scalar(select(AppUser.id).where(AppUser.email == "new@acme.example.com")) is None
+    assert (
+        db.session.scalar(select(AppUser.id).where(AppUser.email == "new@acme.example.com")) is None
+    )
     assert db.session.scalar(select(func.count()).select_from(MailSendRecord)) == 0
 
 
@@ -227,6 +233,43 @@ def test_invitations_are_limited_per_tier_per_hour(
     over = invite(admin, "person3@acme.example.com")
     assert over.status_code == 429
     assert "invitations in the last hour" in over.text
-    assert db.session.scalar(select(AppUser.id).where(AppUser.email == "person3@acme.example.com")) is None
+    assert (
+        db.session.scalar(select(AppUser.id).where(AppUser.email == "person3@acme.example.com"))
+        is None
+    )
     # Another tenant has its own allowance.
-    assert invite(Portal(app, "admin@globex.example.com"), "person@globex.example.com").status_code == 200
+    assert (
+        invite(Portal(app, "admin@globex.example.com"), "person@globex.example.com").status_code
+        == 200
+    )
+
+
+# --- sign-in: a cap per client, whatever addresses it tries -------------------------------------
+
+
+@pytest.mark.parametrize("store", ["redis", "database"])
+def test_one_client_spreading_guesses_over_many_addresses_is_locked_out(
+    app: Flask, monkeypatch: pytest.MonkeyPatch, redis_client: Any, store: str
+) -> None:
+    """One client tried 200 passwords on 200 addresses: each pair and each address stayed
+    under its own limit."""
+    from portal.web.auth import LOCKED_OUT
+    from tests.integration.test_login_throttle import (
+        EMAIL,
+        PASSWORD,
+        _redis_unreachable,
+        attempt,
+        make_user,
+    )
+
+    with_settings(app, monkeypatch, login_client_max_failures=6)
+    if store == "database":
+        _redis_unreachable(app, monkeypatch)
+    make_user()
+    for n in range(6):
+        assert attempt(app, f"guess{n}@acme.example.com", "wrong", "198.51.100.7")[0] == 422
+    status, body = attempt(app, EMAIL, PASSWORD, "198.51.100.7")
+    assert status == 429
+    assert LOCKED_OUT in body
+    # Another client is not held back, and its right password gives its attempt back.
+    assert attempt(app, EMAIL, PASSWORD, "198.51.100.8")[0] == 302
