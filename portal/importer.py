@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from email_validator import EmailNotValidError, validate_email
-from sqlalchemy import inspect, select
+from sqlalchemy import func, inspect, select
 from sqlalchemy.orm import Session
 
 from portal.config import Settings
@@ -617,9 +617,19 @@ class _Importer:
         from portal.messaging import callbacks
 
         tenant_id = self.tenant_id(e)
-        row = self._upsert(
-            CallbackEndpoint, "callbacks", tenant_id=tenant_id, name=e.req("name", 200)
+        name = e.req("name", 200)
+        exists = self.session.scalar(
+            select(CallbackEndpoint.id).where(
+                CallbackEndpoint.tenant_id == tenant_id, CallbackEndpoint.name == name
+            )
         )
+        if exists is None:
+            self.session.flush()  # endpoints added earlier in this file count
+            limit = _settings().callback_endpoints_max
+            full = callback_endpoints_full(self.session, tenant_id, limit)
+            if full:
+                raise e.fail(f"name: {full}")
+        row = self._upsert(CallbackEndpoint, "callbacks", tenant_id=tenant_id, name=name)
         url = e.req("url", callbacks.MAX_URL_CHARS)
         problem = callbacks.check_at_save(url, _settings())
         if problem:
@@ -652,6 +662,19 @@ class _Importer:
         row.mail_monthly_limit = e.number("mailMonthlyLimit")
         row.sms_monthly_limit = e.number("smsMonthlyLimit")
         row.updated_by = "import-config"
+
+
+def callback_endpoints_full(session: Session, tenant_id: int, limit: int) -> str | None:
+    """Why ``tenant_id`` may not have one more status callback endpoint (its tier holds
+    ``limit``, CALLBACK_ENDPOINTS_MAX), or None: the portal's form and import-config ask it."""
+    held = session.scalar(
+        select(func.count())
+        .select_from(CallbackEndpoint)
+        .where(CallbackEndpoint.tenant_id == tenant_id)
+    )
+    if (held or 0) < limit:
+        return None
+    return f"a tier may have at most {limit} endpoints (CALLBACK_ENDPOINTS_MAX); delete one first"
 
 
 # SMS provider kinds whose API honours no idempotency key: Twilio's Messages API and Vonage's

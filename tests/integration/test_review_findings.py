@@ -273,3 +273,40 @@ def test_one_client_spreading_guesses_over_many_addresses_is_locked_out(
     assert LOCKED_OUT in body
     # Another client is not held back, and its right password gives its attempt back.
     assert attempt(app, EMAIL, PASSWORD, "198.51.100.8")[0] == 302
+
+
+# --- status callback endpoints per tier are capped ----------------------------------------------
+
+
+def test_callback_endpoints_are_capped_per_tier_in_the_portal_and_the_import(
+    app: Flask, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from portal.importer import ConfigImportError, import_config
+    from portal.models import CallbackEndpoint
+
+    with_settings(app, monkeypatch, callback_endpoints_max=2, callback_allow_private=True)
+    acme = tenant("acme").id
+    user("admin@acme.example.com", "tenant_admin", acme)
+    db.session.commit()
+    admin = Portal(app, "admin@acme.example.com")
+    events = ["mail.sent"]
+    for name in ("one", "two"):
+        url = f"https://hooks.example.com/{name}"
+        page = admin.post("/callbacks/", {"name": name, "url": url, "events": events})
+        assert page.status_code == 200, page.text
+    over = admin.post(
+        "/callbacks/", {"name": "three", "url": "https://hooks.example.com/3", "events": events}
+    )
+    assert over.status_code == 422
+    assert "CALLBACK_ENDPOINTS_MAX" in over.text
+    assert 'id="f-name-error"' in over.text
+    count = select(func.count()).select_from(CallbackEndpoint)
+    assert db.session.scalar(count) == 2
+    # import-config: an existing endpoint may be updated, a new one is refused naming the field.
+    existing = {"tenant": "acme", "name": "one", "url": "https://hooks.example.com/1"}
+    import_config(db.session(), {"callbacks": [existing | {"events": events}]})
+    new = {"tenant": "acme", "name": "four", "url": "https://hooks.example.com/4"}
+    with pytest.raises(ConfigImportError, match=r"callbacks\[0\]: name: .*CALLBACK_ENDPOINTS_MAX"):
+        import_config(db.session(), {"callbacks": [new | {"events": events}]})
+    db.session.rollback()
+    assert db.session.scalar(count) == 2

@@ -23,6 +23,7 @@ from flask.typing import ResponseReturnValue
 from sqlalchemy import func, select
 
 from portal.extensions import db
+from portal.importer import callback_endpoints_full
 from portal.messaging import callbacks
 from portal.models import AuditAction, CallbackDelivery, CallbackEndpoint, DeliveryStatus
 from portal.web.access import Permission, audit, requires, viewed_tenant
@@ -116,6 +117,9 @@ def create() -> tuple[str, int]:
     tier = viewed_tier()
     form = Form(request.form, LABELS)
     name, url, events = _read(form, tier, None)
+    full = callback_endpoints_full(db.session(), tier, settings().callback_endpoints_max)
+    if full:
+        form.fail("name", f"cannot be added: {full}")
     if not form.ok:
         return _index(form, events, 422)
     secret = callbacks.new_secret()
