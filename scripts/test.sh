@@ -55,6 +55,14 @@ if ! redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null 2>&1; then
     --dir /var/lib/redis --logfile /var/log/redis/ci.log
   for _ in $(seq 1 30); do redis-cli ping >/dev/null 2>&1 && break; sleep 1; done
 fi
+# The tiers run side by side (pytest-xdist), two of them with worker processes that each hold a
+# pool of connections: 100, PostgreSQL's default, is too few.
+if [ "$(psql -h "$PGHOST_ADDR" -U postgres -tAc 'SHOW max_connections')" -lt 400 ]; then
+  echo "raising PostgreSQL's max_connections to 400"
+  psql -h "$PGHOST_ADDR" -U postgres -qc "ALTER SYSTEM SET max_connections = 400"
+  pg_ctlcluster --skip-systemctl-redirect "$(ls /etc/postgresql | sort -V | tail -n 1)" main restart
+  for _ in $(seq 1 30); do pg_isready -q -h "$PGHOST_ADDR" -p 5432 && break; sleep 1; done
+fi
 if ! psql -h "$PGHOST_ADDR" -U postgres -tAc "SELECT 1 FROM pg_database WHERE datname='$TEST_DB'" | grep -q 1; then
   echo "creating database $TEST_DB"
   psql -h "$PGHOST_ADDR" -U postgres -c "CREATE DATABASE $TEST_DB"

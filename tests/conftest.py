@@ -53,6 +53,9 @@ TEST_PG_ADMIN_URL = os.environ.get(
 # Processes the tests start read these (and so does any helper that reads the environment).
 os.environ["TEST_DATABASE_URL"] = TEST_DATABASE_URL
 os.environ["TEST_REDIS_URL"] = TEST_REDIS_URL
+# Processes a test starts with the environment (chores, CLI runs) reach the test servers on
+# 127.0.0.1 as settings_for_tests does.
+os.environ.setdefault("OUTBOUND_TENANT_ALLOW_PRIVATE", "true")
 
 # The tiers, by the folder a test file is in: what a test needs to run.
 TIERS = {

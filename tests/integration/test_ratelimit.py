@@ -5,7 +5,6 @@ down, and exact counts across two real ``worker.py`` processes."""
 from __future__ import annotations
 
 import json
-import os
 import signal
 import socket
 import subprocess
@@ -13,7 +12,7 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -23,7 +22,7 @@ import redis
 from flask import Flask
 from sqlalchemy import func, select, update
 
-from portal.config import Settings
+from portal.delivery.children import die_with_parent
 from portal.extensions import db
 from portal.messaging import acceptance
 from portal.messaging.backoff import BackoffPolicy
@@ -36,7 +35,7 @@ from portal.messaging.ratelimit import (
 )
 from portal.models import Channel, DeadLetterMessage, MailSendRecord, SmsSendRecord
 from portal.tenancy import PLATFORM_TENANT_ID, tenant_context
-from tests.conftest import TEST_DATABASE_URL, TEST_REDIS_URL
+from tests.conftest import TEST_REDIS_URL
 from tests.support.delivery import accept_mail, mail_server, tenant
 from tests.support.delivery import record as mail_record
 from tests.support.sms import (
@@ -50,18 +49,13 @@ from tests.support.sms import (
 )
 from tests.support.sms_provider import FakeSmsProvider
 from tests.support.smtp_server import ScriptedSmtpServer
+from tests.support.workers import worker_env
 
 FAST = BackoffPolicy(max_retries=5, base_s=0.02, quota_floor_s=0.05, retry_after_cap_s=1.0)
 # Hour-long "minutes" for in-process pipeline tests, so that no test straddles a window edge;
 # the real 60 s and 86 400 s windows are tested on the limiter itself.
 STEADY = {"minute_s": 3600.0}
 ROOT = Path(__file__).resolve().parents[2]
-# Every variable portal/config.py reads, so nothing from the caller's shell leaks into a worker.
-CONFIG_VARIABLES = {f.name.upper() for f in fields(Settings)} | {
-    "PORTAL_ENV",
-    "INSTANCE_PATH",
-    "LOG_LEVEL",
-}
 
 
 @dataclass
@@ -436,19 +430,9 @@ class Worker:
 
 
 def start_workers(tmp_path: Path, secret_key: str, n: int = 2) -> list[Worker]:
-    env = {k: v for k, v in os.environ.items() if k not in CONFIG_VARIABLES}
-    env.update(
-        DATABASE_URL=TEST_DATABASE_URL,
-        REDIS_URL=TEST_REDIS_URL,
-        SECRET_KEY=secret_key,
-        MAIL_SEND_CONCURRENCY="4",
-        SMS_SEND_CONCURRENCY="10",
-        POLL_INTERVAL_S="0.05",
-        WORKER_METRICS_PORT="0",
-        SHUTDOWN_GRACE_S="10",
-        INSTANCE_PATH=str(tmp_path / "instance"),
-        LOG_LEVEL="INFO",
-        PYTHONUNBUFFERED="1",
+    (tmp_path / "instance").mkdir(exist_ok=True)
+    env = worker_env(
+        tmp_path / "instance", secret_key, MAIL_SEND_CONCURRENCY="4", SMS_SEND_CONCURRENCY="10"
     )
     workers = []
     for i in range(n):
@@ -461,6 +445,7 @@ def start_workers(tmp_path: Path, secret_key: str, n: int = 2) -> list[Worker]:
                 stdout=out_file,
                 stderr=err_file,
                 stdin=subprocess.DEVNULL,
+                preexec_fn=die_with_parent,
             )
         workers.append(Worker(f"worker-{i}", process, out, err))
     return workers

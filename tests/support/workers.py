@@ -198,6 +198,9 @@ def worker_env(instance: Path, secret_key: str, **overrides: str) -> dict[str, s
         DATABASE_URL=TEST_DATABASE_URL,
         REDIS_URL=TEST_REDIS_URL,
         SECRET_KEY=secret_key,  # the worker decrypts stored SMTP passwords with it
+        # Every test server listens on 127.0.0.1, which a tenant's configuration may not reach
+        # by default; tests of that policy run it in the test process with their own settings.
+        OUTBOUND_TENANT_ALLOW_PRIVATE="true",
         MAIL_SEND_CONCURRENCY="10",
         POLL_INTERVAL_S="0.05",
         WORKER_METRICS_PORT="0",
