@@ -235,6 +235,14 @@ def _clean(app: Flask) -> None:
                     conn.execute(table.delete().where(table.c.id != PLATFORM_TENANT_ID))
                 else:
                     conn.execute(table.delete())
+    # The process's caches are keyed by row id and version. Deleting every row makes SQLite
+    # hand the same ids out again (the product never deletes a template, and PostgreSQL never
+    # reuses an id), so a test must not meet the last test's template under its id.
+    from portal.messaging import template_checks
+    from portal.messaging.configcache import CONFIGS
+
+    template_checks.forget()
+    CONFIGS.clear()
 
 
 @pytest.fixture

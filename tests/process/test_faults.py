@@ -509,8 +509,11 @@ def test_smtp_server_gone_for_a_while_records_retry_then_are_sent(
             assert set(final.values()) == {"Sent"}, Counter(final.values())
 
             retried = audit.codes("Retry")
-            # SERVER_UNAVAILABLE: deferred while the server's circuit breaker was open.
-            allowed = {"NETWORK_ERROR", "TIMEOUT", "SERVER_UNAVAILABLE"}
+            # SERVER_UNAVAILABLE: deferred while the server's circuit breaker was open;
+            # SERVER_BUSY: deferred while the other workers held every place the server has
+            # (on a loaded machine their failing connects take long enough). Neither uses a
+            # retry; what must not appear is a failure of the record's own.
+            allowed = {"NETWORK_ERROR", "TIMEOUT", "SERVER_UNAVAILABLE", "SERVER_BUSY"}
             assert set().union(*retried.values()) <= allowed, retried
             assert set(retried) & set(during), "records accepted while the server was down"
             # Each arrived; a repeat only where the server had the message when it went
