@@ -381,8 +381,15 @@ def _sent_through_the_platform_tier(own: Any, platform: Any) -> None:
 
 @pytest.mark.timeout(BUDGET_S * 5)
 def test_every_route_refuses_other_tiers_ids_and_shows_none_of_their_data(
-    app: Flask, world: dict[str, Any], capsys: pytest.CaptureFixture[str]
+    app: Flask,
+    world: dict[str, Any],
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    # Invitations are sent only with the portal's configured address, as in production; the
+    # walk reaches the invitation form with it.
+    settings = app.config["SETTINGS"].replace(public_base_url="https://portal.example.com")
+    monkeypatch.setitem(app.config, "SETTINGS", settings)
     started = time.monotonic()
     own, theirs, platform = world["a"], world["b"], world["p"]
 
