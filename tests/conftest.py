@@ -134,6 +134,7 @@ def _create_database(url: str) -> None:
         admin.dispose()
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups off the marks
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark each test with its tier: its file's, or a heavier one its own mark names (a test
     that starts a worker process in a file of in-process tests is ``@pytest.mark.process``).
@@ -148,6 +149,21 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if tier in SERIAL_TIERS:
             share = zlib.crc32(Path(str(item.fspath)).name.encode()) % SERIAL_TIERS[tier]
             item.add_marker(pytest.mark.xdist_group(f"{tier}-{share}"))
+        elif _uses_module_fixture(item):
+            # A module-scoped fixture (a filled database, a Dovecot) is built again by every
+            # worker that runs one of the module's tests: its tests keep to one worker.
+            item.add_marker(pytest.mark.xdist_group(f"module-{Path(str(item.fspath)).stem}"))
+
+
+def _uses_module_fixture(item: pytest.Item) -> bool:
+    info = getattr(item, "_fixtureinfo", None)
+    if info is None:
+        return False
+    return any(
+        definition.scope == "module"
+        for definitions in info.name2fixturedefs.values()
+        for definition in definitions
+    )
 
 
 @pytest.fixture(autouse=True)
