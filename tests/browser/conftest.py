@@ -1,12 +1,14 @@
 """Browser tests: Playwright driving Debian's Chromium against a live portal on PostgreSQL.
 
 The portal runs in a thread of the test process (werkzeug's server) on a free port, on the
-same database as the other integration tests; screenshots of the main pages go to
-test-output/screenshots/.
+same database as the other integration tests; a failing test leaves a full-page screenshot of
+where it stopped in test-output/screenshots/.
 """
 
 from __future__ import annotations
 
+import contextlib
+import re
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -57,12 +59,30 @@ def browser() -> Iterator[Browser]:
 
 
 @pytest.fixture
-def page(browser: Browser, live_server: str) -> Iterator[Page]:
+def page(browser: Browser, live_server: str, request: pytest.FixtureRequest) -> Iterator[Page]:
     context = browser.new_context(base_url=live_server)
     page = context.new_page()
     page.set_default_timeout(10_000)
     yield page
+    report = getattr(request.node, "call_report", None)
+    if report is not None and report.failed:
+        # What the page showed when the test failed, named by the test and its last step.
+        step = CHECKPOINTS.pop(id(page), "end")
+        name = re.sub(r"[^A-Za-z0-9_.-]+", "-", f"{request.node.name}--{step}")
+        with contextlib.suppress(Exception):
+            SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+            page.screenshot(path=str(SCREENSHOTS / f"{name}.png"), full_page=True)
+    CHECKPOINTS.pop(id(page), None)
     context.close()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    """Keep the call's report on the test, for the page fixture's teardown."""
+    report = yield
+    if report.when == "call":
+        item.call_report = report  # type: ignore[attr-defined]
+    return report
 
 
 def make_user(email: str, role: str, tenant_id: int) -> AppUser:
@@ -92,9 +112,14 @@ def sign_in(page: Page, email: str) -> None:
     page.wait_for_url("**/")
 
 
+# The last step each open page reached (``screenshot``), for the picture taken on failure.
+CHECKPOINTS: dict[int, str] = {}
+
+
 def screenshot(page: Page, name: str) -> None:
-    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=str(SCREENSHOTS / f"{name}.png"), full_page=True)
+    """A step worth a picture: taken only if the test fails (test-output/screenshots/), since
+    full-page pictures of passing tests cost every run seconds and nobody looks at them."""
+    CHECKPOINTS[id(page)] = name
 
 
 # A page on a 2-core machine that also runs the portal, the workers and PostgreSQL can take
