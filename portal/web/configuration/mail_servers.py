@@ -14,10 +14,12 @@ says so when the stored password can no longer be decrypted (a new one replaces 
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
-from flask import Blueprint, Response, render_template, url_for
+from flask import Blueprint, Response, render_template, request, url_for
 from flask.typing import ResponseReturnValue
+from markupsafe import escape
 
 from portal.extensions import db
 from portal.messaging import breaker, outbound
@@ -302,8 +304,17 @@ def delete(server_id: int) -> ResponseReturnValue:
 
 def busy_response(busy: outbound.Busy) -> Response:
     """429 for a Test button pressed while too many connection tests run (the caps of
-    ``outbound.test_slot``), with when to try again."""
-    response = Response(str(busy), 429, mimetype="text/plain")
+    ``outbound.test_slot``), with when to try again. To the button's htmx request, the status
+    box it swaps (its id from ``HX-Target``), so the page says why nothing was tested."""
+    target = request.headers.get("HX-Target", "")
+    if re.fullmatch(r"connection-[0-9A-Za-z_-]{1,40}", target):
+        body = (
+            f'<div id="{target}" role="status" class="connection connection-bad">'
+            f"{escape(str(busy))}</div>"
+        )
+        response = Response(body, 429, mimetype="text/html")
+    else:
+        response = Response(str(busy), 429, mimetype="text/plain")
     response.headers["Retry-After"] = str(busy.retry_after_s)
     return response
 
