@@ -68,11 +68,11 @@ TIERS = {
 # groups each, a file's tests always in one), beside the in-process tiers, so their waits
 # overlap the others' CPU work and two of them never compete for the machine.
 SERIAL_TIERS = {"process": 2, "browser": 1, "embedded": 1}
-# The process tier's files by share, so the two take about as long (measured: the fault tests
-# with the stress and PgBouncer tests about 210 s; the two-process tests, the delivery
-# processes, the route gate and the marked tests of in-process files about 230 s). A third
-# share ran no faster on 2 cores and made timing-bound fault tests fail.
-PROCESS_SHARES = {"test_faults.py": 0, "test_stress.py": 0, "test_pgbouncer.py": 0}
+# The process tier's files by share. The fault tests and the two-process tests each start
+# several workers and time their shutdowns: they share one worker, one file after the other,
+# since beside each other on 2 cores the fault tests' shutdown bounds failed. The rest of the
+# tier is the other share.
+PROCESS_SHARES = {"test_faults.py": 0, "test_concurrency.py": 0}
 
 
 def tier_of(path: Path) -> str | None:
