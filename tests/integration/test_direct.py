@@ -543,8 +543,12 @@ def test_the_delivery_loop_statements_are_planned_once_not_at_every_execution(
     # several walks its indexes FOR UPDATE SKIP LOCKED in the statement itself.
     claims = [p for p in plans if "postroom_claim_one" in p[0] or "SKIP LOCKED" in p[0]]
     assert claims, plans
+    # Never planned for its values (custom 0), and run: as often as the polls and the Sent
+    # writes' next claims took the records, which depends on timing (a poll may claim several),
+    # so not a count per record.
     for statement, generic, custom in claims:
-        assert (custom, generic >= runs) == (0, True), (statement[:200], generic, custom)
+        assert (custom, generic >= 1) == (0, True), (statement[:200], generic, custom)
+    assert sum(generic for _s, generic, _c in claims) >= 3, claims
     for statement, generic, custom in plans:
         assert custom <= 5, (statement[:300], generic, custom)
 
