@@ -184,6 +184,9 @@ def test_send_test_arrives_at_the_smtp_server(
         expect(page.locator("#preview-subject")).to_have_text("Receipt for Ann")
         page.get_by_role("button", name="Create template").click()
         expect(page.get_by_text("Template 'receipt' created.")).to_be_visible()
+        # The new page's text shows before htmx has wired the editor up (its script runs at
+        # the end of parsing): typing earlier would change nothing on a loaded machine.
+        page.wait_for_load_state("load")
         page.get_by_label("Sample variables").fill('{"name": "Bea"}')
         expect(page.locator("#preview-subject")).to_have_text("Receipt for Bea")
         expect(page.frame_locator("#preview-html").locator("p")).to_have_text("Thank you, Bea.")
