@@ -154,6 +154,9 @@ def test_metrics_with_a_token_answer_only_to_it(
     assert refused.headers["WWW-Authenticate"].startswith("Bearer")
     wrong = client.get("/metrics", headers=bearer("nope"), environ_base=remote)
     assert wrong.status_code == 401
+    # A token with characters outside ASCII is a wrong token, not a 500.
+    odd = client.get("/metrics", headers=bearer("s3cret-métrics-token"), environ_base=remote)
+    assert odd.status_code == 401
     right = client.get("/metrics", headers=bearer("s3cret-metrics-token"), environ_base=remote)
     assert right.status_code == 200
     assert "# TYPE" in right.text

@@ -29,7 +29,10 @@ def _refusal() -> Response | None:
     if token is not None:
         sent = request.headers.get("Authorization", "")
         scheme, _, given = sent.partition(" ")
-        if scheme.lower() == "bearer" and hmac.compare_digest(given.strip(), token):
+        # As bytes: compare_digest refuses a str with non-ASCII characters (a 500).
+        if scheme.lower() == "bearer" and hmac.compare_digest(
+            given.strip().encode(), token.encode()
+        ):
             return None
         response = Response("metrics need Authorization: Bearer <METRICS_TOKEN>\n", 401)
         response.headers["WWW-Authenticate"] = 'Bearer realm="metrics"'
