@@ -64,9 +64,9 @@ TIERS = {
     "browser": "Debian's Chromium driven by Playwright",
     "embedded": "the run command on the embedded default (SQLite, embedded Redis)",
 }
-# Tiers whose tests start processes or a browser run on xdist workers of their own (this many
-# groups each, a file's tests always in one), beside the in-process tiers, so their waits
-# overlap the others' CPU work and two of them never compete for the machine.
+# Tiers whose tests start processes or a browser keep to this many xdist groups each (a file's
+# tests always in one group, a group's tests one after the other on one worker), beside the
+# in-process tiers, so their waits overlap the others' CPU work.
 SERIAL_TIERS = {"process": 2, "browser": 1, "embedded": 1}
 # The process tier's files by share. The fault tests and the two-process tests each start
 # several workers and time their shutdowns: they share one worker, one file after the other,
