@@ -93,7 +93,11 @@ MYPY_PID=$!
 WORKERS=${TEST_WORKERS:-4}
 status=0
 if [ "$MODE" = check ]; then
-  .venv/bin/pytest -n "${CHECK_WORKERS:-3}" --dist loadgroup -m "unit or integration" "$@" || status=$?
+  # Sweeps (generated examples, listed inputs) at a share of their full size: every test
+  # still runs and asserts the same (tests/support/sweeps.py); make test runs them in full.
+  POSTROOM_SWEEPS=${POSTROOM_SWEEPS:-quick} \
+    .venv/bin/pytest -n "${CHECK_WORKERS:-3}" --dist loadgroup -m "unit or integration" "$@" \
+    || status=$?
 else
   # One rerun of a failed test: on 2 shared cores a test that times a shutdown or samples the
   # server's WAL can lose to the other workers' load. A test that fails twice fails the run,

@@ -34,6 +34,7 @@ from portal.models import (
 )
 from portal.tenancy import tenant_context
 from tests.conftest import make_api_key, make_tenant
+from tests.support.sweeps import examples
 
 MAIL = {"to": ["ann@example.com"], "subject": "Hello", "text": "Hi Ann"}
 FULL_MAIL = {
@@ -446,7 +447,7 @@ def test_email_fast_path_agrees_with_email_validator(address: str) -> None:
     assert _ours(address) == (_reference(address) if len(address) <= 320 else None)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(address=st.emails() | st.from_regex(r"\A[a-zA-Z0-9.+_-]{1,70}@[a-zA-Z0-9.-]{1,40}\Z"))
 def test_email_fast_path_agrees_with_email_validator_on_generated_addresses(
     address: str,

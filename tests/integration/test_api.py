@@ -15,6 +15,7 @@ from sqlalchemy import func, select
 from portal.extensions import db
 from portal.models import ApiKey, MailSendRecord, SmsSendRecord
 from tests.conftest import make_api_key, make_tenant
+from tests.support.sweeps import examples
 
 MAIL = {"to": ["ann@example.com"], "subject": "Hello", "text": "Hi"}
 
@@ -219,7 +220,9 @@ mail_like = st.fixed_dictionaries(
 
 
 @settings(
-    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=examples(150),
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
 )
 @given(body=json_values | mail_like)
 def test_arbitrary_json_bodies_never_500(

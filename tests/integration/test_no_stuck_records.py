@@ -48,6 +48,7 @@ from tests.support.delivery import accept_mail, drain, mail_server, record
 from tests.support.sms import accept_sms, drain_sms, provider, sms_record
 from tests.support.sms_provider import FakeSmsProvider
 from tests.support.smtp_server import ScriptedSmtpServer
+from tests.support.sweeps import examples
 from tests.support.workers import accept_abandoned, free_port, stop, wait_for, worker_group
 
 NO_RETRY_AFTER_FLOOR = BackoffPolicy(
@@ -61,12 +62,6 @@ def smtputf8(server: ScriptedSmtpServer, offered: bool) -> ScriptedSmtpServer:
     assert server._controller is not None
     server._controller.SMTP_kwargs["enable_SMTPUTF8"] = offered
     return server
-
-
-@pytest.fixture
-def smtp() -> Iterator[ScriptedSmtpServer]:
-    with ScriptedSmtpServer() as server:
-        yield server
 
 
 @pytest.fixture
@@ -197,7 +192,7 @@ def test_every_address_acceptance_takes_is_sent_or_failed_at_once(
     seen: dict[str, int] = {}
 
     @settings(
-        max_examples=40,
+        max_examples=examples(40),
         deadline=None,
         suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
     )

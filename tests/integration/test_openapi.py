@@ -13,6 +13,7 @@ from schemathesis import GenerationMode, checks
 
 from portal.extensions import db
 from tests.conftest import make_api_key, make_tenant
+from tests.support.sweeps import examples
 
 OPERATIONS = [
     ("POST", "/api/v1/mail"),
@@ -47,7 +48,7 @@ def test_api_conforms_to_its_openapi_document(app: Flask, method: str, path: str
         case=operation.as_strategy(generation_mode=GenerationMode.POSITIVE)
         | operation.as_strategy(generation_mode=GenerationMode.NEGATIVE)
     )
-    @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+    @settings(max_examples=examples(60), deadline=None, suppress_health_check=list(HealthCheck))
     def check(case: Any) -> None:
         # Positive-data acceptance is off: the schema cannot say "a template or content",
         # "an address that really parses" or "a template of your own", which we answer 422.

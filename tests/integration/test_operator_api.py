@@ -28,6 +28,7 @@ from portal.models import (
 )
 from portal.tenancy import PLATFORM_TENANT_ID
 from tests.conftest import make_api_key, make_tenant
+from tests.support.sweeps import examples
 
 Model = type[MailSendRecord] | type[SmsSendRecord]
 KINDS: dict[str, Model] = {"MailSendRecord": MailSendRecord, "SmsSendRecord": SmsSendRecord}
@@ -616,7 +617,9 @@ def bulk_env(app: Flask) -> dict[str, Any]:
 
 
 @settings(
-    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=examples(150),
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
 )
 @given(
     body=json_values

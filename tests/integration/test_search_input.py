@@ -17,6 +17,7 @@ from tests.integration.test_portal_records import (
     signed_in,
     world,
 )
+from tests.support.sweeps import share
 
 __all__ = ["cheap_passwords", "world"]  # fixtures, imported for pytest
 
@@ -55,11 +56,15 @@ PAGES = ("/search/", "/mail-records/", "/sms-records/")
 FIELDS = ("q", "template", "status", "from", "to", "before", "mail_before", "sms_before", "tests")
 
 
-@pytest.mark.parametrize("who", [SUPPORT, ADMIN, OPERATOR])
+ROLES = [SUPPORT, ADMIN, OPERATOR]
+
+
+@pytest.mark.parametrize("who", ROLES)
 def test_nothing_typed_into_a_filter_is_a_500(app: Flask, world: World, who: str) -> None:
     client, _ = signed_in(app, who, None)
     broken = []
-    for typed in TYPED + CONTROL:
+    # Every input as every role; a quick run tries each input as one role of the three.
+    for typed in share(TYPED + CONTROL, ROLES.index(who), len(ROLES)):
         for path in (*PAGES, "/"):
             for name in FIELDS:
                 status = client.get(path, query_string={name: typed}).status_code

@@ -26,6 +26,7 @@ from tests.support.after_send import (
     sms_row,
 )
 from tests.support.sms import sms_record
+from tests.support.sweeps import examples
 
 
 def _events() -> int:
@@ -221,7 +222,7 @@ def test_junk_is_never_a_500(app: Flask) -> None:
     client = app.test_client()
 
     @given(body=st.one_of(st.binary(max_size=300), _JSON))
-    @settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+    @settings(max_examples=examples(150), deadline=None, suppress_health_check=list(HealthCheck))
     def check(body: bytes) -> None:
         for provider, config_id in configs.items():
             signed = post_generic(client, "sms", provider, config_id, body)

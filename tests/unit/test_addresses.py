@@ -15,6 +15,7 @@ from portal.messaging.transports.smtp import (
     wire_address,
 )
 from portal.messaging.validation import AcceptanceError, _email
+from tests.support.sweeps import examples
 
 LOCAL = st.one_of(
     st.from_regex(r"[a-zA-Z0-9!#$%&'*+/=?^_`{|}~-]{1,10}(\.[a-z0-9]{1,5})?", fullmatch=True),
@@ -33,7 +34,7 @@ def test_examples() -> None:
     assert wire_address("ann@example.com") == "ann@example.com"
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=examples(400), deadline=None)
 @given(local=LOCAL, domain=DOMAIN)
 def test_every_accepted_address_can_be_written(local: str, domain: str) -> None:
     try:

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from portal.messaging.transports import smtp
 from portal.messaging.transports.smtp import Attachment, OutgoingMail, build_message, message_bytes
+from tests.support.sweeps import examples
 
 HEADERS = (
     "Message-ID",
@@ -151,7 +152,7 @@ any_text = st.text(
 )
 
 
-@settings(max_examples=250, deadline=None)
+@settings(max_examples=examples(250), deadline=None)
 @given(
     subject=printable.filter(lambda s: "\r" not in s and "\n" not in s),
     name=printable,

@@ -24,6 +24,7 @@ from portal.messaging.templating import (
     validate_variables,
     variables_of,
 )
+from tests.support.sweeps import examples
 from tests.support.timing import cpu_best_of
 
 # A hostile template must fail well before it could stall a worker. The budgets make each one
@@ -349,7 +350,7 @@ def test_ordinary_limits_leave_room_for_real_templates() -> None:
     assert render("{% for i in (1..5) reversed %}{{ i }}{% endfor %}", {}, html=False) == "54321"
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.text(alphabet="{}%-|:.,'\"()[]ab 1\n", max_size=120))
 def test_arbitrary_source_renders_or_raises_a_template_error(source: str) -> None:
     try:
