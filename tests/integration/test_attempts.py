@@ -5,7 +5,6 @@ and a local HTTP server playing the SMS providers."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -34,12 +33,6 @@ from tests.support.sms_provider import FakeSmsProvider
 from tests.support.smtp_server import ScriptedSmtpServer
 
 FAST = BackoffPolicy(max_retries=5, base_s=0.02, quota_floor_s=0.05, retry_after_cap_s=1.0)
-
-
-@pytest.fixture
-def smtp() -> Iterator[ScriptedSmtpServer]:
-    with ScriptedSmtpServer() as server:
-        yield server
 
 
 @pytest.fixture

@@ -27,12 +27,6 @@ from tests.support.smtp_server import ScriptedSmtpServer
 
 
 @pytest.fixture
-def smtp() -> Iterator[ScriptedSmtpServer]:
-    with ScriptedSmtpServer() as server:
-        yield server
-
-
-@pytest.fixture
 def receiver() -> Iterator[CallbackReceiver]:
     with CallbackReceiver() as server:
         yield server

@@ -3,7 +3,6 @@ that claimed the record first wins and the cancel says so; bulk with a reason pe
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -17,12 +16,6 @@ from portal.models import MailSendRecord
 from tests.conftest import make_api_key, make_tenant
 from tests.support.delivery import accept_mail, drain, mail_server, record
 from tests.support.smtp_server import ScriptedSmtpServer
-
-
-@pytest.fixture
-def smtp() -> Iterator[ScriptedSmtpServer]:
-    with ScriptedSmtpServer() as server:
-        yield server
 
 
 @pytest.fixture

@@ -4,7 +4,6 @@ recovery", against real PostgreSQL and a real SMTP server in the test process.""
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
 from datetime import timedelta
 
 import pytest
@@ -27,12 +26,6 @@ from tests.support.delivery import accept_mail, drain, mail_server, record, tena
 from tests.support.smtp_server import ScriptedSmtpServer
 
 FAST = BackoffPolicy(max_retries=5, base_s=0.02, quota_floor_s=0.05, retry_after_cap_s=1.0)
-
-
-@pytest.fixture
-def smtp() -> Iterator[ScriptedSmtpServer]:
-    with ScriptedSmtpServer() as server:
-        yield server
 
 
 @pytest.fixture

@@ -10,7 +10,6 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from argon2 import PasswordHasher
 from flask import Flask
 from sqlalchemy import select
 
@@ -22,7 +21,6 @@ from portal.models import (
     TenantMessageQuota,
     TenantMessageUsage,
 )
-from portal.models import tenant as tenant_model
 from portal.models.enums import DeadLetterSource
 from portal.tenancy import PLATFORM_TENANT_ID
 from tests.conftest import make_tenant
@@ -36,7 +34,6 @@ GLOBEX_ADMIN = "admin@globex.example.com"
 @pytest.fixture
 def tenants(app: Flask, monkeypatch: pytest.MonkeyPatch) -> tuple[int, int]:
     """acme (an admin) and globex (an admin), and the platform operator."""
-    monkeypatch.setattr(tenant_model, "_hasher", PasswordHasher(1, 8, 1))
     acme, globex = make_tenant("acme").id, make_tenant("globex").id
     db.session.commit()
     user(OPERATOR, "platform_operator", PLATFORM_TENANT_ID)

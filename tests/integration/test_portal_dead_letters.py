@@ -7,14 +7,12 @@ import re
 from typing import Any
 
 import pytest
-from argon2 import PasswordHasher
 from flask import Flask
 from flask.testing import FlaskClient
 from sqlalchemy import select
 
 from portal.extensions import db
 from portal.models import AppUser, DeadLetterMessage, MailSendRecord, SmsSendRecord
-from portal.models import tenant as tenant_model
 from tests.conftest import make_tenant
 
 PASSWORD = "dead-letter-test-password-1"
@@ -75,7 +73,6 @@ def letter(
 
 @pytest.fixture
 def world(app: Flask, monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
-    monkeypatch.setattr(tenant_model, "_hasher", PasswordHasher(1, 8, 1))  # cheap: not under test
     acme, globex = make_tenant("acme").id, make_tenant("globex").id
     db.session.commit()
     for email, role, tenant_id in [

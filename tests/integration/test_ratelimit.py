@@ -93,12 +93,6 @@ def counters(client: redis.Redis) -> dict[str, int]:
 
 
 @pytest.fixture
-def smtp() -> Iterator[ScriptedSmtpServer]:
-    with ScriptedSmtpServer() as server:
-        yield server
-
-
-@pytest.fixture
 def sms_server() -> Iterator[FakeSmsProvider]:
     with FakeSmsProvider() as server:
         yield server

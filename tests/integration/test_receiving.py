@@ -68,12 +68,6 @@ def mailbox(dovecot: DovecotServer) -> ImapUser:
 
 
 @pytest.fixture
-def smtp() -> Iterator[ScriptedSmtpServer]:
-    with ScriptedSmtpServer() as server:
-        yield server
-
-
-@pytest.fixture
 def acme(app: Flask, smtp: ScriptedSmtpServer) -> int:
     row = tenant("acme")
     mail_server(row.id, smtp, name="acme-smtp")

@@ -10,7 +10,6 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from argon2 import PasswordHasher
 from flask import Flask
 from sqlalchemy import select
 
@@ -23,7 +22,6 @@ from portal.models import (
     SmsProviderConfig,
     SmsSendRecord,
 )
-from portal.models import tenant as tenant_model
 from portal.tenancy import PLATFORM_TENANT_ID
 from portal.web import security
 from portal.web.records import pages
@@ -40,7 +38,6 @@ PLATFORM_MARKER = "PLATFORM-SECRET-c91e"  # in the platform tier's config names
 @pytest.fixture
 def tenants(app: Flask, monkeypatch: pytest.MonkeyPatch) -> tuple[int, int]:
     """acme (admin, support), globex, the operator; argon2 at its cheapest (many sign-ins)."""
-    monkeypatch.setattr(tenant_model, "_hasher", PasswordHasher(1, 8, 1))
     acme, globex = make_tenant("acme").id, make_tenant("globex").id
     db.session.commit()
     user(OPERATOR, "platform_operator", PLATFORM_TENANT_ID)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -31,12 +30,6 @@ from tests.support.smtp_server import ScriptedSmtpServer
 FAST = BackoffPolicy(max_retries=5, base_s=0.02, quota_floor_s=0.05, retry_after_cap_s=1.0)
 ROOT = Path(__file__).resolve().parents[2]
 SECRET = "PLATFORM-SECRET-5d2b"  # in the platform tier's server and provider names
-
-
-@pytest.fixture
-def smtp() -> Iterator[ScriptedSmtpServer]:
-    with ScriptedSmtpServer() as server:
-        yield server
 
 
 def bearer(token: str) -> dict[str, str]:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
 from datetime import UTC, datetime
 
 import psycopg
@@ -24,12 +23,6 @@ from tests.conftest import TEST_DATABASE_URL
 from tests.support.delivery import accept_mail, mail_server, record, tenant
 from tests.support.sms import UK, accept_sms, sms_record
 from tests.support.smtp_server import ScriptedSmtpServer
-
-
-@pytest.fixture
-def smtp() -> Iterator[ScriptedSmtpServer]:
-    with ScriptedSmtpServer() as server:
-        yield server
 
 
 def claimed_of(row: MailSendRecord | SmsSendRecord, channel: Channel) -> Claimed:

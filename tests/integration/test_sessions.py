@@ -10,7 +10,6 @@ import re
 from pathlib import Path
 
 import pytest
-from argon2 import PasswordHasher
 from flask import Flask, g, url_for
 from flask.testing import FlaskClient
 from flask_login.utils import encode_cookie
@@ -18,7 +17,6 @@ from sqlalchemy import select
 
 from portal.extensions import db
 from portal.models import AppUser, AuditAction, AuditEvent
-from portal.models import tenant as tenant_models
 from portal.web.access import Permission, requires, user
 from portal.web.auth import SEEN_AT, SEEN_GRANULARITY_S, SIGNED_IN_AT, keep_session
 from tests.conftest import TEST_DATABASE_URL, make_app, make_tenant
@@ -29,14 +27,6 @@ NEW_PASSWORD = "session-test-password-2"
 
 # Each test starts with no sign-in attempts counted (redis_client flushes its Redis db).
 pytestmark = pytest.mark.usefixtures("redis_client")
-
-
-@pytest.fixture(autouse=True)
-def fast_hashing(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Cheap argon2 parameters: these tests sign in often, and hashing is not their subject."""
-    monkeypatch.setattr(
-        tenant_models, "_hasher", PasswordHasher(time_cost=1, memory_cost=1024, parallelism=1)
-    )
 
 
 def make_user(email: str, role: str = "tenant_admin", tenant_id: int | None = None) -> AppUser:

@@ -23,12 +23,6 @@ from tests.support.smtp_server import ScriptedSmtpServer
 
 
 @pytest.fixture
-def smtp() -> Iterator[ScriptedSmtpServer]:
-    with ScriptedSmtpServer() as server:
-        yield server
-
-
-@pytest.fixture
 def sms_server() -> Iterator[FakeSmsProvider]:
     with FakeSmsProvider(hang_s=2.0) as running:
         yield running

@@ -6,7 +6,6 @@ acceptance; ``templateVersion`` on records; the per-process cache."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -33,12 +32,6 @@ WELCOME = {
     ),
     "text_body": None,
 }
-
-
-@pytest.fixture
-def smtp() -> Iterator[ScriptedSmtpServer]:
-    with ScriptedSmtpServer() as server:
-        yield server
 
 
 @pytest.fixture

@@ -9,7 +9,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,12 +30,6 @@ ROOT = Path(__file__).resolve().parents[2]
 BATCH = 100
 B_LATENCY_S = 2.0
 TEMPLATED: dict[str, Any] = {"subject": None, "text": None}  # accept_mail's defaults left out
-
-
-@pytest.fixture
-def smtp() -> Iterator[ScriptedSmtpServer]:
-    with ScriptedSmtpServer() as server:
-        yield server
 
 
 def stored_template(tenant_id: int, code: str, html_body: str, text_body: str | None) -> None:

@@ -5,7 +5,6 @@ DATABASE_DIRECT_URL, so a NOTIFY still wakes the worker long before its poll."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -18,12 +17,6 @@ from tests.support.delivery import accept_mail, mail_server, record, tenant
 from tests.support.pgbouncer import pgbouncer
 from tests.support.smtp_server import ScriptedSmtpServer
 from tests.support.workers import worker_group
-
-
-@pytest.fixture
-def smtp() -> Iterator[ScriptedSmtpServer]:
-    with ScriptedSmtpServer() as server:
-        yield server
 
 
 def test_the_pooler_setting_is_checked() -> None:
