@@ -2,7 +2,8 @@
 workers to about one core, so ``worker.py`` can run its workers in N processes, itself one of
 them. This module is how it starts the others: ``python -m portal.delivery.process --mail M
 --sms S``, a child the worker's supervisor watches (restarted if it dies; SIGTERM at the
-worker's shutdown, or when the worker itself dies).
+worker's shutdown, or when the worker itself dies). One SIGTERM finishes the sends in flight
+and logs "delivery process stopped"; a second exits at once.
 
 A child runs only send workers: the chores (rq-scheduler, the rq worker), the status-callback
 pool and the metrics endpoint stay with the worker, which serves every process's metrics from
@@ -40,6 +41,18 @@ def split(mail: int, sms: int, processes: int) -> list[tuple[int, int]]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # The handlers first: a SIGTERM while the app is built (a restarted child may get the
+    # worker's stop then) ends in the orderly stop below, having claimed nothing.
+    stopping = threading.Event()
+
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
+        if stopping.is_set():
+            os._exit(1)  # a second signal: at once (what is in flight stays Sending)
+        stopping.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+
     from portal import create_app
     from portal.config import Settings
     from portal.delivery.service import DeliveryService
@@ -51,15 +64,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sms", type=int, required=True, help="SMS send workers")
     args = parser.parse_args(argv)
     configure_logging(os.environ.get("LOG_LEVEL", "INFO"))
-    stopping = threading.Event()
-
-    def on_signal(signum: int, _frame: FrameType | None) -> None:
-        if stopping.is_set():
-            os._exit(1)  # a second signal: at once (what is in flight stays Sending)
-        stopping.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
     settings = Settings.from_env().replace(
         mail_send_concurrency=args.mail,
         sms_send_concurrency=args.sms,
@@ -71,14 +75,15 @@ def main(argv: list[str] | None = None) -> int:
     with app.app_context():
         engine = db.engine
     service = DeliveryService(engine, settings)
-    service.start()
-    log.info(
-        "delivery process started",
-        extra={"pid": os.getpid(), "mail_workers": args.mail, "sms_workers": args.sms},
-    )
-    stopping.wait()
-    service.stop()
-    service.wait(settings.shutdown_grace_s)
+    if not stopping.is_set():
+        service.start()
+        log.info(
+            "delivery process started",
+            extra={"pid": os.getpid(), "mail_workers": args.mail, "sms_workers": args.sms},
+        )
+        stopping.wait()
+        service.stop()
+        service.wait(settings.shutdown_grace_s)
     engine.dispose()
     log.info("delivery process stopped", extra={"pid": os.getpid()})
     return 0
