@@ -74,6 +74,11 @@ class BackoffPolicy:
             retry_after_cap_s=settings.retry_after_cap_s,
         )
 
+    def used_up(self, retries_so_far: int) -> bool:
+        """Whether a record that has been retried ``retries_so_far`` times gets no more
+        automatic retries (the one rule for the back-off and the stuck-send sweep)."""
+        return retries_so_far >= self.max_retries
+
     def decide(
         self,
         category: ErrorCategory,
@@ -89,7 +94,7 @@ class BackoffPolicy:
         """
         if not is_retryable(category):
             return Fail()
-        if retries_so_far >= self.max_retries:
+        if self.used_up(retries_so_far):
             return DeadLetter()
         if retry_after_s is not None and not math.isnan(retry_after_s) and retry_after_s > 0:
             # The provider knows best when it will accept us again: wait exactly that (no

@@ -30,6 +30,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 from portal.config import Settings
+from portal.messaging.backoff import BackoffPolicy
 from portal.messaging.classify import MarkerCode
 from portal.messaging.outcomes import MODELS, Attempt, Claimed, dead_letter_row, write_outcome
 from portal.metrics import MESSAGE_FAILED
@@ -193,7 +194,7 @@ def _transition(
     attempt: Attempt | None = None,
 ) -> str | None:
     model = MODELS[claimed.channel]
-    exhausted = claimed.retry_count >= settings.max_retries
+    exhausted = BackoffPolicy.from_settings(settings).used_up(claimed.retry_count)
     reason = (
         f"stuck in Sending for over {settings.stuck_send_threshold_s:g} s: the worker that "
         "claimed it stopped or crashed mid-send; the server may or may not have accepted it"
