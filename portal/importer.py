@@ -2,7 +2,9 @@
 
 Entries are matched by natural keys (tenant slug, user email, names and codes within a
 tenant), so running the same file twice changes nothing. The whole file is one transaction:
-an invalid entry raises ``ConfigImportError`` naming it, and nothing is written.
+an invalid entry raises ``ConfigImportError`` naming it, and nothing is written. Text fields
+follow the portal's forms' rule (``validation.text_problem``): one line, except templates'
+bodies, and no control characters.
 
 A re-import never undoes what people did in the portal: a true/false field the file omits
 (``enabled``, ``active``, ``isDefault``, ``verifyTls``, ``readReceipt``) and an omitted
@@ -24,6 +26,7 @@ from sqlalchemy.orm import Session
 
 from portal.config import Settings
 from portal.messaging.search import country_code
+from portal.messaging.validation import text_problem
 from portal.models import (
     ApiKey,
     ApiScope,
@@ -107,7 +110,12 @@ class _Entry:
     def fail(self, message: str) -> ConfigImportError:
         return ConfigImportError(f"{self.where}: {message}")
 
-    def text(self, name: str, *, required: bool = False, max_len: int = 500) -> str | None:
+    def text(
+        self, name: str, *, required: bool = False, max_len: int = 500, multiline: bool = False
+    ) -> str | None:
+        """A string field: one line unless ``multiline`` (a template's body), and without
+        control characters either way, by the rule the portal's forms ask
+        (``validation.text_problem``)."""
         value = self.data.get(name)
         if value is None:
             if required:
@@ -117,10 +125,13 @@ class _Entry:
             raise self.fail(f"{name} must be a string of at most {max_len} characters")
         if required and not value.strip():
             raise self.fail(f"{name} must not be empty")
+        problem = text_problem(value, multiline=multiline)
+        if problem is not None:
+            raise self.fail(f"{name} {problem}")
         return value
 
-    def req(self, name: str, max_len: int = 500) -> str:
-        value = self.text(name, required=True, max_len=max_len)
+    def req(self, name: str, max_len: int = 500, *, multiline: bool = False) -> str:
+        value = self.text(name, required=True, max_len=max_len, multiline=multiline)
         assert value is not None
         return value
 
@@ -490,8 +501,8 @@ class _Importer:
         )
         row.name = e.text("name", max_len=200) or row.code
         row.subject = e.text("subject", max_len=998) or ""
-        row.html_body = e.text("html", max_len=1_000_000)
-        row.text_body = e.text("text", max_len=1_000_000)
+        row.html_body = e.text("html", max_len=1_000_000, multiline=True)
+        row.text_body = e.text("text", max_len=1_000_000, multiline=True)
         for name, source, html in (
             ("subject", row.subject, False),
             ("html", row.html_body, True),
@@ -560,7 +571,7 @@ class _Importer:
             SmsTemplate, "smsTemplates", tenant_id=tenant_id, code=e.req("code", 100)
         )
         row.name = e.text("name", max_len=200) or row.code
-        row.content = e.req("content", 1600)
+        row.content = e.req("content", 1600, multiline=True)
         try:
             compile_check(row.content, html=False)
         except TemplateRenderError as exc:

@@ -22,12 +22,13 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import psycopg
-from sqlalchemy import Engine, delete, event, or_, select
+from sqlalchemy import Connection, Engine, delete, event, or_, select
 from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.orm import Session, SessionTransaction, scoped_session
 
@@ -618,6 +619,34 @@ def _resolve_lost(
     return True
 
 
+# --- writes in doubt --------------------------------------------------------------------
+#
+# A connection lost while a write that commits was on its way (a COMMIT, or a single send's
+# statement in autocommit) leaves its outcome unknown: the record may have been written. Lost
+# before that, nothing was, and the request may be tried again; the API does so once, watching
+# for this.
+
+_WRITE_SENT: ContextVar[bool] = ContextVar("postroom_write_sent", default=False)
+
+
+@contextlib.contextmanager
+def watching_writes() -> Iterator[Callable[[], bool]]:
+    """Watch one attempt at accepting: the function it gives says whether a write that commits
+    has gone to the database since the attempt began (then a lost connection leaves it in
+    doubt, and trying again could write the record twice)."""
+    token = _WRITE_SENT.set(False)
+    try:
+        yield _WRITE_SENT.get
+    finally:
+        _WRITE_SENT.reset(token)
+
+
+@event.listens_for(Engine, "commit")
+def _committing(_connection: Connection) -> None:
+    """A COMMIT is about to be sent (every engine, every session): see ``watching_writes``."""
+    _WRITE_SENT.set(True)
+
+
 # --- wake-ups ---------------------------------------------------------------------------
 
 NOTIFY_INTERVAL_S = 0.01
@@ -875,7 +904,8 @@ def _accept_now(engine: Engine, channel: str, req: MailRequest | SmsRequest) -> 
         try:
             result = _accept_on(raw, channel, req, trace_id)
         finally:
-            raw.autocommit = False
+            if not raw.closed:  # closed: setting it would hide the error that closed it
+                raw.autocommit = False
     except psycopg.Error as exc:
         if raw.broken or raw.closed:
             pooled.invalidate(exc)
@@ -902,6 +932,7 @@ def _accept_on(
 
         _check_template(lambda: fetch, req)
         document = json.dumps([_pg_row(req, 0, trace_id)])
+        _WRITE_SENT.set(True)  # in autocommit, the insert commits itself
         for _attempt in range(3):
             row = cursor.execute(_PG_SQL[channel], (document,)).fetchone()
             assert row is not None

@@ -4,7 +4,13 @@ expiry and stream, and batches. ``acceptance`` checks the result against the ten
 and writes it.
 
 A rejection raises ``AcceptanceError`` (422; 409 for a business key reused for another
-request) naming the offending field.
+request) naming the offending field. A request that could never be sent is one of them: a
+subject, body or SMS content of nothing but white space where it would be sent (without a
+template, or given in place of the template's) is refused here, not accepted and failed at
+preparation.
+
+``text_problem`` is the one rule for a configuration text field (one line, no control
+characters), asked by the portal's forms and by ``import-config`` alike.
 """
 
 from __future__ import annotations
@@ -88,6 +94,26 @@ class BusinessKeyConflict(AcceptanceError):
     """The business key was already used by this tenant for a different request."""
 
     status = 409
+
+
+# --- configuration text ------------------------------------------------------------------
+
+# Control characters other than tab and the line breaks; PostgreSQL refuses NUL in text outright.
+_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+
+
+def text_problem(value: str, *, multiline: bool = False) -> str | None:
+    """Why ``value`` cannot be stored in a configuration text field, or None: a one-line field
+    (a name, a URL, an account id, a sender, a secret) holds no CR or LF, which would split the
+    HTTP request or mail header it goes into, and no field holds another control character
+    (tab aside). The message follows the field's name ("senderId must be one line"); the
+    portal's forms and ``import-config`` both ask this, so neither stores what the other
+    refuses."""
+    if not multiline and ("\n" in value or "\r" in value):
+        return "must be one line"
+    if _CONTROL.search(value):
+        return "must not contain control characters"
+    return None
 
 
 # --- fields ------------------------------------------------------------------------------
@@ -432,12 +458,34 @@ def validate_mail(data: Any, settings: Settings, tenant_id: int | None) -> MailR
     if req.template_id is not None and req.template_code is not None:
         raise _reject("templateCode", "give templateId or templateCode, not both")
     if not has_template:
-        if not req.subject:
+        if _empty(req.subject):
             raise _reject("subject", "subject is required when no template is given", "required")
-        if not req.html and not req.text:
+        if _empty(req.html) and _empty(req.text):
             raise _reject("html", "html or text is required when no template is given", "required")
+    else:
+        _own_parts(req)
     req.request_hash = _request_hash(_hashed(req))
     return req
+
+
+def _empty(value: str | None) -> bool:
+    """Nothing to show: left out, empty, or white space only (as preparation reads it)."""
+    return not (value or "").strip()
+
+
+def _own_parts(req: MailRequest) -> None:
+    """A templated mail's own subject or body, refused when preparation would fail it for
+    certain: a subject given replaces the template's, and a body given (html or text) replaces
+    both of its bodies, so given empty they leave nothing to send."""
+    if req.subject is not None and _empty(req.subject):
+        raise _reject("subject", "subject is empty (leave it out, or null, to use the template's)")
+    given = [name for name, value in (("html", req.html), ("text", req.text)) if value is not None]
+    if given and _empty(req.html) and _empty(req.text):
+        raise _reject(
+            given[0],
+            f"{' and '.join(given)} {'are' if len(given) > 1 else 'is'} empty (leave html and "
+            "text out, or null, to use the template's body)",
+        )
 
 
 # --- SMS ---------------------------------------------------------------------------------
@@ -505,6 +553,10 @@ def validate_sms(data: Any, settings: Settings, tenant_id: int | None) -> SmsReq
         raise _reject("businessKey", "businessKey must not be empty")
     if not req.content and not req.template_code:
         raise _reject("content", "content or templateCode is required", "required")
+    if req.content and _empty(req.content):
+        # Content replaces the template's unless it is empty (then as if left out); white space
+        # alone is sent as nothing, which preparation always fails.
+        raise _reject("content", "content is white space only")
     req.request_hash = _request_hash(_hashed(req))
     return req
 

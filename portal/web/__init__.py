@@ -20,10 +20,11 @@ from flask import (
     url_for,
 )
 from flask_login.utils import login_url
+from markupsafe import escape
 from sqlalchemy import select
 from werkzeug.exceptions import HTTPException
 
-from portal.extensions import db, login_manager
+from portal.extensions import connection_lost, db, login_manager
 
 log = logging.getLogger(__name__)
 
@@ -165,6 +166,11 @@ ERROR_TEXT = {
     413: ("Too large", "What you sent is larger than we accept."),
     429: ("Too many requests", "Wait a little, then try again."),
     500: ("Something went wrong", "The error has been logged. Try again in a moment."),
+    503: (
+        "The database is out of reach",
+        "The portal lost its connection to the database. Try again in a few seconds; if you "
+        "were saving something, look first whether it was saved.",
+    ),
 }
 
 
@@ -195,6 +201,8 @@ def _errors(app: Flask) -> None:
     def _unexpected(exc: Exception) -> Response | tuple[str, int]:
         if isinstance(exc, HTTPException):
             return _http_error(exc)
+        if connection_lost(exc):
+            return _database_unavailable(exc)
         log.exception("unexpected error on %s %s", request.method, request.path)
         db.session.rollback()
         if _wants_json():
@@ -205,3 +213,27 @@ def _errors(app: Flask) -> None:
             return response
         title, message = ERROR_TEXT[500]
         return render_template("errors/error.html", title=title, message=message), 500
+
+
+def _database_unavailable(exc: Exception) -> Response:
+    """A lost database connection: 503 with Retry-After, not a 500. The API's JSON shape, or a
+    page that needs no database (``base.html`` asks it who is signed in)."""
+    from portal.web.machine.endpoint import (
+        RETRY_AFTER_S,
+        database_unavailable,
+        roll_back_quietly,
+    )
+
+    log.warning("database connection lost on %s %s: %s", request.method, request.path, exc)
+    roll_back_quietly()
+    if _wants_json():
+        return database_unavailable()
+    title, message = ERROR_TEXT[503]
+    page = (
+        '<!doctype html><html lang="en"><head><meta charset="utf-8">'
+        f"<title>{escape(title)} · Postroom</title></head>"
+        f"<body><main><h1>{escape(title)}</h1><p>{escape(message)}</p></main></body></html>"
+    )
+    response = Response(page, 503, mimetype="text/html")
+    response.headers["Retry-After"] = str(RETRY_AFTER_S)
+    return response

@@ -22,13 +22,12 @@ from flask import Response, abort, current_app, request, url_for
 
 from portal.config import Settings
 from portal.extensions import db
+from portal.messaging.validation import text_problem
 from portal.models import Tenant
 from portal.web.access import viewed_tenant
 
 MAX_INT = 2**31 - 1  # the INTEGER columns' range
 MAX_ID = 2**63 - 1  # the BIGINT ids' range: a larger id in a URL is a 404, not a 500
-# Control characters other than tab and newlines; PostgreSQL refuses NUL in text outright.
-_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 
 
 class Form:
@@ -64,11 +63,9 @@ class Form:
         if len(value) > max_len:
             self.fail(name, f"must be at most {max_len:,} characters (it has {len(value):,})")
             return None
-        if not multiline and ("\n" in value or "\r" in value):
-            self.fail(name, "must be one line")
-            return None
-        if _CONTROL.search(value):
-            self.fail(name, "must not contain control characters")
+        problem = text_problem(value, multiline=multiline)
+        if problem is not None:  # the rule import-config asks too
+            self.fail(name, problem)
             return None
         return value
 

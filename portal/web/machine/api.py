@@ -1,8 +1,10 @@
 """The JSON API under /api/v1/, authenticated by a tenant API key.
 
 Every error answers with one shape, ``{"error": {"code", "field", "message"[, "index"]}}``:
-malformed JSON, wrong types and oversize bodies are 400/413, rejected requests 422, a business
-key reused for a different request 409; never a 500 for bad input.
+malformed JSON, wrong types and oversize bodies are 400/413, rejected requests 422 (a request
+that could never be sent among them), a business key reused for a different request 409;
+never a 500 for bad input. A lost database connection is a 503 with Retry-After; a send whose
+connection was lost before anything could be written is tried once more first.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from portal.web.machine.endpoint import (
     error_response,
     json_body,
     key_or_session,
+    once_more_if_connection_lost,
     unknown_query_parameter,
 )
 from portal.web.machine.openapi import openapi_document
@@ -74,6 +77,7 @@ def _batch_items(data: Any) -> Any:
 
 
 @bp.post("/mail")
+@once_more_if_connection_lost
 @api_key_required(ApiScope.SEND)
 def mail_create() -> tuple[Response, int]:
     """Accept one mail."""
@@ -83,6 +87,7 @@ def mail_create() -> tuple[Response, int]:
 
 
 @bp.post("/mail/batch")
+@once_more_if_connection_lost
 @api_key_required(ApiScope.SEND)
 def mail_batch() -> tuple[Response, int]:
     """Accept up to 500 mails at once, all or none."""
@@ -93,6 +98,7 @@ def mail_batch() -> tuple[Response, int]:
 
 
 @bp.post("/sms")
+@once_more_if_connection_lost
 @api_key_required(ApiScope.SEND)
 def sms_create() -> tuple[Response, int]:
     """Accept one SMS."""
@@ -102,6 +108,7 @@ def sms_create() -> tuple[Response, int]:
 
 
 @bp.post("/sms/batch")
+@once_more_if_connection_lost
 @api_key_required(ApiScope.SEND)
 def sms_batch() -> tuple[Response, int]:
     """Accept up to 500 SMS at once, all or none."""

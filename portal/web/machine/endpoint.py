@@ -1,11 +1,15 @@
 """What every machine endpoint shares (the JSON API and the seed's operator endpoints): who calls
 (an API key, or a portal session with the CSRF token), whose rows the request reaches
-(``acting_tenant``), how a JSON body is read, which query parameters are taken, the audit row
-of a change to records, and the one error shape ``{"error": {"code", "field", "message"}}``.
+(``acting_tenant``), how a JSON body is read (``request_body``: never past the size limit,
+chunked or not), which query parameters are taken, the audit row of a change to records, the
+one error shape ``{"error": {"code", "field", "message"}}``, and what a lost database
+connection answers (``database_unavailable``; a send tries once more when it safely can).
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import logging
 import os
 import re
@@ -14,17 +18,19 @@ import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from functools import wraps
-from typing import Any, NamedTuple, ParamSpec, TypeVar
+from typing import IO, Any, NamedTuple, ParamSpec, TypeVar
 
 from flask import Response, current_app, g, jsonify, request
 from flask_login import current_user
 from sqlalchemy import Engine, event, or_, select, update
+from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session as OrmSession
 from sqlalchemy.orm import object_session
-from werkzeug.exceptions import BadRequest
+from werkzeug.exceptions import RequestEntityTooLarge
 
 from portal.config import Settings
-from portal.extensions import csrf, db
+from portal.extensions import connection_lost, csrf, db
+from portal.messaging import acceptance
 from portal.models import ApiKey, AuditAction, MailSendRecord, SmsSendRecord, Tenant
 from portal.models.tenant import ApiScope, hash_api_token
 from portal.tenancy import PLATFORM_TENANT_ID, new_trace_id, tenant_context
@@ -279,12 +285,51 @@ def _unauthorised(message: str) -> Response:
     return response
 
 
+_BODY = "postroom.body"  # the environ key of a chunked body once read
+
+
+def request_body() -> bytes:
+    """The request's body; 413 when it is over MAX_CONTENT_LENGTH, with or without a length.
+
+    A Content-Length over the limit werkzeug refuses before reading anything. A chunked body
+    (Transfer-Encoding: chunked, no Content-Length) has no length to check, and werkzeug's
+    stream stops quietly at the limit, so an oversize body read as a shorter one and answered
+    400 as malformed JSON. Such a body is read here from the server's own stream (which ends
+    it at the last chunk), one byte past the limit at most: that byte means 413.
+    """
+    environ = request.environ
+    limit = request.max_content_length
+    if request.content_length is not None or limit is None:
+        return request.get_data(cache=True)
+    if not environ.get("wsgi.input_terminated"):
+        # A server that does not end a chunked stream: werkzeug reads none of it (unsafe).
+        return request.get_data(cache=True)
+    body: bytes | None = environ.get(_BODY)
+    if body is None:
+        body = environ[_BODY] = _read_at_most(environ["wsgi.input"], limit + 1)
+    if len(body) > limit:
+        raise RequestEntityTooLarge()
+    return body
+
+
+def _read_at_most(stream: IO[bytes], size: int) -> bytes:
+    parts: list[bytes] = []
+    left = size
+    while left > 0:
+        part = stream.read(min(left, 64 * 1024))
+        if not part:
+            break
+        parts.append(part)
+        left -= len(part)
+    return b"".join(parts)
+
+
 def json_body() -> Any:
     if not request.is_json:
         raise ApiError("unsupported_media_type", "send Content-Type: application/json", 415)
     try:
-        data = request.get_json()
-    except (BadRequest, RecursionError):  # RecursionError: "[[[[..." past the decoder's stack
+        data = json.loads(request_body())
+    except (ValueError, RecursionError):  # RecursionError: "[[[[..." past the decoder's stack
         raise ApiError("malformed_json", "the request body is not valid JSON") from None
     if data is None:  # the JSON document null: valid JSON, but no request
         raise ApiError("invalid", "the request body must be a JSON object", 422)
@@ -302,6 +347,63 @@ class ApiError(Exception):
 def api_error_response(exc: ApiError) -> Response:
     """The API's error shape for an ``ApiError`` (each blueprint registers it)."""
     return error_response(exc.status, exc.code, exc.message, exc.field)
+
+
+# --- a lost database connection -------------------------------------------------------------
+
+RETRY_AFTER_S = 2  # a restarted or failed-over database takes a few seconds to take sessions
+
+
+def database_unavailable(in_doubt: bool = False) -> Response:
+    """503 with Retry-After for a request whose database connection was lost. ``in_doubt``: a
+    write that commits had gone out, so the record may have been written; a repeat with the
+    same businessKey returns it instead of writing a second one."""
+    message = "the database connection was lost; try again"
+    if in_doubt:
+        message += (
+            " (it may have been accepted all the same: repeated with the same businessKey, a "
+            "record written meanwhile comes back as a duplicate instead of a second one)"
+        )
+    response = error_response(503, "database_unavailable", message)
+    response.headers["Retry-After"] = str(RETRY_AFTER_S)
+    return response
+
+
+def roll_back_quietly() -> None:
+    """End the session's transaction after a lost connection (whose rollback may fail too)."""
+    with contextlib.suppress(SQLAlchemyError):
+        db.session.rollback()
+
+
+def once_more_if_connection_lost(view: Callable[P, R]) -> Callable[P, R | Response]:
+    """Run ``view`` (a send) again, once, when its database connection was lost before any
+    write that commits went out: nothing of it can have been written, so the second run is
+    the only one to write. Lost after that (a COMMIT, or the single send's insert in
+    autocommit, whose outcome is unknown), or lost again, it answers 503 with Retry-After and
+    is never run again here: that could write the record twice."""
+
+    @wraps(view)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R | Response:
+        for attempt in (1, 2):
+            with acceptance.watching_writes() as written:
+                try:
+                    return view(*args, **kwargs)
+                except Exception as exc:
+                    if not connection_lost(exc):
+                        raise
+                    roll_back_quietly()
+                    if written() or attempt == 2:
+                        log.warning(
+                            "database connection lost on %s %s (%s); answered 503",
+                            request.method,
+                            request.path,
+                            "the write may have happened" if written() else "nothing written",
+                        )
+                        return database_unavailable(in_doubt=written())
+                    log.info("database connection lost before any write; trying once more")
+        raise AssertionError("unreachable")
+
+    return wrapper
 
 
 # (method, path pattern, query parameters) of every operation the OpenAPI document describes.

@@ -30,6 +30,17 @@ def _errors(*codes: str) -> dict[str, Any]:
     return {code: _ERROR_RESPONSE for code in codes}
 
 
+_UNAVAILABLE_RESPONSE = {
+    "description": (
+        "The database connection was lost (a restart, a failover): try again after Retry-After "
+        "seconds. A request that may have been written says so: repeated with the same "
+        "businessKey, it returns that record (duplicate: true) instead of writing another."
+    ),
+    "headers": {"Retry-After": {"schema": {"type": "integer"}}},
+    "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}},
+}
+
+
 def _post(summary: str, body_ref: str, ok_ref: str) -> dict[str, Any]:
     return {
         "post": {
@@ -39,13 +50,18 @@ def _post(summary: str, body_ref: str, ok_ref: str) -> dict[str, Any]:
                 "required": True,
                 "content": {"application/json": {"schema": {"$ref": body_ref}}},
             },
-            "description": "Needs the send scope.",
+            "description": (
+                "Needs the send scope. A request that could never be sent (an empty subject "
+                "or body in place of the template's) is refused with 422 naming the field. A "
+                "body over the size limit is 413, with a Content-Length or chunked."
+            ),
             "responses": {
                 "202": {
                     "description": "Accepted: written as Pending, delivered in the background",
                     "content": {"application/json": {"schema": {"$ref": ok_ref}}},
                 },
                 **_errors("400", "401", "403", "409", "413", "415", "422"),
+                "503": _UNAVAILABLE_RESPONSE,
             },
         }
     }
@@ -416,6 +432,13 @@ _METADATA = {
     ),
 }
 
+_MAIL_BODY = (
+    "html, text or both. Without a template at least one of them must hold more than white "
+    "space. With a template, giving either replaces both of the template's bodies (html alone: "
+    "its text part is made from it), so the ones given may not all be empty or white space "
+    "only (422, naming the first given): leave both out, or null, to use the template's body."
+)
+
 _STREAM = {
     "type": "string",
     "enum": ["transactional", "broadcast"],
@@ -505,9 +528,19 @@ def _document() -> dict[str, Any]:
                         "cc": _EMAIL_LIST,
                         "bcc": _EMAIL_LIST,
                         "replyTo": {"type": "string", "format": "email"},
-                        "subject": {"type": "string", "maxLength": 998},
-                        "html": {"type": "string"},
-                        "text": {"type": "string"},
+                        "subject": {
+                            "type": "string",
+                            "minLength": 1,
+                            "maxLength": 998,
+                            "description": (
+                                "One line. Required without a template; with one, given it "
+                                "replaces the template's subject. Empty or white space only "
+                                "is refused (422): leave it out, or null, to use the "
+                                "template's."
+                            ),
+                        },
+                        "html": {"type": "string", "description": _MAIL_BODY},
+                        "text": {"type": "string", "description": _MAIL_BODY},
                         "templateId": {"type": "integer", "minimum": 1},
                         "templateCode": {"type": "string", "minLength": 1, "maxLength": 100},
                         "variables": {"type": "object"},
@@ -540,7 +573,16 @@ def _document() -> dict[str, Any]:
                     "required": ["phoneNumber"],
                     "properties": {
                         "phoneNumber": {"type": "string", "example": "+447812345678"},
-                        "content": {"type": "string", "maxLength": 1600},
+                        "content": {
+                            "type": "string",
+                            "maxLength": 1600,
+                            "description": (
+                                "The SMS text. Required without templateCode; with one, "
+                                "given it replaces the template's content (empty, or null, "
+                                "uses the template's). White space only is refused (422): "
+                                "it would send nothing."
+                            ),
+                        },
                         "templateCode": {"type": "string", "maxLength": 100},
                         "variables": {"type": "object"},
                         "scope": {"type": "string", "enum": ["TENANT", "PLATFORM"]},
