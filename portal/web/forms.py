@@ -209,11 +209,17 @@ def record_url(endpoint: str, record_id: int) -> str | None:
 
 
 def is_htmx() -> bool:
-    """Whether htmx sent this request (a fragment is wanted, not a page)."""
-    return request.headers.get("HX-Request") == "true"
+    """Whether htmx sent this request for a fragment. Not a history restore: when the Back
+    button finds no page in htmx's history cache, htmx asks again with HX-Request and
+    HX-History-Restore-Request, and it needs the whole page."""
+    return (
+        request.headers.get("HX-Request") == "true"
+        and request.headers.get("HX-History-Restore-Request") != "true"
+    )
 
 
 def varies(response: Response) -> Response:
     """Mark a response that depends on HX-Request, so no cache serves a fragment as a page."""
     response.vary.add("HX-Request")
+    response.vary.add("HX-History-Restore-Request")
     return response
