@@ -382,8 +382,8 @@ def classify(code: str | None, message: str | None) -> ErrorCategory:
 
 # --- Unavailable: a failure of the server or provider itself, whoever's message it was. ------
 # The circuit breaker counts these, and only these (see breaker.py). Every SMS provider kind
-# goes through ``unavailable``; the SMTP transport counts a failure before the server took any
-# mail (connect, TLS, greeting, EHLO, STARTTLS; not the login) the same way.
+# and the SMTP transport go through ``unavailable``: SMTP maps the stage a session failed at
+# (connect, TLS, greeting, EHLO, STARTTLS: CONNECT; the login: ANSWERED) to a ``Reach``.
 
 
 class Reach(StrEnum):

@@ -29,6 +29,7 @@ from types import TracebackType
 from email_validator import EmailNotValidError, validate_email
 
 from portal.messaging import outbound
+from portal.messaging.classify import Reach, unavailable
 
 __all__ = [
     "Attachment",
@@ -612,6 +613,18 @@ class _CheckedSSL(smtplib.SMTP_SSL, _Checked):
     """SMTP_SSL wraps what ``_Checked._get_socket`` connected."""
 
 
+# How far a session being opened had got, for ``classify.unavailable`` (the breaker's input):
+# up to STARTTLS it is still being set up (the connection, TLS, the greeting, EHLO), the server's
+# own state whoever's mail it is; by the login the server has answered, and a refused login is
+# our credentials (AUTH), never the server being down.
+_SESSION_REACH = {
+    "connect": Reach.CONNECT,
+    "ehlo": Reach.CONNECT,
+    "starttls": Reach.CONNECT,
+    "auth": Reach.ANSWERED,
+}
+
+
 def _open(server: SmtpServer) -> smtplib.SMTP:
     """Connect, EHLO, STARTTLS and log in; raise SmtpSendError on any failure."""
     local_hostname = server.local_hostname or _default_local_hostname()
@@ -652,9 +665,7 @@ def _open(server: SmtpServer) -> smtplib.SMTP:
         if smtp is not None:
             smtp.close()
         error = _exception_error(exc, stage)
-        # Everything before the login is the server's own state, whoever's mail it is; a
-        # refused login is our credentials (AUTH), never the server being down.
-        error.connection = stage != "auth"
+        error.connection = unavailable(_SESSION_REACH[stage])
         raise error from exc
     except outbound.Refused as exc:
         if smtp is not None:
