@@ -128,6 +128,10 @@ class Settings:
     # The last free worker of a pool waits this long for a place on a server or provider whose
     # other places are all in flight (pool size - 1), then defers the record as SERVER_BUSY.
     route_wait_s: float = 1.0
+    # A server or provider whose last send timed out (at any stage, after DATA too) may hold
+    # at most this share of a pool's workers until a send to it is answered again
+    # (scan.slow_cap: rounded down, at least one, never all).
+    slow_server_max_share: float = 0.25
     # A mail worker's Sent write waits this long behind another worker's running write (the
     # group commit) before it goes to the database alone.
     sent_batch_wait_s: float = 1.0
@@ -233,6 +237,7 @@ class Settings:
             breaker_probe_max_s=_float(env, "BREAKER_PROBE_MAX_S", 300.0),
             broadcast_max_share=_share(env, "BROADCAST_MAX_SHARE", 0.75),
             route_wait_s=_float(env, "ROUTE_WAIT_S", 1.0),
+            slow_server_max_share=_share(env, "SLOW_SERVER_MAX_SHARE", 0.25),
             sent_batch_wait_s=_float(env, "SENT_BATCH_WAIT_S", 1.0),
             template_max_chars=_positive(env, "TEMPLATE_MAX_CHARS", 50_000),
             pool_ping_idle_s=_float(env, "POOL_PING_IDLE_S", 1.0),

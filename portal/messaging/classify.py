@@ -160,8 +160,9 @@ DEFERRAL_HELP: dict[DeferralCode, tuple[str, str]] = {
     ),
     DeferralCode.SERVER_BUSY: (
         "The mail server or SMS provider is slow: all of this worker's senders but one were "
-        "waiting on it, so this message waited a few seconds instead of taking the last one, "
-        "which stays free for other servers' messages. It used none of its retries.",
+        "waiting on it (or, since its sends time out, the few it may hold then), so this "
+        "message waited a few seconds instead of taking another, which stays free for other "
+        "servers' messages. It used none of its retries.",
         "Nothing: it is tried again within seconds. If it keeps waiting, the server is slow "
         "to answer: check it, or its timeouts.",
     ),

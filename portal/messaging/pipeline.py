@@ -45,6 +45,7 @@ from portal.messaging.preparation import (
 )
 from portal.messaging.ratelimit import LimitedConfig, RateLimiter, RateLimitUnavailable
 from portal.messaging.transports import sms as sms_transport
+from portal.messaging.transports import smtp
 from portal.messaging.transports.smtp import (
     Attachment,
     OutgoingMail,
@@ -131,7 +132,13 @@ def _breaker(ctx: MailContext | SmsContext) -> Breaker:
 class _RouteBusy(ServerDown):
     """All but one of the pool's workers are in flight to this server or provider, and stayed
     so for ROUTE_WAIT_S (``Settings.route_wait_s``, scan.enter_route): it is slow or hanging,
-    so the record waits and the worker is free for other servers' records."""
+    so the record waits and the worker is free for other servers' records. Or its last send
+    timed out and its slow share of the workers (``SLOW_SERVER_MAX_SHARE``) is in flight
+    (``slow``)."""
+
+    def __init__(self, check: breaker.Check, config_id: int, name: str, *, slow: bool) -> None:
+        super().__init__(check, config_id, name)
+        self.slow = slow
 
 
 # A healthy server frees a place within milliseconds; one that holds every other worker
@@ -145,9 +152,11 @@ def _gate(ctx: MailContext | SmsContext, channel: Channel, record_id: int) -> Ga
     then its breaker; raises ServerDown when the record must wait."""
 
     def gate(config_id: int, name: str) -> None:
-        if not scan.enter_route((channel.value, config_id), ctx.settings.route_wait_s):
+        route = (channel.value, config_id)
+        settings = ctx.settings
+        if not scan.enter_route(route, settings.route_wait_s, settings.slow_server_max_share):
             busy = breaker.Check(Verdict.DEFER, wait_s=ROUTE_BUSY_DELAY_S, interval_s=2.0)
-            raise _RouteBusy(busy, config_id, name)
+            raise _RouteBusy(busy, config_id, name, slow=scan.route_is_slow(route))
         check = _breaker(ctx).check(channel, config_id, record_id)
         if check.verdict is Verdict.DEFER:
             raise ServerDown(check, config_id, name)
@@ -165,12 +174,18 @@ def _failed(ctx: MailContext | SmsContext, claimed: Claimed, failure: Preparatio
 def _defer(ctx: MailContext | SmsContext, claimed: Claimed, down: ServerDown) -> None:
     """Back to Retry until the next probe (plus jitter), with no retry used."""
     if isinstance(down, _RouteBusy):
+        why = (
+            "its sends time out, so it may hold only a few of this worker's senders and they "
+            "are all busy with it"
+            if down.slow
+            else "every other sender of this worker but one is busy with it"
+        )
         outcomes.defer(
             ctx.engine,
             replace(claimed, provider=down.name),
             DeferralCode.SERVER_BUSY.value,
-            f"not attempted yet: every other sender of this worker but one is busy with the "
-            f"slow {_KIND[claimed.channel]} {down.name!r}, so this waits (no retry used)",
+            f"not attempted yet: the {_KIND[claimed.channel]} {down.name!r} is slow ({why}), "
+            "so this waits (no retry used)",
             breaker.defer_delay(down.check),
         )
         return
@@ -190,11 +205,16 @@ def _observed(
     *,
     answered: bool,
     down: str | None = None,
+    timed_out: bool = False,
 ) -> None:
     """Tell the breaker how the attempt went: ``down`` (the error) for a failure of the server
     itself, ``answered`` when the server replied (a send or the record's own refusal); neither
-    when no answer came mid-way (a timeout after MAIL FROM says nothing about the server)."""
+    when no answer came mid-way (a timeout after MAIL FROM says nothing about the server).
+    And the pool's route gate: a send that ``timed_out``, at any stage, holds the server to
+    the slow share of the workers (``SLOW_SERVER_MAX_SHARE``); an answer gives it all back."""
     channel = claimed.channel
+    if timed_out or answered:
+        scan.route_settled((channel.value, config_id), timed_out=timed_out)
     if down is not None:
         _breaker(ctx).failed(channel, config_id, claimed.id, down)
     elif answered and _breaker(ctx).answered(channel, config_id):
@@ -532,6 +552,7 @@ def _attempt(ctx: MailContext, record: MailSendRecord, holding: _Holding) -> Non
             config.id,
             answered=error.code not in _NO_ANSWER,
             down=f"{error.code} {error.message}" if error.connection else None,
+            timed_out=error.code == smtp.TIMEOUT,  # at any stage, after DATA too
         )
         outcomes.handle_failure(
             ctx.engine,
@@ -724,6 +745,7 @@ def _attempt_sms(ctx: SmsContext, record: SmsSendRecord, holding: _Holding) -> N
         config.id,
         answered=answer.code not in _NO_ANSWER and not answer.ambiguous,
         down=f"{answer.code} {answer.message}" if answer.connection else None,
+        timed_out=answer.code == sms_transport.TIMEOUT,  # connecting, or awaiting the answer
     )
     outcomes.handle_failure(
         ctx.engine,

@@ -20,6 +20,7 @@ record is written Sent and the next one claimed in one statement and one commit.
 
 from __future__ import annotations
 
+import math
 import random
 import threading
 from collections import deque
@@ -501,9 +502,19 @@ def loader_for(model: RecordModel) -> ClaimLoader:
 # --- at most pool size - 1 workers per server or provider ----------------------------------------
 
 
+def slow_cap(workers: int, share: float) -> int:
+    """How many of a pool's ``workers`` may be in flight to a server or provider whose sends
+    time out (``SLOW_SERVER_MAX_SHARE``): ``share`` of them, rounded down, at least one and
+    never all."""
+    return max(1, min(math.floor(share * workers), workers - 1))
+
+
 class RouteGate:
     """How many of a pool's workers are in flight per server or provider (a route): at most
-    ``limit`` each (the pool's size - 1), so a hanging server cannot hold the whole pool.
+    ``limit`` each (the pool's size - 1), so a hanging server cannot hold the whole pool; and
+    at most ``slow_cap`` of them for a route whose last send timed out (``slow``), since a
+    send that times out holds its worker for the whole timeout, whether or not the breaker
+    counts it (a timeout after DATA does not: the mail may have been taken).
 
     Places are handed out first come, first served: a worker that left a route and comes
     straight back for its next record queues behind those already waiting. Without the
@@ -511,28 +522,44 @@ class RouteGate:
     must get it back first), and keep it record after record until the waiter gave up as
     SERVER_BUSY although the server was answering in milliseconds: the fault test of a
     server gone for a while saw that once the suppression lookup rode on the claim and
-    nothing between two of one worker's records waited on the database any more."""
+    nothing between two of one worker's records waited on the database any more. A slow
+    route's places free only when a send times out, so nobody waits for one."""
 
     def __init__(self, limit: int):
         self.limit = max(1, limit)
+        self.workers = self.limit + 1  # the pool's size: limit is all but one of them
         self._held: dict[Any, int] = {}
         self._waiting: dict[Any, deque[object]] = {}
+        self._slow: set[Any] = set()
         self._lock = threading.Condition()
 
-    def try_enter(self, route: Any, wait_s: float = 0.0) -> bool:
+    def _limit(self, route: Any, slow_share: float) -> int:
+        if route in self._slow:
+            return min(self.limit, slow_cap(self.workers, slow_share))
+        return self.limit
+
+    def try_enter(self, route: Any, wait_s: float = 0.0, slow_share: float = 1.0) -> bool:
         """Take a place on ``route``, waiting up to ``wait_s`` (in turn) for one to free: a
-        healthy server's sends free theirs in milliseconds, a hanging one's do not."""
+        healthy server's sends free theirs in milliseconds, a hanging one's do not. A slow
+        route (``slow``) takes ``slow_share`` of the pool's workers and no waiting."""
         with self._lock:
             queue = self._waiting.get(route)
-            if not queue and self._held.get(route, 0) < self.limit:
+            limit = self._limit(route, slow_share)
+            if not queue and self._held.get(route, 0) < limit:
                 self._held[route] = self._held.get(route, 0) + 1
                 return True
+            if route in self._slow:
+                return False
             ticket = object()
             queue = self._waiting.setdefault(route, deque())
             queue.append(ticket)
             try:
                 got = self._lock.wait_for(
-                    lambda: queue[0] is ticket and self._held.get(route, 0) < self.limit, wait_s
+                    lambda: (
+                        queue[0] is ticket
+                        and self._held.get(route, 0) < self._limit(route, slow_share)
+                    ),
+                    wait_s,
                 )
             finally:
                 queue.remove(ticket)
@@ -555,6 +582,19 @@ class RouteGate:
     def held(self, route: Any) -> int:
         return self._held.get(route, 0)
 
+    def slow(self, route: Any) -> bool:
+        return route in self._slow
+
+    def settled(self, route: Any, *, timed_out: bool) -> None:
+        """A send on ``route`` ended: ``timed_out`` makes the route slow; a send the server
+        answered (``timed_out`` False) gives it its full share again."""
+        with self._lock:
+            if timed_out:
+                self._slow.add(route)
+            elif route in self._slow:
+                self._slow.discard(route)
+                self._lock.notify_all()
+
 
 _route = threading.local()
 
@@ -572,17 +612,32 @@ def gating_routes(gate: RouteGate) -> Iterator[None]:
         _route.gate, _route.entered = None, []
 
 
-def enter_route(route: Any, wait_s: float = 0.0) -> bool:
+def enter_route(route: Any, wait_s: float = 0.0, slow_share: float = 1.0) -> bool:
     """Called once the attempt's server or provider is chosen (``route``: e.g. ``("mail",
     config id)``), before anything is charged: False when ``pool size - 1`` workers of this
-    pool are still in flight to it after ``wait_s`` (defer the record without using a retry).
+    pool are still in flight to it after ``wait_s``, or, when its last send timed out,
+    ``slow_cap(pool size, slow_share)`` are (defer the record without using a retry).
     Outside a pool (tests, the drain helper) always True."""
     gate: RouteGate | None = getattr(_route, "gate", None)
     if gate is None:
         return True
     if route in _route.entered:
         return True
-    if not gate.try_enter(route, wait_s):
+    if not gate.try_enter(route, wait_s, slow_share):
         return False
     _route.entered.append(route)
     return True
+
+
+def route_is_slow(route: Any) -> bool:
+    """Whether this pool holds ``route`` to its slow share (its last send timed out)."""
+    gate: RouteGate | None = getattr(_route, "gate", None)
+    return gate is not None and gate.slow(route)
+
+
+def route_settled(route: Any, *, timed_out: bool) -> None:
+    """After a send on ``route`` in this attempt: a timeout holds the route to the slow share
+    of the pool's workers; an answer from the server lifts it. Outside a pool, nothing."""
+    gate: RouteGate | None = getattr(_route, "gate", None)
+    if gate is not None:
+        gate.settled(route, timed_out=timed_out)
