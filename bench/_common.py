@@ -231,6 +231,9 @@ def bench_settings(url: str, **overrides: Any) -> Settings:
         redis_url=REDIS_URL,
         secret_key=SECRET_KEY,
         worker_metrics_port=0,
+        # The sink and the fake provider listen on loopback, which a tenant's server may not
+        # reach by default.
+        outbound_tenant_allow_private=True,
     )
     return base.replace(**overrides) if overrides else base
 
@@ -408,6 +411,7 @@ class Sink:
     mode: str  # "subprocess", "inproc", or "external": one already listening on ``port``
     host: str = "127.0.0.1"
     port: int = 0
+    external_pid: int | None = None  # an external sink's process, when known
 
     def __post_init__(self) -> None:
         self._dir = tempfile.TemporaryDirectory(
@@ -460,6 +464,13 @@ class Sink:
             return
         with open(os.devnull, "w") as null, contextlib.redirect_stdout(null):
             yield
+
+    @property
+    def pid(self) -> int | None:
+        """The sink's process (None on a thread of ours; an external one's is given)."""
+        if self._process is not None:
+            return self._process.pid
+        return self.external_pid
 
     def kept(self) -> int | None:
         """Mails the sink kept (None: an external sink, which tells nobody)."""

@@ -39,6 +39,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import _common as c
+import budget
 import psycopg
 from sqlalchemy import Engine, event, text
 
@@ -60,6 +61,7 @@ class Run:
     done: int = 0
     empty_claims: int = 0
     lost_writes: int = 0
+    finished: int = 0  # done when every worker has stopped (the deadline's count is ``done``)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def count(self, ok: bool) -> None:
@@ -100,6 +102,7 @@ def drive(threads: int, seconds: float, body: Body) -> tuple[float, Run]:
     stop.set()
     for t in pool:
         t.join()
+    counted.finished = run.done
     return elapsed, counted
 
 
@@ -317,6 +320,25 @@ def compare(
     return totals
 
 
+def budgets(
+    engine: Engine, dsn: str, seconds: float, backlog: tuple[int, int]
+) -> list[budget.Budget]:
+    """One more slice of ours, raw1 and raw at 1 and 8 threads under bench/budget.py's meter:
+    what a record costs in each process, statements and writes (not in the rates above)."""
+    bodies = {"raw1": raw1_body(dsn), "ours": ours_body(engine), "raw (2 stmts)": raw_body(dsn)}
+    out = []
+    with budget.Meter(dsn) as meter:
+        for threads in (1, 8):
+            for name, body in bodies.items():
+                top_up(dsn, *backlog)
+                meter.start()
+                _, run = drive(threads, seconds, body)
+                meter.mark_end()
+                label = f"{name}, {threads} thread{'s' if threads > 1 else ''}"
+                out.append(meter.finish(label, run.finished))
+    return out
+
+
 # --- where ours spends its time ----------------------------------------------------------------
 
 
@@ -501,6 +523,13 @@ def main() -> int:
             p.add_argument("--profile", action="store_true", help="break ours down even if met"),
             p.add_argument("--log", default="info", help="worker log level (default: info)"),
             p.add_argument(
+                "--no-budget",
+                dest="budget",
+                action="store_false",
+                help="skip the budget per record (one more slice of ours, raw1 and raw under "
+                "bench/budget.py's meter)",
+            ),
+            p.add_argument(
                 "--pgbouncer",
                 action="store_true",
                 help="only ours direct against ours through a local PgBouncer in transaction "
@@ -587,6 +616,13 @@ def main() -> int:
             "\nraw: the two-statement loop of earlier figures (claim, then Sent)."
             "\nThe slim-table and procrastinate figures come from ../shared/peers (bench/README)."
         )
+        if args.budget:
+            budget.print_budgets(
+                "Budget per record (bench/budget.py: one more slice of each, not in the rates "
+                "above)",
+                budgets(engine, dsn, 1.0 if quick else 5.0, backlog),
+                unit="record",
+            )
         if missed or args.profile:
             breakdown(engine, dsn, 300 if quick else 1_500)
             variants(engine, dsn, slice_s, 1 if quick else 3, backlog)

@@ -45,6 +45,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import _common as c  # first: puts the repository root on sys.path
+import budget
 import httpx
 import psycopg
 
@@ -135,15 +136,19 @@ def cpu_of(pid: int) -> float:
 # --- ours: DeliveryService in child processes -----------------------------------------------
 
 
-def child_main(url: str, threads: int, log: str) -> int:
+def child_main(url: str, threads: int, log: str, metered: bool) -> int:
     """One worker process: a DeliveryService with ``threads`` SMS workers; "ready" on stdout,
-    start on a line from stdin, first stage of shutdown on SIGTERM (as worker.py)."""
+    start on a line from stdin, first stage of shutdown on SIGTERM (as worker.py). ``metered``:
+    with bench/budget.py's hook, whose counts since the start a "report" line on stdin asks
+    for."""
     from portal import create_app
     from portal.delivery.service import DeliveryService
     from portal.extensions import db
 
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    if metered:
+        budget.HOOKS.install()
     settings = c.bench_settings(url, mail_send_concurrency=0, sms_send_concurrency=threads)
     app = create_app(settings)
     c.worker_logging(log)
@@ -152,7 +157,16 @@ def child_main(url: str, threads: int, log: str) -> int:
     service = DeliveryService(engine, settings)
     print("ready", flush=True)
     sys.stdin.readline()
+    budget.HOOKS.reset()
     service.start()
+    if metered:
+
+        def answer() -> None:
+            for line in sys.stdin:
+                if line.strip() == "report":
+                    print(budget.child_report_line(budget.HOOKS.report()), flush=True)
+
+        threading.Thread(target=answer, daemon=True).start()
     stop.wait()
     service.stop()
     service.wait(10)
@@ -162,12 +176,13 @@ def child_main(url: str, threads: int, log: str) -> int:
 class Children:
     """P worker processes of W/P SMS workers each (the remainder spread over the first)."""
 
-    def __init__(self, url: str, workers: int, procs: int, log: str) -> None:
+    def __init__(self, url: str, workers: int, procs: int, log: str, metered: bool) -> None:
         shares = share_out(workers, procs)  # as DELIVERY_PROCESSES shares them
         env = dict(os.environ, BENCH_DB_PREFIX=c.DB_PREFIX, BENCH_REDIS_URL=c.REDIS_URL)
+        metering = ["--budget"] if metered else []
         self.processes = [
             subprocess.Popen(
-                [sys.executable, __file__, "--child", url, str(share), "--log", log],
+                [sys.executable, __file__, "--child", url, str(share), "--log", log, *metering],
                 cwd=c.ROOT,
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
@@ -189,6 +204,20 @@ class Children:
 
     def cpu_s(self) -> float:
         return sum(cpu_of(p.pid) for p in self.processes)
+
+    def reports(self) -> list[dict[str, Any]]:
+        """Each metered child's hook counts since it was told to go."""
+        out = []
+        for p in self.processes:
+            assert p.stdin is not None
+            assert p.stdout is not None
+            p.stdin.write("report\n")
+            p.stdin.flush()
+            for line in p.stdout:
+                if (report := budget.read_report(line)) is not None:
+                    out.append(report)
+                    break
+        return out
 
     def stop(self) -> None:
         for p in self.processes:
@@ -274,15 +303,27 @@ class Run:
 
 
 def run_ours(
-    app: Any, url: str, dsn: str, provider: Provider, tenant_id: int, n: int, shape: Shape
+    app: Any,
+    url: str,
+    dsn: str,
+    provider: Provider,
+    tenant_id: int,
+    n: int,
+    shape: Shape,
+    meter: budget.Meter | None = None,
 ) -> Run:
+    """With a ``meter`` (``own=False``): its window runs from "go" to the last Sent, over the
+    child processes; their hook reports land in ``meter.reports``."""
     lo, hi = accept(app, tenant_id, n)
-    children = Children(url, shape.workers, shape.procs, shape.log)
+    children = Children(url, shape.workers, shape.procs, shape.log, metered=meter is not None)
     try:
+        if meter is not None:
+            meter.processes = [p.pid for p in children.processes]
+            meter.start()
         cpu0, pcpu0 = children.cpu_s(), provider.cpu_s()
         children.go()
         deadline = time.monotonic() + 600
-        with psycopg.connect(dsn, autocommit=True) as conn:
+        with psycopg.connect(dsn, autocommit=True, application_name=budget.WATCH_APP) as conn:
             while time.monotonic() < deadline:
                 row = conn.execute(SPAN_SQL, (lo, hi)).fetchone()
                 assert row is not None
@@ -290,12 +331,23 @@ def run_ours(
                     break
                 time.sleep(0.05)
         cpu, pcpu = children.cpu_s() - cpu0, provider.cpu_s() - pcpu0
+        if meter is not None:
+            meter.mark_end()
+            meter.reports = children.reports()
     finally:
         children.stop()
     return Run(int(row[0]), float(row[2] or "nan"), cpu, pcpu, int(row[1]))
 
 
-def run_bare(app: Any, dsn: str, provider: Provider, tenant_id: int, n: int, shape: Shape) -> Run:
+def run_bare(
+    app: Any,
+    dsn: str,
+    provider: Provider,
+    tenant_id: int,
+    n: int,
+    shape: Shape,
+    meter: budget.Meter | None = None,
+) -> Run:
     from portal.messaging.transports.sms import http_json
     from portal.messaging.transports.sms.result import idempotency_key
     from tests.support.sms_provider import GATEWAY_SECRET
@@ -349,15 +401,19 @@ def run_bare(app: Any, dsn: str, provider: Provider, tenant_id: int, n: int, sha
     pool = [threading.Thread(target=worker) for _ in range(shape.workers)]
     for t in pool:
         t.start()
+    if meter is not None:
+        meter.start()
     with contextlib.suppress(threading.BrokenBarrierError):
         barrier.wait()
     cpu0, pcpu0 = time.process_time(), provider.cpu_s()
     for t in pool:
         t.join()
     cpu, pcpu = time.process_time() - cpu0, provider.cpu_s() - pcpu0
+    if meter is not None:
+        meter.mark_end()
     if errors:
         raise errors[0]
-    with psycopg.connect(dsn, autocommit=True) as conn:
+    with psycopg.connect(dsn, autocommit=True, application_name=budget.WATCH_APP) as conn:
         row = conn.execute(SPAN_SQL, (lo, hi)).fetchone()
     assert row is not None
     return Run(int(row[0]), float(row[2] or "nan"), cpu, pcpu, int(row[1]))
@@ -516,7 +572,7 @@ def main() -> int:
             os.environ.get("BENCH_DB_PREFIX", c.DB_PREFIX),
             os.environ.get("BENCH_REDIS_URL", c.REDIS_URL),
         )
-        return child_main(sys.argv[2], int(sys.argv[3]), log)
+        return child_main(sys.argv[2], int(sys.argv[3]), log, "--budget" in sys.argv)
     args = c.parse_args(
         __doc__,
         lambda p: (
@@ -538,6 +594,13 @@ def main() -> int:
             p.add_argument(
                 "--breakdown", action="store_true", help="only the profile of one worker"
             ),
+            p.add_argument(
+                "--no-budget",
+                dest="budget",
+                action="store_false",
+                help="skip the budget per SMS (one more run of each side at each worker count "
+                "in one process, under bench/budget.py's meter)",
+            ),
         ),
     )
     counts = [int(x) for x in args.workers.split(",")]
@@ -547,6 +610,7 @@ def main() -> int:
     rounds = 1 if args.quick else args.rounds
     c.print_header("bench/sms.py: end-to-end SMS to a local provider process", args.quick)
     results: dict[tuple[str, Shape], Totals] = {}
+    spent: dict[Shape, list[budget.Budget]] = {}
     provider = Provider().start()
     try:
         with c.bench_database(DB_NAME) as url:
@@ -586,6 +650,8 @@ def main() -> int:
                         if run.failed or run.n < n:
                             line[-1] += f" [sent {run.n} of {n}, failed {run.failed}]"
                     c.say(f"  round {r + 1}/{rounds} (SMS/s): " + "; ".join(line))
+            if shapes and args.budget:
+                spent = budgets(app, url, dsn, provider, tenant_id, shapes, last, args)
             with app.app_context():
                 from portal.extensions import db
 
@@ -595,6 +661,12 @@ def main() -> int:
     if not shapes:
         return 0
     report(results, shapes, top)
+    budget.print_budgets(
+        "Budget per SMS (bench/budget.py: one more run of each side, not in the rates above; "
+        "provider = the sink)",
+        [b for pair in spent.values() for b in pair],
+        unit="SMS",
+    )
     if args.json:
         for shape in shapes:
             ours = results[("ours", shape)].rate
@@ -607,6 +679,7 @@ def main() -> int:
                         "rates": {"SMS/s": round(ours, 1), "bare SMS/s": round(bare, 1)},
                         "round": int(os.environ.get("PEERS_ROUND", "0")),
                         "load_at_end": os.getloadavg()[0],
+                        "budget": [b.as_json() for b in spent.get(shape, [])],
                     }
                 ),
                 flush=True,
@@ -616,6 +689,36 @@ def main() -> int:
 
 
 ORDER = ("bare", "ours", "ours", "bare")
+
+
+def budgets(
+    app: Any,
+    url: str,
+    dsn: str,
+    provider: Provider,
+    tenant_id: int,
+    shapes: list[Shape],
+    last: dict[tuple[str, Shape], float],
+    args: Any,
+) -> dict[Shape, list[budget.Budget]]:
+    """One more run of ours and of the bare loop at each worker count in one process, under
+    bench/budget.py's meter (at least 5 s): what an SMS costs in each process, statements and
+    writes."""
+    seconds = max(args.seconds, 6.0)
+    pid = provider.process.pid if provider.process else None
+    out: dict[Shape, list[budget.Budget]] = {}
+    for shape in (s for s in shapes if s.procs == 1):
+        pair = []
+        with budget.Meter(dsn, own=False, sink_pid=pid) as meter:
+            n = sized(last.get(("ours", shape)), seconds, args.quick)
+            run = run_ours(app, url, dsn, provider, tenant_id, n, shape, meter=meter)
+            pair.append(meter.finish(f"ours, {shape.label}", run.n))
+        with budget.Meter(dsn, sink_pid=pid) as meter:
+            n = sized(last.get(("bare", shape)), seconds, args.quick)
+            run = run_bare(app, dsn, provider, tenant_id, n, shape, meter=meter)
+            pair.append(meter.finish(f"bare, {shape.workers} threads", run.n))
+        out[shape] = pair
+    return out
 
 
 def report(results: dict[tuple[str, Shape], Totals], shapes: list[Shape], top: int) -> None:

@@ -24,6 +24,7 @@ Goals: ours >= 0.75 x the bare loop at 1 worker, >= 0.85 x at equal connections.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import smtplib
@@ -36,6 +37,7 @@ from email.utils import format_datetime
 from typing import Any
 
 import _common as c  # first: puts the repository root on sys.path
+import budget
 import psycopg
 
 from portal.delivery.service import DeliveryService
@@ -55,14 +57,14 @@ RCPT = "ann@example.com"
 SENDER = "sender@bench.test"
 
 
-def accept(app: Any, tenant_id: int, n: int) -> tuple[int, int]:
+def accept(app: Any, tenant_id: int, n: int, body: str = BODY) -> tuple[int, int]:
     """``n`` Pending mail records through acceptance (batches of 500); the id range."""
     settings = app.config["SETTINGS"]
     ids: list[int] = []
     with app.app_context(), tenant_context(tenant_id):
         for start in range(0, n, 500):
             items = [
-                {"to": [RCPT], "subject": SUBJECT, "text": BODY} for _ in range(min(500, n - start))
+                {"to": [RCPT], "subject": SUBJECT, "text": body} for _ in range(min(500, n - start))
             ]
             ids += [a.id for a in acceptance.send_mail_batch(db.session, items, settings=settings)]
             db.session.commit()
@@ -70,8 +72,19 @@ def accept(app: Any, tenant_id: int, n: int) -> tuple[int, int]:
     return min(ids), max(ids)
 
 
-def run_ours(app: Any, dsn: str, tenant_id: int, threads: int, n: int) -> dict[str, float]:
-    lo, hi = accept(app, tenant_id, n)
+def run_ours(
+    app: Any,
+    dsn: str,
+    tenant_id: int,
+    threads: int,
+    n: int,
+    meter: budget.Meter | None = None,
+    body: str = BODY,
+) -> dict[str, float]:
+    """``n`` accepted records sent by a DeliveryService of ``threads`` mail workers; with a
+    ``meter``, its window is the sending (the pool's connections stay open and warm, so
+    ``meter.finish`` waits for their statistics)."""
+    lo, hi = accept(app, tenant_id, n, body)
     settings = app.config["SETTINGS"].replace(mail_send_concurrency=threads, sms_send_concurrency=0)
     with app.app_context():
         engine = db.engine
@@ -83,14 +96,20 @@ def run_ours(app: Any, dsn: str, tenant_id: int, threads: int, n: int) -> dict[s
         "count(*) FILTER (WHERE status NOT IN ('Sent', 'Pending', 'Sending')) "
         "FROM mail_send_record WHERE id BETWEEN %s AND %s"
     )
-    with psycopg.connect(dsn, autocommit=True) as conn:
+    if meter is not None:
+        meter.start()
+    watching = meter.not_counted if meter is not None else contextlib.nullcontext
+    with watching():
+        conn = psycopg.connect(dsn, autocommit=True, application_name=budget.WATCH_APP)
+    with conn:
         cpu = time.process_time()
         began = time.perf_counter()
         service.start()
         sent = failed = 0
         deadline = began + 600
         while time.perf_counter() < deadline:
-            row = conn.execute(count_sql, (lo, hi)).fetchone()
+            with watching():
+                row = conn.execute(count_sql, (lo, hi)).fetchone()
             assert row is not None
             sent, failed = row
             if sent + failed >= n:
@@ -98,6 +117,8 @@ def run_ours(app: Any, dsn: str, tenant_id: int, threads: int, n: int) -> dict[s
             time.sleep(0.02)
         elapsed = time.perf_counter() - began
         cpu = time.process_time() - cpu
+        if meter is not None:
+            meter.mark_end()
     service.stop()
     service.wait(10)
     batches, written = writes.batches - batches, writes.written - written
@@ -117,7 +138,9 @@ def build(i: int) -> EmailMessage:
     return msg
 
 
-def run_raw(sink: c.Sink, threads: int, n: int) -> dict[str, float]:
+def run_raw(
+    sink: c.Sink, threads: int, n: int, meter: budget.Meter | None = None
+) -> dict[str, float]:
     shares = [n // threads + (1 if i < n % threads else 0) for i in range(threads)]
     barrier = threading.Barrier(threads + 1)
     done = [0] * threads
@@ -135,6 +158,8 @@ def run_raw(sink: c.Sink, threads: int, n: int) -> dict[str, float]:
             errors.append(exc)
 
     pool = [threading.Thread(target=worker, args=(k,)) for k in range(threads)]
+    if meter is not None:
+        meter.start()
     for t in pool:
         t.start()
     cpu = time.process_time()
@@ -144,6 +169,8 @@ def run_raw(sink: c.Sink, threads: int, n: int) -> dict[str, float]:
         t.join()
     elapsed = time.perf_counter() - began
     cpu = time.process_time() - cpu
+    if meter is not None:
+        meter.mark_end()
     if errors:
         raise errors[0]
     return {"n": sum(done), "s": elapsed, "cpu": cpu, "failed": 0}
@@ -199,6 +226,35 @@ def compare(
                 line[-1] += f" (sink kept {kept}, failed {result['failed']:.0f})"
         c.say(f"  round {r + 1}/{rounds} (mail/s): " + "; ".join(line))
     return totals
+
+
+def budgets(
+    app: Any,
+    dsn: str,
+    sink: c.Sink,
+    tenant_id: int,
+    threads: int,
+    workers: int,
+    totals: dict[str, dict[str, float]],
+    args: Any,
+) -> list[budget.Budget]:
+    """One more run of each side under bench/budget.py's meter, of at least 5 s (not in the
+    rates above): what a mail costs in each process, statements and writes."""
+    seconds = max(args.seconds, 6.0)
+    out = []
+    with budget.Meter(dsn, sink_pid=sink.pid) as meter:
+        for name in ("ours", "raw"):
+            n = sized(_rate(totals[name]), seconds, args.quick)
+            sink.clear()
+            with sink.quiet():
+                if name == "ours":
+                    result = run_ours(app, dsn, tenant_id, workers, n, meter=meter)
+                    label = f"ours, {workers} worker{'s' if workers > 1 else ''}"
+                else:
+                    result = run_raw(sink, threads, n, meter=meter)
+                    label = f"smtplib, {threads} thread{'s' if threads > 1 else ''}"
+            out.append(meter.finish(label, int(result["n"])))
+    return out
 
 
 def _rate(result: dict[str, float]) -> float:
@@ -307,6 +363,19 @@ def _options(p: Any) -> None:
     p.add_argument(
         "--json", action="store_true", help="also one JSON line per config (peers' PEERS_OWN)"
     )
+    p.add_argument(
+        "--no-budget",
+        dest="budget",
+        action="store_false",
+        help="skip the budget per mail (one more run of each side under bench/budget.py's "
+        "meter, with the sink in its own process)",
+    )
+    p.add_argument(
+        "--sink-pid",
+        type=int,
+        default=int(os.environ.get("PEERS_SINK_PID") or 0) or None,
+        help="the process of the --sink-port sink, for its CPU (default: $PEERS_SINK_PID)",
+    )
 
 
 def main() -> int:
@@ -322,12 +391,13 @@ def main() -> int:
             modes = ("subprocess",)
     c.print_header("bench/smtp.py: end-to-end mail to a local SMTP sink", quick)
     rows = []
+    measured: dict[str, list[budget.Budget]] = {}
     with c.bench_database(DB_NAME) as url:
         app = c.make_app(url)
         c.worker_logging(args.log)
         dsn = c.conninfo(url)
         for mode in modes:
-            sink = c.Sink(mode, port=args.sink_port or 0).start()
+            sink = c.Sink(mode, port=args.sink_port or 0, external_pid=args.sink_pid).start()
             try:
                 tenant_id = c.tenant_with_mail_server(app, sink.host, sink.port, slug=mode)
                 if args.breakdown:
@@ -340,6 +410,10 @@ def main() -> int:
                         f"runs of about {args.seconds:.0f} s, {ORDER}:"
                     )
                     totals = compare(app, dsn, sink, tenant_id, threads, workers, args, rounds)
+                    spent = []
+                    if args.budget and mode != "inproc":
+                        spent = budgets(app, dsn, sink, tenant_id, threads, workers, totals, args)
+                        measured.setdefault(mode, []).extend(spent)
                     ours = totals["ours"]["n"] / totals["ours"]["s"]
                     raw = totals["raw"]["n"] / totals["raw"]["s"]
                     ratio = ours / raw
@@ -371,6 +445,7 @@ def main() -> int:
                                     },
                                     "round": int(os.environ.get("PEERS_ROUND", "0")),
                                     "load_at_end": os.getloadavg()[0],
+                                    "budget": [b.as_json() for b in spent],
                                 }
                             ),
                             flush=True,
@@ -402,6 +477,12 @@ def main() -> int:
         ],
         rows,
     )
+    for mode, spent in measured.items():
+        budget.print_budgets(
+            f"Budget per mail, sink {mode} (bench/budget.py: one more run of each side, "
+            "not in the rates above)",
+            spent,
+        )
     c.say(f"\nload average at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     return 0
 
