@@ -55,3 +55,15 @@ def trace_context(trace_id: str) -> Iterator[None]:
         yield
     finally:
         _trace_id.reset(token)
+
+
+def names_config(tier: int | None, operator: bool) -> bool:
+    """Whether a viewer may see a server's or provider's name and id: the one rule for the
+    API, the record pages, the timeline, the attempt's headers page and a record's diagnosis.
+
+    It goes by the tier of the config a record used, not by the record's scope: a tenant's
+    mail falls back to the platform's server when the tenant has none. Platform operators see
+    every config; anyone else sees "platform mail service" (or SMS) for a platform-tier one,
+    and for one whose tier is unknown (None), so an unknown case never leaks a name.
+    """
+    return operator or (tier is not None and tier != PLATFORM_TENANT_ID)

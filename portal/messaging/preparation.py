@@ -11,6 +11,7 @@ import json
 import socket
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any, TypeVar
 
 from email_validator import EmailNotValidError, validate_email
@@ -159,13 +160,29 @@ def suppressed_recipients(
     return blocked, len(wanted)
 
 
-class PreparationFailed(Exception):
-    """The record cannot be prepared; ``code`` is the marker code."""
+class Shortfall(StrEnum):
+    """Which of preparation's steps stopped a record: what a person has to add or fix before
+    it can be prepared (``diagnosis`` tells it from the marker code's other causes)."""
 
-    def __init__(self, code: MarkerCode, message: str):
+    NO_TEMPLATE = "NO_TEMPLATE"  # none with that id, or none enabled under the code
+    TEMPLATE_DISABLED = "TEMPLATE_DISABLED"  # one under the code, but disabled
+    TEMPLATE_BROKEN = "TEMPLATE_BROKEN"  # does not render, needs variables, version gone
+    CONTENT_INVALID = "CONTENT_INVALID"  # empty, too long, a malformed Reply-To
+    NO_ROUTE = "NO_ROUTE"  # no default mail server; no SMS provider for the country
+    NO_BINDING = "NO_BINDING"  # the SMS template is bound to none of the country's providers
+    SERVER_DISABLED = "SERVER_DISABLED"  # the server named (or chosen before) missing or disabled
+    SERVER_MISCONFIGURED = "SERVER_MISCONFIGURED"  # it cannot send as configured
+    QUOTA_FULL = "QUOTA_FULL"  # this month's quota is used up
+
+
+class PreparationFailed(Exception):
+    """The record cannot be prepared; ``code`` is the marker code, ``shortfall`` the step."""
+
+    def __init__(self, code: MarkerCode, message: str, shortfall: Shortfall):
         super().__init__(message)
         self.code = code
         self.message = message
+        self.shortfall = shortfall
 
 
 @dataclass(frozen=True)
@@ -249,6 +266,7 @@ def _choose_server(
             raise PreparationFailed(
                 MarkerCode.CONFIG_NOT_RESOLVABLE,
                 f"mail server {wanted} is missing or disabled in this tier",
+                Shortfall.SERVER_DISABLED,
             )
     else:
         server = _default_server(engine, tier)
@@ -256,12 +274,15 @@ def _choose_server(
             server = _default_server(engine, PLATFORM_TENANT_ID)
         if server is None:
             raise PreparationFailed(
-                MarkerCode.CONFIG_NOT_RESOLVABLE, "no default mail server is configured"
+                MarkerCode.CONFIG_NOT_RESOLVABLE,
+                "no default mail server is configured",
+                Shortfall.NO_ROUTE,
             )
     if not server.from_address and not server.username:
         raise PreparationFailed(
             MarkerCode.CONFIG_NOT_RESOLVABLE,
             f"mail server {server.name!r} has neither a from address nor a username",
+            Shortfall.SERVER_MISCONFIGURED,
         )
     return server
 
@@ -273,7 +294,9 @@ def _render(source: str | None, variables: dict[str, Any], *, html: bool, what: 
         return templating.render(source, variables, html=html)
     except templating.TemplateRenderError as exc:
         raise PreparationFailed(
-            MarkerCode.TEMPLATE_NOT_RESOLVABLE, f"the template's {what} does not render: {exc}"
+            MarkerCode.TEMPLATE_NOT_RESOLVABLE,
+            f"the template's {what} does not render: {exc}",
+            Shortfall.TEMPLATE_BROKEN,
         ) from None
 
 
@@ -288,6 +311,7 @@ def _check_needs(
             MarkerCode.TEMPLATE_NOT_RESOLVABLE,
             f"template {template.code!r} version {template.version} needs variables the "
             f"request does not give: {', '.join(missing)}",
+            Shortfall.TEMPLATE_BROKEN,
         )
 
 
@@ -303,10 +327,30 @@ def _mail_template_of(engine: Engine, record: MailSendRecord) -> MailTemplate | 
                 if record.template_id is not None
                 else f"code {record.template_code!r} (enabled)"
             )
-            raise PreparationFailed(
-                MarkerCode.TEMPLATE_NOT_RESOLVABLE, f"no mail template with {wanted}"
-            )
+            raise _no_template(session, MailTemplate, record, f"no mail template with {wanted}")
         return _pinned(session, record, template)
+
+
+def _no_template(
+    session: Session,
+    model: type[MailTemplate] | type[SmsTemplate],
+    record: MailSendRecord | SmsSendRecord,
+    message: str,
+) -> PreparationFailed:
+    """The failure of a record whose template was not found: a code that names only a
+    disabled template is told apart (one more read, on this failure only), as the person who
+    fixes it enables that one rather than creating another."""
+    shortfall = Shortfall.NO_TEMPLATE
+    if record.template_id is None and record.template_code is not None:
+        disabled = session.scalar(
+            select(model.id)
+            .where(model.tenant_id == _tier(record), model.code == record.template_code)
+            .limit(1)
+        )
+        if disabled is not None:
+            shortfall = Shortfall.TEMPLATE_DISABLED
+            message += f" (template {record.template_code!r} is disabled)"
+    return PreparationFailed(MarkerCode.TEMPLATE_NOT_RESOLVABLE, message, shortfall)
 
 
 def _pinned(session: Session, record: MailSendRecord | SmsSendRecord, template: T) -> T:
@@ -320,6 +364,7 @@ def _pinned(session: Session, record: MailSendRecord | SmsSendRecord, template: 
         raise PreparationFailed(
             MarkerCode.TEMPLATE_NOT_RESOLVABLE,
             f"template {template.code!r} has no version {number}, which this test send renders",
+            Shortfall.TEMPLATE_BROKEN,
         )
     return found
 
@@ -345,14 +390,19 @@ def build_mail(engine: Engine, record: MailSendRecord, settings: Settings) -> Pr
     if html and not text:
         text = templating.html_to_text(html)
     if not (html or "").strip() and not (text or "").strip():
-        raise PreparationFailed(MarkerCode.CONTENT_INVALID, "the message body is empty")
+        raise PreparationFailed(
+            MarkerCode.CONTENT_INVALID, "the message body is empty", Shortfall.CONTENT_INVALID
+        )
     if not subject:
-        raise PreparationFailed(MarkerCode.CONTENT_INVALID, "the subject is empty")
+        raise PreparationFailed(
+            MarkerCode.CONTENT_INVALID, "the subject is empty", Shortfall.CONTENT_INVALID
+        )
     longest = max(len(html or ""), len(text or ""))
     if longest > settings.mail_body_max_chars:
         raise PreparationFailed(
             MarkerCode.CONTENT_INVALID,
             f"the body has {longest} characters, over the limit of {settings.mail_body_max_chars}",
+            Shortfall.CONTENT_INVALID,
         )
     server = _choose_server(engine, record, template)
     reply_to = record.reply_to or (template.reply_to if template else None) or server.reply_to
@@ -361,7 +411,9 @@ def build_mail(engine: Engine, record: MailSendRecord, settings: Settings) -> Pr
             reply_to = validate_email(reply_to, check_deliverability=False).normalized
         except EmailNotValidError as exc:
             raise PreparationFailed(
-                MarkerCode.CONTENT_INVALID, f"the Reply-To {reply_to!r} is malformed: {exc}"
+                MarkerCode.CONTENT_INVALID,
+                f"the Reply-To {reply_to!r} is malformed: {exc}",
+                Shortfall.CONTENT_INVALID,
             ) from None
     return PreparedMail(
         subject=subject,
@@ -516,6 +568,7 @@ def _charge_and_freeze(
         raise PreparationFailed(
             MarkerCode.MONTHLY_QUOTA_EXCEEDED,
             f"this month's {'mail' if claimed.channel is Channel.MAIL else 'SMS'} quota is used up",
+            Shortfall.QUOTA_FULL,
         )
     return bool(written)
 
@@ -665,6 +718,7 @@ def _bound_provider(
         MarkerCode.CONFIG_NOT_RESOLVABLE,
         f"SMS template {template.code!r} has no provider binding for country "
         f"{country or '(unknown)'}: the providers for it ({names}) are not bound to the template",
+        Shortfall.NO_BINDING,
     )
 
 
@@ -682,6 +736,7 @@ def _choose_provider(
             MarkerCode.CONFIG_NOT_RESOLVABLE,
             f"no SMS provider serves country {country or '(unknown)'}: no route for it and "
             "no default provider is configured",
+            Shortfall.NO_ROUTE,
         )
     if template is None:
         return candidates[0], None
@@ -699,9 +754,7 @@ def _sms_template_of(session: Session, record: SmsSendRecord) -> SmsTemplate | N
             if record.template_id is not None
             else f"code {record.template_code!r} (enabled)"
         )
-        raise PreparationFailed(
-            MarkerCode.TEMPLATE_NOT_RESOLVABLE, f"no SMS template with {wanted}"
-        )
+        raise _no_template(session, SmsTemplate, record, f"no SMS template with {wanted}")
     return _pinned(session, record, template)
 
 
@@ -715,11 +768,14 @@ def build_sms(session: Session, record: SmsSendRecord) -> PreparedSms:
         content = _render(template.content, variables, html=False, what="content")
     content = (content or "").strip()
     if not content:
-        raise PreparationFailed(MarkerCode.CONTENT_INVALID, "the SMS content is empty")
+        raise PreparationFailed(
+            MarkerCode.CONTENT_INVALID, "the SMS content is empty", Shortfall.CONTENT_INVALID
+        )
     if len(content) > MAX_SMS_CHARS:
         raise PreparationFailed(
             MarkerCode.CONTENT_INVALID,
             f"the SMS content has {len(content)} characters, over the limit of {MAX_SMS_CHARS}",
+            Shortfall.CONTENT_INVALID,
         )
     provider, binding = _choose_provider(session, record, template)
     return PreparedSms(
@@ -758,6 +814,34 @@ def prepare_sms(
     if not _charge_and_freeze(engine, SmsSendRecord, _tier(record), claimed, settings, frozen):
         return None
     return prepared, claimed.bumped(provider=prepared.provider_name)
+
+
+# --- what preparation would do, without doing it --------------------------------------------
+
+
+def dry_run(
+    engine: Engine, record: MailSendRecord | SmsSendRecord, settings: Settings, *, render: bool
+) -> MailSendServerConfig | SmsProviderConfig:
+    """The server or provider preparation would choose for ``record`` now (detached), by
+    preparation's own steps and without writing or charging anything; PreparationFailed as
+    preparation would raise it. With ``render``, steps 1 to 4 (the template rendered, the
+    content checked); without, the template found and the server or provider chosen only,
+    which is what a manual retry of a prepared record whose route is gone runs
+    (``rechoose_server``, ``rechoose_provider``). The quota (step 5) is the caller's to read:
+    a charge is a write."""
+    if isinstance(record, MailSendRecord):
+        if render:
+            prepared = build_mail(engine, record, settings)
+            assert prepared.server is not None  # build_mail always hands its server row on
+            return prepared.server
+        return _choose_server(engine, record, _mail_template_of(engine, record))
+    with Session(reader(engine)) as session:  # its rows stay readable once it closes
+        if render:
+            chosen = session.get(SmsProviderConfig, build_sms(session, record).provider_id)
+            assert chosen is not None  # build_sms chose it in this session
+            return chosen
+        provider, _binding = _choose_provider(session, record, _sms_template_of(session, record))
+        return provider
 
 
 # --- choosing again after a manual retry ------------------------------------------------------

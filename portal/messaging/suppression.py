@@ -10,13 +10,14 @@ Every function works in the caller's session and transaction and commits nothing
 from __future__ import annotations
 
 import hashlib
+import re
 from enum import StrEnum
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from portal.messaging.addresses import AddressError, parse_phone_number
-from portal.models import Channel, Suppression, db_now
+from portal.models import Channel, MailSendRecord, SmsSendRecord, Suppression, db_now
 
 MAX_ADDRESS_CHARS = 320
 
@@ -138,6 +139,76 @@ def unsuppress(
     return bool(rows)
 
 
+# SMTP enhanced statuses that name the recipient's address as bad for good (RFC 3463): the
+# destination mailbox does not exist (5.1.1), nor its domain (5.1.2), it is malformed (5.1.3),
+# moved away (5.1.6), its domain takes no mail (5.1.10), the mailbox is disabled (5.2.1).
+# Statuses about the sender (5.1.7, 5.1.8), policy (5.7.x) or size (5.2.2, 5.3.4) say nothing
+# about the address, and a bare 550 may have come at MAIL FROM: none of those suppresses.
+_ADDRESS_GONE = frozenset({"5.1.1", "5.1.2", "5.1.3", "5.1.6", "5.1.10", "5.2.1"})
+_ENHANCED = re.compile(r"^5\d\d[ -](5\.\d{1,3}\.\d{1,3})(?!\d)")
+# The SMS adapters' codes for a number the provider will never deliver to: not a valid
+# mobile number, or barred or unsubscribed there (``transports.sms.result.SmsErrorCode``).
+_NUMBER_GONE = frozenset({"SMS_INVALID_RECIPIENT", "SMS_RECIPIENT_REFUSED"})
+REFUSED_BY = "refused at send"  # the list's "by whom" for a refusal a send met
+
+
+def refuses_recipient(channel: Channel | str, code: str | None) -> bool:
+    """Whether a server's or provider's answer with ``code`` refuses the recipient for good,
+    as a hard bounce does: an SMTP enhanced status naming the address as gone, or an SMS
+    provider's code for a number it never delivers to."""
+    normalised = (code or "").strip()
+    if Channel(channel) is Channel.SMS:
+        return normalised.upper() in _NUMBER_GONE
+    match = _ENHANCED.match(normalised)
+    return match is not None and match.group(1) in _ADDRESS_GONE
+
+
+def suppress_refused(
+    session: Session,
+    channel: Channel | str,
+    record_id: int,
+    tenant_id: int,
+    code: str | None,
+    message: str | None,
+) -> list[str]:
+    """A send refused for good because of its recipient puts that recipient on its tenant's
+    list, as a hard bounce does (``reason`` hard_bounce, the refusal as the detail, the record
+    as its source); taken off the list the same way. Called where the failure is written, in
+    its transaction. Mail only when the record has one recipient: a refusal of all of several
+    names only the first one's reply, so which of them is gone is not known. Returns the
+    addresses put on the list (none when the answer says nothing about the recipient)."""
+    channel = Channel(channel)
+    if not refuses_recipient(channel, code):
+        return []
+    raw: list[str] = []
+    if channel is Channel.SMS:
+        sms = session.get(SmsSendRecord, record_id)
+        raw = [sms.phone_number] if sms is not None and sms.phone_number else []
+    elif (mail := session.get(MailSendRecord, record_id)) is not None:
+        raw = [*(mail.to_addrs or []), *(mail.cc_addrs or []), *(mail.bcc_addrs or [])]
+    addresses: set[str] = set()
+    for address in raw:
+        try:
+            addresses.add(normalise(channel, address))
+        except InvalidAddress:
+            continue
+    if len(addresses) != 1:
+        return []
+    [address] = addresses
+    detail = " ".join(x for x in (code, message) if x)
+    suppress(
+        session,
+        tenant_id,
+        channel,
+        address,
+        SuppressionReason.HARD_BOUNCE,
+        detail=detail,
+        by=REFUSED_BY,
+        record_id=record_id,
+    )
+    return [address]
+
+
 def _lock(session: Session, tenant_id: int, channel: Channel, address: str) -> None:
     """Serialise writers of one address until the caller's transaction ends (PostgreSQL), so
     two bounces of the same address processed at once leave one active row. SQLite writers
@@ -153,6 +224,8 @@ __all__ = [
     "SuppressionReason",
     "active",
     "normalise",
+    "refuses_recipient",
     "suppress",
+    "suppress_refused",
     "unsuppress",
 ]

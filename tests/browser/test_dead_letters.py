@@ -11,6 +11,7 @@ from playwright.sync_api import Page, expect
 from portal.extensions import db
 from portal.models import DeadLetterMessage, MailSendRecord
 from tests.browser.conftest import screenshot, sign_in
+from tests.support.delivery import sendable
 
 # A full-page POST and its redirect can outlast expect()'s 5 s on a loaded machine.
 AFTER_POST = 15_000
@@ -18,6 +19,7 @@ AFTER_POST = 15_000
 
 def test_triage_a_dead_letter(page: Page, acme_admin: dict[str, Any]) -> None:
     tenant = acme_admin["tenant_id"]
+    sendable(tenant)  # a server to prepare with: nothing stops a retry
     record = MailSendRecord(
         tenant_id=tenant,
         status="DeadLetter",

@@ -21,6 +21,7 @@ from portal.models import (
 from portal.models.enums import DeadLetterSource
 from portal.tenancy import PLATFORM_TENANT_ID
 from tests.browser.conftest import screenshot, sign_in
+from tests.support.delivery import sendable
 
 AFTER_POST = 15_000
 
@@ -71,6 +72,7 @@ def test_bulk_retry_leaves_out_what_would_fail_again(
     page: Page, acme_admin: dict[str, Any]
 ) -> None:
     tenant = acme_admin["tenant_id"]
+    sendable(tenant)  # a server to prepare with: the quota and the template stop them
     db.session.add(TenantMessageQuota(tenant_id=tenant, mail_monthly_limit=5))
     db.session.add(TenantMessageUsage(tenant_id=tenant, month=current_month(), mail_count=5))
     db.session.commit()
@@ -101,12 +103,12 @@ def test_bulk_retry_leaves_out_what_would_fail_again(
     page.get_by_role("button", name="Retry selected").click()
 
     confirm = page.locator("#bulk-confirm")
-    groups = confirm.locator("#retry-groups")
+    groups = confirm.locator("#retry-reasons")
     expect(groups).to_contain_text(
-        "2 MONTHLY_QUOTA_EXCEEDED: the quota of Acme is full (5 of 5); raise it first"
+        "2 QUOTA_FULL (monthly quota full): the quota of Acme is full (5 of 5); raise it first"
     )
     expect(groups).to_contain_text(
-        "1 TEMPLATE_NOT_RESOLVABLE: template `nonexistent` does not exist"
+        "1 NO_TEMPLATE (no such template): template `nonexistent` does not exist"
     )
     expect(confirm).to_contain_text("1 will be requeued")
     include = confirm.get_by_label("Retry the 3 that would fail again as well")

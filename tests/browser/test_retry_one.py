@@ -19,8 +19,9 @@ from portal.models import (
 )
 from tests.browser.conftest import screenshot, sign_in
 from tests.browser.test_records import AFTER_POST, status_of
+from tests.support.delivery import sendable
 
-QUOTA_FULL = "MONTHLY_QUOTA_EXCEEDED: the quota of Acme is full (5 of 5); raise it first"
+QUOTA_FULL = "QUOTA_FULL: the quota of Acme is full (5 of 5); raise it first"
 
 
 def failed_mail(tenant_id: int, error_code: str, prepared: bool) -> int:
@@ -48,6 +49,7 @@ def test_retry_of_a_record_that_would_fail_again_asks_first(
     page: Page, acme_admin: dict[str, Any]
 ) -> None:
     tenant = acme_admin["tenant_id"]
+    sendable(tenant)  # a server to prepare with: the full quota is what stops it
     db.session.add(TenantMessageQuota(tenant_id=tenant, mail_monthly_limit=5))
     db.session.add(TenantMessageUsage(tenant_id=tenant, month=current_month(), mail_count=5))
     db.session.commit()

@@ -12,7 +12,7 @@ from flask import Flask
 from sqlalchemy import select, update
 
 from portal.extensions import db
-from portal.messaging import outcomes, retention, scan
+from portal.messaging import outcomes, retention, scan, suppression
 from portal.messaging.backoff import BackoffPolicy
 from portal.messaging.outcomes import Attempt, Claimed
 from portal.messaging.sweeper import sweep_stuck_sends
@@ -292,13 +292,22 @@ def test_a_retry_pressed_by_a_person_is_on_the_timeline_with_who_did_it(
     rid = accept_mail(app, acme)
     drain(app, policy=FAST)
     assert record(rid).status == "Failed"
+    # The refusal put the address on the suppression list; the admin, told it works again,
+    # takes it off and retries anyway (a refused recipient would be refused again, as far as
+    # the product can tell).
+    assert suppression.unsuppress(
+        db.session(), acme, "mail", "ann@example.com", by="admin@acme.test", reason="fixed"
+    )
+    db.session.commit()
     portal = Portal(app, "admin@acme.test")
-    assert portal.post(f"/mail-records/{rid}/retry").status_code in (302, 303)
+    anyway = {"confirm": "yes", "anyway": "RECIPIENT_REFUSED"}
+    assert portal.post(f"/mail-records/{rid}/retry", anyway).status_code in (302, 303)
     drain(app, policy=FAST)
     text = portal.get(f"/mail-records/{rid}").text
     order = [
         text.index("Attempt 1: Refused; not retried"),
         text.index("Retry pressed"),
+        text.index("retried anyway: would fail again (RECIPIENT_REFUSED)"),
         text.index("Attempt 2: Accepted by the server"),
     ]
     assert order == sorted(order)

@@ -78,15 +78,17 @@ def test_bulk_retry_groups_by_error_code_and_says_what_would_fail_again(
     assert preview.status_code == 200
     text = preview.text
     assert (
-        "2 MONTHLY_QUOTA_EXCEEDED</strong>: the quota of Acme is full (5 of 5); raise it first"
-        in text
+        "2 QUOTA_FULL</strong> (monthly quota full): the quota of Acme is full (5 of 5); "
+        "raise it first" in text
     )
-    assert "1 TEMPLATE_NOT_RESOLVABLE</strong>: template `nonexistent` does not exist" in text
     assert (
-        "1 TEMPLATE_NOT_RESOLVABLE</strong>: template `old-offer` is disabled; enable it first"
-        in text
+        "1 NO_TEMPLATE</strong> (no such template): template `nonexistent` does not exist" in text
     )
-    assert "the recipient gone@example.com is suppressed (hard bounce)" in text
+    assert (
+        "1 TEMPLATE_DISABLED</strong> (template disabled): template `old-offer` is disabled; "
+        "enable it first" in text
+    )
+    assert "the recipient gone@example.com is suppressed (hard bounce since" in text
     assert "<strong>1</strong> will be requeued" in text
     assert "<strong>5</strong> of the skipped would fail again and are left out" in text
     assert 'name="include_blocked" value="yes"' in text
@@ -106,7 +108,9 @@ def test_bulk_retry_groups_by_error_code_and_says_what_would_fail_again(
         assert status_of(MailSendRecord, ids[name]) == "Failed", name
     [row] = db.session.scalars(select(AuditEvent).where(AuditEvent.action == "bulk_retry")).all()
     assert row.tenant_id == acme
-    assert "left out: would fail again, the quota of Acme is full (5 of 5)" in row.remark
+    assert (
+        "left out: would fail again, QUOTA_FULL: the quota of Acme is full (5 of 5)" in row.remark
+    )
 
 
 def test_a_cause_that_is_gone_does_not_block_whatever_the_error_code(
@@ -140,7 +144,10 @@ def test_a_quota_full_now_blocks_a_record_that_failed_for_something_else(
     prepared = mail(acme, error_code="SMTP_CONNECT", prepared_at=db_now_value())
     client, token = signed_in(app, ADMIN)
     preview = post(client, token, "/mail-records/retry", {"ids": [str(unprepared), str(prepared)]})
-    assert "1 SMTP_CONNECT</strong>: the quota of Acme is full (7 of 7)" in preview.text
+    assert (
+        "1 QUOTA_FULL</strong> (monthly quota full): the quota of Acme is full (7 of 7)"
+        in preview.text
+    )
     assert "<strong>1</strong> will be requeued" in preview.text  # the charged one goes
 
 
@@ -149,14 +156,22 @@ def test_a_disabled_server_blocks_with_no_default_to_fall_back_on(
 ) -> None:
     acme, _ = tenants
     server = MailSendServerConfig(
-        tenant_id=acme, name="main", host="127.0.0.1", port=25, enabled=False
+        tenant_id=acme,
+        name="main",
+        host="127.0.0.1",
+        port=25,
+        from_address="news@acme.test",
+        enabled=False,
     )
     db.session.add(server)
     db.session.commit()
     record = mail(acme, error_code="CONFIG_NOT_RESOLVABLE", server_id=server.id)
     client, token = signed_in(app, ADMIN)
     preview = post(client, token, "/mail-records/retry", {"ids": [str(record)]})
-    assert f"mail server {server.id} is missing or disabled; enable it first" in preview.text
+    assert (
+        f"mail server {server.id} is missing or disabled in this tier; enable it first"
+        in preview.text
+    )
     server.enabled = True
     db.session.commit()
     preview = post(client, token, "/mail-records/retry", {"ids": [str(record)]})
@@ -270,7 +285,7 @@ def test_a_quota_with_room_for_some_lets_the_oldest_through(
     preview = post(client, token, "/mail-records/retry", {"ids": [str(i) for i in ids]})
     assert "<strong>2</strong> will be requeued" in preview.text
     assert (
-        "2 MONTHLY_QUOTA_EXCEEDED</strong>: the quota of Acme has room for 2 more (3 of 5)"
+        "2 QUOTA_FULL</strong> (monthly quota full): the quota of Acme has room for 2 more (3 of 5)"
         in preview.text
     )
     post(
@@ -290,15 +305,23 @@ def test_sms_checks_its_own_template_provider_and_quota(
     db.session.add(TenantMessageUsage(tenant_id=acme, month=current_month(), sms_count=2))
     db.session.commit()
     no_template = sms(acme, error_code="TEMPLATE_NOT_RESOLVABLE", template_code="otp-missing")
-    no_provider = sms(acme, error_code="CONFIG_NOT_RESOLVABLE", prepared_at=db_now_value())
+    # A platform send: the platform tier has no SMS provider to choose again.
+    no_provider = sms(
+        acme, error_code="CONFIG_NOT_RESOLVABLE", prepared_at=db_now_value(), scope="PLATFORM"
+    )
     over_quota = sms(acme, error_code="MONTHLY_QUOTA_EXCEEDED")
     client, token = signed_in(app, ADMIN)
     ids = [no_template, no_provider, over_quota]
     preview = post(client, token, "/sms-records/retry", {"ids": [str(i) for i in ids]})
     text = preview.text
-    assert "1 TEMPLATE_NOT_RESOLVABLE</strong>: template `otp-missing` does not exist" in text
-    assert "1 CONFIG_NOT_RESOLVABLE</strong>: Acme has no enabled SMS provider" in text
-    assert "1 MONTHLY_QUOTA_EXCEEDED</strong>: the quota of Acme is full (2 of 2)" in text
+    assert (
+        "1 NO_TEMPLATE</strong> (no such template): template `otp-missing` does not exist" in text
+    )
+    assert (
+        "1 NO_ROUTE</strong> (no server or provider for it): no SMS provider serves (unknown) "
+        "in the platform tier" in text
+    )
+    assert "1 QUOTA_FULL</strong> (monthly quota full): the quota of Acme is full (2 of 2)" in text
     assert "<strong>0</strong> will be requeued" in text
     assert "Confirm: retry only if ticked above" in text
     left = post(

@@ -159,6 +159,8 @@ def test_the_count_and_the_list_read_only_the_records_that_need_a_decision(app: 
     finally:
         event.remove(db.engine, "before_cursor_execute", capture)
     for sql in statements:
+        if "mail_send_record" not in sql:
+            continue  # the rows' diagnoses: read by the listed rows' own ids and addresses
         plan = db.session.execute(text(f"EXPLAIN (ANALYZE, FORMAT JSON) {sql}")).scalar_one()
         db.session.rollback()
         nodes, stack = [], [plan[0]["Plan"]]

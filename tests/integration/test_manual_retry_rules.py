@@ -17,6 +17,7 @@ from portal.models import SmsProviderConfig, SmsSendRecord
 from tests.conftest import make_api_key, make_tenant
 from tests.integration.test_portal_records import cheap_passwords, signed_in, sms, user
 from tests.support import sms_provider as fake
+from tests.support.delivery import sendable
 from tests.support.sms import UK, accept_sms, drain_sms
 from tests.support.sms_provider import FakeSmsProvider
 
@@ -119,6 +120,7 @@ def test_the_portal_asks_before_retrying_an_ambiguous_or_expired_record(
 ) -> None:
     acme = make_tenant("acme").id
     db.session.commit()
+    sendable(acme)  # nothing else stops a retry: it asks only for the risk it names
     user("admin@acme.example.com", "tenant_admin", acme)
     ambiguous = sms(acme, ambiguous_attempt=True)
     stale = sms(acme, error_code="EXPIRED", expires_at=PAST)

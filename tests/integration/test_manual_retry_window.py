@@ -19,6 +19,7 @@ from sqlalchemy import update
 
 from portal.config import Settings
 from portal.extensions import db
+from portal.messaging import suppression
 from portal.messaging.backoff import BackoffPolicy
 from portal.messaging.pipeline import MailContext, SmsContext, process_mail, process_sms
 from portal.messaging.scan import claim_due
@@ -156,6 +157,13 @@ def _in(ch: Channel, status: str, app: Flask) -> int:
     elif status == "Failed":
         ch.fail_next("permanent")
         _attempt(ch, SLOW)
+        # The refusal put the recipient on the suppression list; a person who knows the
+        # address works again takes it off before retrying.
+        address = ADDRESS if ch.name == "mail" else NUMBER
+        assert suppression.unsuppress(
+            db.session(), ch.tenant_id, ch.name, address, by="test", reason="works again"
+        )
+        db.session.commit()
     else:
         ch.fail_next("transient")
         _attempt(ch, EXHAUSTED)
@@ -200,9 +208,10 @@ def test_retry_from_the_portal_starts_a_new_window(
     rid = _in(channel, status, app)
     user("admin@acme.example.com", "tenant_admin", channel.tenant_id)
     client, token = signed_in(app, "admin@acme.example.com")
-    pressed = client.post(
-        f"{channel.portal_path}/{rid}/retry", data={"csrf_token": token, "confirm": "yes"}
-    )
+    # A refused recipient would be refused again as far as the product can tell: the
+    # person retries anyway, naming that reason.
+    form = {"csrf_token": token, "confirm": "yes", "anyway": "RECIPIENT_REFUSED"}
+    pressed = client.post(f"{channel.portal_path}/{rid}/retry", data=form)
     assert pressed.status_code == 302, pressed.text
     assert _row(channel, rid).status == "Retry"
 

@@ -28,6 +28,7 @@ from portal.models import (
 )
 from portal.tenancy import PLATFORM_TENANT_ID
 from tests.conftest import make_api_key, make_tenant
+from tests.support.delivery import sendable
 from tests.support.sweeps import examples
 
 Model = type[MailSendRecord] | type[SmsSendRecord]
@@ -66,6 +67,8 @@ def env(any_app: Flask) -> Env:
         globex=auth(make_api_key(globex.id)),
     )
     db.session.commit()
+    sendable(acme.id)  # a retry's diagnosis finds a server and a provider to prepare with
+    sendable(globex.id)
     return values
 
 
@@ -310,7 +313,9 @@ def test_retry_says_which_records_it_requeued_would_fail_again(env: Env) -> None
     body = response.json
     assert body is not None
     assert body["requeuedIds"] == [prepared, blocked]  # requeued all the same
-    assert body["wouldFailAgain"] == [{"id": blocked, "code": "SMTP_TEMPORARY", "reason": full}]
+    assert body["wouldFailAgain"] == [
+        {"id": blocked, "code": "SMTP_TEMPORARY", "reasonCode": "QUOTA_FULL", "reason": full}
+    ]
     assert [item["id"] for item in body["skipped"]] == [theirs]
 
     again = make_record(MailSendRecord, env.acme_id, "Failed")
@@ -320,7 +325,9 @@ def test_retry_says_which_records_it_requeued_would_fail_again(env: Env) -> None
         "id": again,
         "status": "Retry",
         "requeued": 1,
-        "wouldFailAgain": [{"id": again, "code": "SMTP_TEMPORARY", "reason": full}],
+        "wouldFailAgain": [
+            {"id": again, "code": "SMTP_TEMPORARY", "reasonCode": "QUOTA_FULL", "reason": full}
+        ],
     }
     assert (
         env.client.post(f"/MailSendRecord/retry?id={theirs}", headers=env.acme).status_code == 404

@@ -25,6 +25,7 @@ from portal.models.enums import DeadLetterSource
 from portal.tenancy import PLATFORM_TENANT_ID
 from tests.conftest import make_tenant
 from tests.integration.test_portal_records import HX, mail, signed_in, user
+from tests.support.delivery import sendable
 
 OPERATOR = "operator@postroom.example.com"
 ADMIN = "admin@acme.example.com"
@@ -39,6 +40,8 @@ def tenants(app: Flask, monkeypatch: pytest.MonkeyPatch) -> tuple[int, int]:
     user(OPERATOR, "platform_operator", PLATFORM_TENANT_ID)
     user(ADMIN, "tenant_admin", acme)
     user(GLOBEX_ADMIN, "tenant_admin", globex)
+    sendable(acme)  # their records can be prepared: a retry's diagnosis finds a route
+    sendable(globex)
     return acme, globex
 
 

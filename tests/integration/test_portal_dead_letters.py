@@ -14,6 +14,7 @@ from sqlalchemy import select
 from portal.extensions import db
 from portal.models import AppUser, DeadLetterMessage, MailSendRecord, SmsSendRecord
 from tests.conftest import make_tenant
+from tests.support.delivery import sendable
 
 PASSWORD = "dead-letter-test-password-1"
 OPERATOR = "operator@postroom.example.com"
@@ -75,6 +76,8 @@ def letter(
 def world(app: Flask, monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
     acme, globex = make_tenant("acme").id, make_tenant("globex").id
     db.session.commit()
+    sendable(acme)  # their records can be prepared: a retry's diagnosis finds a route
+    sendable(globex)
     for email, role, tenant_id in [
         (OPERATOR, "platform_operator", -1),
         ("admin@acme.example.com", "tenant_admin", acme),

@@ -10,11 +10,12 @@ from typing import Any
 
 import pytest
 from argon2 import PasswordHasher
-from flask import Flask
+from flask import Flask, current_app
 from flask.testing import FlaskClient
 from sqlalchemy import select
 
 from portal.extensions import db
+from portal.messaging import diagnosis
 from portal.messaging.classify import CATEGORY_HELP, MARKER_HELP, ErrorCategory, MarkerCode
 from portal.models import (
     AppUser,
@@ -28,6 +29,7 @@ from portal.models import (
 from portal.models import tenant as tenant_model
 from portal.web.records import explain, pages
 from tests.conftest import make_tenant
+from tests.support.delivery import sendable
 
 PASSWORD = "records-test-password-1"
 HX = {"HX-Request": "true"}
@@ -101,14 +103,16 @@ def cheap_passwords(monkeypatch: pytest.MonkeyPatch) -> None:
 def world(app: Flask, cheap_passwords: None) -> World:
     acme, globex = make_tenant("acme").id, make_tenant("globex").id
     db.session.commit()
+    sendable(acme)  # a retry's diagnosis finds a server and a provider to prepare with
+    sendable(globex)
     user("operator@postroom.example.com", "platform_operator", -1)
     user("admin@acme.example.com", "tenant_admin", acme)
     user("support@acme.example.com", "support", acme)
     failed = mail(
         acme,
         to="Ann@Example.com",
-        error_code="550 5.1.1",
-        error_message="550 5.1.1 user unknown",
+        error_code="451 4.3.0",
+        error_message="451 4.3.0 mailbox busy, try again later",
         rendered_html="<p style='color:red'>Hi <script>alert(1)</script></p>",
         rendered_text="Hi Ann",
         prepared_at=None,
@@ -503,8 +507,8 @@ def test_detail_explains_and_shows_the_message_in_a_sandbox(app: Flask, world: W
     client, _ = signed_in(app, SUPPORT)
     page = client.get(f"/mail-records/{world.mail}").text
     assert "What happened and what to do" in page
-    assert "Recipient refused" in page  # 550 -> PERMANENT
-    assert "550 5.1.1 user unknown" in page
+    assert "Temporary fault" in page  # 451 -> TRANSIENT
+    assert "451 4.3.0 mailbox busy, try again later" in page
     assert f'<iframe class="preview" sandbox src="/mail-records/{world.mail}/rendered"' in page
     assert "Hi Ann" in page  # the text part
     assert "Not prepared yet" in page
@@ -765,26 +769,40 @@ def test_dashboard_search_goes_to_the_one_results_page(app: Flask, world: World)
     assert client.get("/search?q=").headers["Location"] == "/"
 
 
-# --- explanations ---------------------------------------------------------------------------------
+# --- the record's diagnosis, as the pages show it -------------------------------------------------
 
 
-def test_there_is_an_explanation_for_every_status_marker_and_category() -> None:
-    assert set(explain.STATUS_HELP) == set(SendStatus)
-    assert set(explain.MARKER_LABEL) == set(MarkerCode) == set(MARKER_HELP)
-    assert set(explain.CATEGORY_LABEL) == set(ErrorCategory) == set(CATEGORY_HELP)
+def diagnosed(model: Any, record_id: int) -> diagnosis.Diagnosis:
+    record = db.session.get(model, record_id)
+    assert record is not None
+    channel = Channel.MAIL if model is MailSendRecord else Channel.SMS
+    settings = current_app.config["SETTINGS"]
+    return diagnosis.diagnose(db.session(), channel, record, settings)
+
+
+def test_every_status_has_a_label_and_every_code_a_title() -> None:
+    assert set(explain.STATUS_LOOK) == set(SendStatus)
+    assert set(diagnosis.MARKER_TITLE) == set(MarkerCode) == set(MARKER_HELP)
+    assert set(diagnosis.CATEGORY_TITLE) == set(ErrorCategory) == set(CATEGORY_HELP)
+    assert set(diagnosis.REASON_LABEL) == set(diagnosis.Reason)
+    assert explain.label("Teleported") == "Teleported"
+
+
+def test_every_status_is_diagnosed_with_a_cause_and_a_next_step(app: Flask, world: World) -> None:
     for status in SendStatus:
-        for channel in Channel:
-            e = explain.explain(status.value, channel)
-            assert e.label
-            assert e.happened
-            assert e.todo
+        for model in (MailSendRecord, SmsSendRecord):
+            make = mail if model is MailSendRecord else sms
+            found = diagnosed(model, make(world.acme, status=status.value))
+            assert found.title, status
+            assert found.action, status
+            assert found.retryable is (status.value in pages.RETRYABLE)
 
 
 @pytest.mark.parametrize(
     ("code", "message", "title"),
     [
         ("MONTHLY_QUOTA_EXCEEDED", None, "Monthly quota used up"),
-        ("template_not_resolvable", None, "Template missing, disabled or broken"),
+        ("TEMPLATE_NOT_RESOLVABLE", None, "Template missing, disabled or broken"),
         ("451 4.3.0", None, "Temporary fault"),
         ("535 5.7.8", None, "Credentials refused"),
         (None, "connection reset by peer", "Temporary fault"),
@@ -792,48 +810,47 @@ def test_there_is_an_explanation_for_every_status_marker_and_category() -> None:
     ],
 )
 def test_the_cause_follows_the_error_code(
-    code: str | None, message: str | None, title: str
+    app: Flask, world: World, code: str | None, message: str | None, title: str
 ) -> None:
-    e = explain.explain("Failed", Channel.MAIL, code, message)
-    assert e.cause is not None
-    assert e.cause.title == title
+    found = diagnosed(MailSendRecord, mail(world.acme, error_code=code, error_message=message))
+    assert found.title == title
 
 
-def test_a_sent_record_says_where_to_look_next_per_channel() -> None:
-    mail_e = explain.explain("Sent", Channel.MAIL, "451", "old error")
-    assert mail_e.cause is None
-    assert "spam" in mail_e.todo
-    assert "receipt" in explain.explain("Sent", Channel.SMS).todo
-    waited = explain.explain("Pending", Channel.MAIL, waited_s=900)
-    assert any("15 minutes" in note for note in waited.notes)
-    assert explain.explain("Teleported", Channel.MAIL).label == "Teleported"
+def test_a_sent_record_says_where_to_look_next_per_channel(app: Flask, world: World) -> None:
+    sent = diagnosed(MailSendRecord, mail(world.acme, status="Sent", error_code="451"))
+    assert "Temporary" not in sent.title  # an old attempt's error explains nothing now
+    assert "spam" in sent.action
+    assert "receipt" in diagnosed(SmsSendRecord, sms(world.acme, status="Sent")).action
+    assert not sent.would_fail_again
 
 
-def test_the_status_decides_what_to_do_unless_the_error_does() -> None:
-    uncertain = explain.explain("Uncertain", Channel.SMS, "HTTP_503")
-    assert uncertain.cause is not None
-    assert uncertain.cause.title == "Temporary fault"
-    assert "Check with the provider" in uncertain.todo  # not "tried again automatically"
-    failed = explain.explain("Failed", Channel.MAIL, "MONTHLY_QUOTA_EXCEEDED")
-    assert "Raise the quota" in failed.todo
+def test_an_uncertain_record_is_resolved_not_retried(app: Flask, world: World) -> None:
+    record = sms(world.acme, status="Uncertain", error_code="HTTP_503", ambiguous_attempt=True)
+    found = diagnosed(SmsSendRecord, record)
+    assert found.title == "Outcome unknown"
+    assert "Temporary fault" not in found.cause
+    assert "resolve it" in found.action  # not "tried again automatically"
+    assert not found.retryable
 
 
 @pytest.mark.parametrize("code", ["451", "HTTP_503", "QUOTA_EXCEEDED", "ZOMBIE_RECOVERED", None])
-def test_a_dead_letter_never_says_it_is_tried_again_by_itself(code: str | None) -> None:
+def test_a_dead_letter_never_says_it_is_tried_again_by_itself(
+    app: Flask, world: World, code: str | None
+) -> None:
     # Its retries are used up: nothing happens by itself any more.
-    dead = explain.explain("DeadLetter", Channel.MAIL, code, "no answer")
-    assert "Nothing" not in dead.todo
-    assert "press Retry" in dead.todo
-    # A cause that is not retried by itself still says what to fix.
-    quota = explain.explain("DeadLetter", Channel.SMS, "MONTHLY_QUOTA_EXCEEDED")
-    assert "Raise the quota" in quota.todo
+    found = diagnosed(
+        MailSendRecord, mail(world.acme, status="DeadLetter", error_code=code, retry_count=5)
+    )
+    assert "by itself" not in found.action
+    assert "retry it" in found.action
 
 
-def test_config_not_resolvable_is_explained_in_the_channels_own_words() -> None:
-    sms = explain.explain("Failed", Channel.SMS, "CONFIG_NOT_RESOLVABLE", "no provider for FR")
-    assert sms.cause is not None
-    assert "SMS provider" in sms.cause.happened
-    assert "mail" not in (sms.cause.happened + sms.todo).lower()
-    mail = explain.explain("Failed", Channel.MAIL, "CONFIG_NOT_RESOLVABLE")
-    assert mail.cause is not None
-    assert "mail server" in mail.cause.happened
+def test_config_not_resolvable_is_explained_in_the_channels_own_words(
+    app: Flask, world: World
+) -> None:
+    message = "no SMS provider serves country FR: no route for it and no default provider"
+    found = diagnosed(
+        SmsSendRecord, sms(world.acme, error_code="CONFIG_NOT_RESOLVABLE", error_message=message)
+    )
+    assert "SMS provider" in found.cause
+    assert "mail" not in (found.cause + found.action).lower()

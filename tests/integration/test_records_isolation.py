@@ -27,6 +27,7 @@ from portal.web import security
 from portal.web.records import pages
 from tests.conftest import make_tenant
 from tests.integration.test_portal_records import HX, mail, signed_in, sms, status_of, user
+from tests.support.delivery import sendable
 
 OPERATOR = "operator@postroom.example.com"
 ADMIN = "admin@acme.example.com"
@@ -43,6 +44,8 @@ def tenants(app: Flask, monkeypatch: pytest.MonkeyPatch) -> tuple[int, int]:
     user(OPERATOR, "platform_operator", PLATFORM_TENANT_ID)
     user(ADMIN, "tenant_admin", acme)
     user(SUPPORT, "support", acme)
+    sendable(acme)  # their records can be prepared: a retry's diagnosis finds a route
+    sendable(globex)
     return acme, globex
 
 

@@ -36,15 +36,17 @@ def test_a_record_whose_quota_is_full_says_so_and_is_not_requeued_without_confir
     client, token = signed_in(app, ADMIN)
 
     page = client.get(f"/mail-records/{record}").text  # said before retrying
-    assert f"<strong>MONTHLY_QUOTA_EXCEEDED</strong>: {QUOTA_FULL}" in page
+    assert f"<strong>QUOTA_FULL</strong>: {QUOTA_FULL}" in page
     assert "A retry now would fail again unless this changes first" in page
     assert "Retry…</button>" in page
 
     asked = client.post(f"/mail-records/{record}/retry", data={"csrf_token": token})
     assert asked.status_code == 200  # the confirm page, nothing requeued
-    assert f"<strong>MONTHLY_QUOTA_EXCEEDED</strong>: {QUOTA_FULL}" in asked.text
+    assert f"<strong>QUOTA_FULL</strong>: {QUOTA_FULL}" in asked.text
+    assert '<input type="hidden" name="anyway" value="QUOTA_FULL">' in asked.text
+    assert "a platform operator can" in asked.text  # a tenant admin cannot raise a quota
     assert "It will fail again unless this changes first" in asked.text
-    assert 'name="confirm" value="yes">Retry anyway</button>' in asked.text
+    assert 'name="confirm" value="yes" class="secondary">Retry anyway</button>' in asked.text
     assert f'href="/mail-records/{record}">Cancel</a>' in asked.text
     assert status_of(MailSendRecord, record) == "Failed"
     assert retry_rows() == []
@@ -57,21 +59,27 @@ def test_a_record_whose_quota_is_full_says_so_and_is_not_requeued_without_confir
     )
     assert row.status_code == 200
     assert row.text.strip().startswith(f'<tr id="mail-records-row-{record}"')
-    assert f"Not retried: it would fail again — MONTHLY_QUOTA_EXCEEDED: {QUOTA_FULL}." in row.text
+    assert f"Not retried: it would fail again — QUOTA_FULL: {QUOTA_FULL}." in row.text
     assert "hx-post" not in row.text  # its Retry… posts to the confirm page
     assert status_of(MailSendRecord, record) == "Failed"
 
-    done = client.post(
+    # A confirmation that does not name the reason (another page's) asks again.
+    unnamed = client.post(
         f"/mail-records/{record}/retry", data={"csrf_token": token, "confirm": "yes"}
+    )
+    assert unnamed.status_code == 200
+    assert 'name="anyway" value="QUOTA_FULL"' in unnamed.text
+    assert status_of(MailSendRecord, record) == "Failed"
+    done = client.post(
+        f"/mail-records/{record}/retry",
+        data={"csrf_token": token, "confirm": "yes", "anyway": "QUOTA_FULL"},
     )
     assert done.status_code == 302
     assert done.headers["Location"] == f"/mail-records/{record}"
     assert status_of(MailSendRecord, record) == "Retry"
     [audit] = retry_rows()
     assert audit.tenant_id == acme
-    assert f"retried anyway: would fail again, MONTHLY_QUOTA_EXCEEDED: {QUOTA_FULL}" in (
-        audit.remark or ""
-    )
+    assert f"retried anyway: would fail again (QUOTA_FULL): {QUOTA_FULL}" in (audit.remark or "")
 
 
 def test_a_record_nothing_stops_is_retried_in_one_click(
@@ -106,13 +114,14 @@ def test_an_sms_whose_template_does_not_exist_asks_first(
     acme, _ = tenants
     record = sms(acme, error_code="TEMPLATE_NOT_RESOLVABLE", template_code="nonexistent")
     client, token = signed_in(app, ADMIN)
-    why = "<strong>TEMPLATE_NOT_RESOLVABLE</strong>: template `nonexistent` does not exist"
+    why = "<strong>NO_TEMPLATE</strong>: template `nonexistent` does not exist"
     assert why in client.get(f"/sms-records/{record}").text
     asked = client.post(f"/sms-records/{record}/retry", data={"csrf_token": token})
     assert asked.status_code == 200
     assert why in asked.text
     assert status_of(SmsSendRecord, record) == "Failed"
-    done = client.post(f"/sms-records/{record}/retry", data={"csrf_token": token, "confirm": "yes"})
+    anyway = {"csrf_token": token, "confirm": "yes", "anyway": "NO_TEMPLATE"}
+    done = client.post(f"/sms-records/{record}/retry", data=anyway)
     assert done.status_code == 302
     assert status_of(SmsSendRecord, record) == "Retry"
 

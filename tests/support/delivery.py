@@ -18,7 +18,13 @@ from portal.messaging import acceptance
 from portal.messaging.backoff import BackoffPolicy
 from portal.messaging.pipeline import MailContext, process_mail
 from portal.messaging.scan import claim_due
-from portal.models import MailSendRecord, MailSendServerConfig, SendStatus, Tenant
+from portal.models import (
+    MailSendRecord,
+    MailSendServerConfig,
+    SendStatus,
+    SmsProviderConfig,
+    Tenant,
+)
 from portal.tenancy import tenant_context
 from tests.support.smtp_server import ScriptedSmtpServer
 
@@ -114,3 +120,24 @@ def record(record_id: int) -> MailSendRecord:
     row = db.session.get(MailSendRecord, record_id)
     assert row is not None
     return row
+
+
+def sendable(tenant_id: int) -> None:
+    """A default mail server and a default SMS provider in the tier (nothing listens on them),
+    so that its records can be prepared: a retry's diagnosis runs preparation's own choice
+    and names a tier without either (NO_ROUTE)."""
+    db.session.add(
+        MailSendServerConfig(
+            tenant_id=tenant_id,
+            name="default",
+            host="127.0.0.1",
+            port=25,
+            security="plain",
+            from_address="sender@default.test",
+            is_default=True,
+        )
+    )
+    db.session.add(
+        SmsProviderConfig(tenant_id=tenant_id, name="default", provider="twilio", is_default=True)
+    )
+    db.session.commit()

@@ -14,16 +14,17 @@ import re
 from datetime import UTC, datetime
 from typing import Any
 
-from flask import Blueprint, Response, current_app, jsonify, request
+from flask import Blueprint, Response, current_app, g, jsonify, request
 from sqlalchemy import select
 
 from portal.extensions import csrf, db
-from portal.messaging import quota, retry_check
+from portal.messaging import diagnosis, quota
 from portal.messaging.retry import EXPIRED_REASON, MAX_BULK, Model, new_expiry, retry_records
 from portal.messaging.validation import AcceptanceError
 from portal.models import AuditAction, Channel, MailSendRecord, SmsSendRecord
 from portal.models.enums import RETRYABLE_BY_HAND
 from portal.models.tenant import ApiScope
+from portal.tenancy import PLATFORM_TENANT_ID
 from portal.web.access import Permission
 from portal.web.machine.endpoint import (
     ApiError,
@@ -76,8 +77,8 @@ def _would_fail_again(
     kind: str, ids: list[int], tenant_id: int | None
 ) -> dict[int, dict[str, Any]]:
     """Of ``ids`` (the caller's, retryable), those a retry now would not cure, with the error
-    code and why (``retry_check``: the causes as they are, as the portal's Retry says). Read
-    before the requeue; the answer names those of them it requeued all the same."""
+    code, the reason code and why (their diagnosis, as the portal's Retry and bulk retry
+    say). Read before the requeue; the answer names those of them it requeued all the same."""
     model: Any = MODELS[kind]
     stmt = select(model).where(
         model.id.in_(ids), model.status.in_([s.value for s in RETRYABLE_BY_HAND])
@@ -86,9 +87,16 @@ def _would_fail_again(
         stmt = stmt.where(model.tenant_id == tenant_id)
     records = list(db.session.scalars(stmt))
     channel = Channel.MAIL if model is MailSendRecord else Channel.SMS
-    found = retry_check.blockers(db.session(), channel, records, current_app.config["SETTINGS"])
+    operator = g.tenant_id is None or g.tenant_id == PLATFORM_TENANT_ID
+    found = diagnosis.diagnose_many(
+        db.session(), channel, records, current_app.config["SETTINGS"], operator=operator
+    )
     codes = {record.id: record.error_code for record in records}
-    return {i: {"id": i, "code": codes[i], "reason": why} for i, why in sorted(found.items())}
+    return {
+        i: {"id": i, "code": codes[i], "reasonCode": d.reason, "reason": d.why}
+        for i, d in sorted(found.items())
+        if d.would_fail_again
+    }
 
 
 @bp.post("/<any(MailSendRecord, SmsSendRecord):kind>/retry")

@@ -9,7 +9,10 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from portal.config import Settings
+from portal.messaging import diagnosis
 from portal.models import (
+    Channel,
     MailSendRecord,
     MailSendServerConfig,
     Scope,
@@ -17,7 +20,7 @@ from portal.models import (
     SmsProviderConfig,
     SmsSendRecord,
 )
-from portal.tenancy import PLATFORM_TENANT_ID
+from portal.tenancy import PLATFORM_TENANT_ID, names_config
 
 # What a tenant sees instead of a platform-tier server's or provider's name.
 PLATFORM_ROUTE = {"mail": "platform mail service", "sms": "platform SMS service"}
@@ -31,18 +34,6 @@ def config_tiers(session: Session, channel: str, ids: Iterable[int | None]) -> d
     config = MailSendServerConfig if channel == "mail" else SmsProviderConfig
     rows = session.execute(select(config.id, config.tenant_id).where(config.id.in_(wanted)))
     return {config_id: tenant_id for config_id, tenant_id in rows}
-
-
-def names_config(tier: int | None, operator: bool) -> bool:
-    """Whether a viewer may see a server's or provider's name and id: the one rule for the
-    API, the record pages, the timeline and the attempt's headers page.
-
-    It goes by the tier of the config a record used, not by the record's scope: a tenant's
-    mail falls back to the platform's server when the tenant has none. Platform operators see
-    every config; anyone else sees "platform mail service" (or SMS) for a platform-tier one,
-    and for one whose tier is unknown (None), so an unknown case never leaks a name.
-    """
-    return operator or (tier is not None and tier != PLATFORM_TENANT_ID)
 
 
 def _time(value: datetime | None) -> str | None:
@@ -168,3 +159,19 @@ def attempts_json(
             item["worker"] = attempt.worker
         out.append(item)
     return out
+
+
+def diagnosis_json(
+    session: Session,
+    record: MailSendRecord | SmsSendRecord,
+    settings: Settings,
+    caller_tenant: int,
+) -> dict[str, Any]:
+    """``diagnosis`` of one record for its GET: ``{cause, wouldFailAgain: {value, reason,
+    why}, action, who}``, the record page's own answer (``portal.messaging.diagnosis``), with
+    the platform's servers named only to platform callers (``names_config``)."""
+    channel = Channel.MAIL if isinstance(record, MailSendRecord) else Channel.SMS
+    found = diagnosis.diagnose(
+        session, channel, record, settings, operator=caller_tenant == PLATFORM_TENANT_ID
+    )
+    return {"diagnosis": diagnosis.as_json(found)}

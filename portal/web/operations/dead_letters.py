@@ -7,6 +7,7 @@ again, the page links to the send record and its Retry (seed 000, "Dead letters"
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,8 +17,10 @@ from sqlalchemy import Select, func, select
 from sqlalchemy import update as sql_update
 
 from portal.extensions import db
+from portal.messaging.diagnosis import Diagnosis
 from portal.models import AuditAction, Channel, DeadLetterMessage, TriageStatus, db_now
 from portal.web.access import Permission, audit, can, requires, user, viewed_tenant
+from portal.web.records import explain
 from portal.web.records.mail_records import MAIL as MAIL_KIND
 from portal.web.records.pages import (
     ALL_TENANTS_CHOSEN,
@@ -27,11 +30,13 @@ from portal.web.records.pages import (
     PAGE_SIZE,
     Kind,
     ListFilters,
+    diagnoses,
     parse_id,
     parse_ids,
     pretty_json,
     refusal,
     tenant_names,
+    viewer_role,
     wants_fragment,
 )
 from portal.web.records.sms_records import SMS as SMS_KIND
@@ -113,22 +118,43 @@ class LinkedRecord:
     id: int
     status: str
     refusal: str | None
+    diagnosis: Diagnosis  # the record's: would a retry work, what to do, who can
+
+
+def linked_records(
+    letters: Sequence[DeadLetterMessage], tenant: int | None
+) -> dict[int, LinkedRecord]:
+    """Dead letter id -> the send record it archived, for those whose record still exists
+    and may be seen (its own tenant's, within the viewed one), each with its diagnosis; one
+    read and one diagnosis per channel."""
+    found: dict[int, LinkedRecord] = {}
+    for channel, kind in KINDS.items():
+        wanted = {
+            letter.id: (record_id, letter.tenant_id)
+            for letter in letters
+            if letter.channel == channel and (record_id := parse_id(letter.event_id)) is not None
+        }
+        if not wanted:
+            continue
+        model: Any = kind.model
+        stmt = select(model).where(model.id.in_({rid for rid, _ in wanted.values()}))
+        if tenant is not None:
+            stmt = stmt.where(model.tenant_id == tenant)
+        records: dict[int, Any] = {r.id: r for r in db.session.scalars(stmt)}
+        found_diagnoses = diagnoses(kind, list(records.values()))
+        for letter_id, (record_id, tenant_id) in wanted.items():
+            record = records.get(record_id)
+            if record is None or record.tenant_id != tenant_id:
+                continue
+            found[letter_id] = LinkedRecord(
+                kind, record.id, record.status, refusal(record.status), found_diagnoses[record.id]
+            )
+    return found
 
 
 def linked_record(letter: DeadLetterMessage, tenant: int | None) -> LinkedRecord | None:
     """The send record the dead letter archived, if it still exists and may be seen."""
-    kind = KINDS.get(letter.channel or "")
-    record_id = parse_id(letter.event_id)
-    if kind is None or record_id is None:
-        return None
-    model = kind.model
-    stmt = select(model.status).where(model.id == record_id, model.tenant_id == letter.tenant_id)
-    if tenant is not None:
-        stmt = stmt.where(model.tenant_id == tenant)
-    status = db.session.scalar(stmt)
-    if status is None:
-        return None
-    return LinkedRecord(kind, record_id, status, refusal(status))
+    return linked_records([letter], tenant).get(letter.id)
 
 
 def _show(
@@ -141,10 +167,12 @@ def _show(
 ) -> ResponseReturnValue:
     fragment = wants_fragment()
     template = "dead_letters/_triage.html" if fragment else "dead_letters/show.html"
+    record = linked_record(letter, tenant)
     html = render_template(
         template,
         letter=letter,
-        record=linked_record(letter, tenant),
+        record=record,
+        who_can=explain.who_can(record.diagnosis, viewer_role()) if record else None,
         payload=pretty_json(letter.payload) if letter.payload is not None else None,
         names=tenant_names(None),
         errors=errors or {},
@@ -196,6 +224,7 @@ def _index(
         "dead_letters/index.html",
         filters=filters,
         rows=rows,
+        records=linked_records(rows, tenant),
         older=older,
         all_tenants=tenant is None,
         viewed=tenant,

@@ -23,9 +23,8 @@ from portal.messaging.pipeline import frozen_mail, outgoing_mail
 from portal.messaging.preparation import SUPPRESSED
 from portal.messaging.transports.smtp import message_bytes
 from portal.models import MailSendServerConfig, SendAttempt
-from portal.tenancy import PLATFORM_TENANT_ID
+from portal.tenancy import PLATFORM_TENANT_ID, names_config
 from portal.web.access import Permission, is_operator, requires, viewed_tenant
-from portal.web.machine.serialise import names_config
 from portal.web.records.mail_records import MAIL
 from portal.web.records.pages import find_record
 

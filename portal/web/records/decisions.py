@@ -23,6 +23,9 @@ from sqlalchemy import ColumnElement, TextClause, func, literal, select, text
 from sqlalchemy.orm import load_only
 
 from portal.extensions import db
+from portal.messaging import diagnosis
+from portal.messaging.diagnosis import Diagnosis
+from portal.models import Channel
 from portal.models.record import NEEDS_DECISION
 from portal.web.access import Permission, requires, viewed_tenant
 from portal.web.records import explain
@@ -31,9 +34,11 @@ from portal.web.records.pages import (
     COMMON_LIST_COLUMNS,
     PAGE_SIZE,
     Kind,
+    diagnoses,
     parse_id,
     tenant_names,
     tenant_scope,
+    viewer_role,
 )
 from portal.web.records.sms_records import SMS
 
@@ -75,6 +80,7 @@ class Section:
     kind: Kind
     rows: list[Any]
     older: int | None  # the cursor of this channel's next page
+    diagnoses: dict[int, Diagnosis]  # each row's: what to do, and who can
 
 
 def section(kind: Kind, tenant: int | None, before: int | None) -> Section:
@@ -84,7 +90,9 @@ def section(kind: Kind, tenant: int | None, before: int | None) -> Section:
     if before is not None:
         walk = walk.where(model.id < before)
     ids = walk.order_by(model.id.desc()).limit(PAGE_SIZE + 1).subquery()
-    columns = COMMON_LIST_COLUMNS + kind.list_columns + DECISION_COLUMNS
+    columns = tuple(
+        dict.fromkeys(COMMON_LIST_COLUMNS + kind.list_columns + DECISION_COLUMNS + _needs(kind))
+    )
     rows: list[Any] = list(
         db.session.scalars(
             select(model)
@@ -95,7 +103,14 @@ def section(kind: Kind, tenant: int | None, before: int | None) -> Section:
         )
     )
     older = rows[PAGE_SIZE - 1].id if len(rows) > PAGE_SIZE else None
-    return Section(kind, rows[:PAGE_SIZE], older)
+    shown = rows[:PAGE_SIZE]
+    return Section(kind, shown, older, diagnoses(kind, shown))
+
+
+def _needs(kind: Kind) -> tuple[str, ...]:
+    """The columns a row's diagnosis reads."""
+    own = diagnosis.MAIL_COLUMNS if kind.channel is Channel.MAIL else diagnosis.SMS_COLUMNS
+    return diagnosis.COLUMNS + own
 
 
 @bp.get("/")
@@ -118,4 +133,5 @@ def index() -> ResponseReturnValue:
         all_tenants=tenant is None,
         names=tenant_names(tenant),
         label=explain.label,
+        who_can=lambda found: explain.who_can(found, viewer_role()),
     )

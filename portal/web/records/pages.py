@@ -21,6 +21,7 @@ from flask import (
     abort,
     current_app,
     flash,
+    has_request_context,
     make_response,
     redirect,
     render_template,
@@ -28,12 +29,14 @@ from flask import (
     url_for,
 )
 from flask.typing import ResponseReturnValue
+from flask_login import current_user
 from sqlalchemy import ColumnElement, Select, func, select, tuple_
 from sqlalchemy.orm import load_only
 from werkzeug.datastructures import MultiDict
 
 from portal.extensions import db
-from portal.messaging import cancel, retry_check
+from portal.messaging import cancel, diagnosis
+from portal.messaging.diagnosis import REASON_LABEL, Diagnosis, Reason
 from portal.messaging.retry import (
     MAX_BULK,
     REFUSAL_REASONS,
@@ -48,14 +51,14 @@ from portal.models import (
     Channel,
     DeadLetterMessage,
     MailSendServerConfig,
+    Role,
     SendStatus,
     SmsProviderConfig,
     Tenant,
 )
 from portal.models.enums import RETRYABLE_BY_HAND
-from portal.tenancy import PLATFORM_TENANT_ID
-from portal.web.access import Permission, audit, can, is_operator, viewed_tenant
-from portal.web.machine.serialise import names_config
+from portal.tenancy import PLATFORM_TENANT_ID, names_config
+from portal.web.access import audit, is_operator, viewed_tenant
 from portal.web.records import explain
 from portal.web.records.timeline import timeline
 from portal.web.security import safe_next
@@ -460,7 +463,8 @@ class RetryPlan:
     capped: bool = False
     ambiguous: int = 0  # of those requeued, how many had an ambiguous attempt (may go twice)
     expired: int = 0  # of the retryable ones, how many are past their expiry (skipped)
-    groups: list[CodeGroup] = field(default_factory=list)  # the retryable ones by error code
+    reasons: list[ReasonGroup] = field(default_factory=list)  # those that would fail again
+    groups: list[CodeGroup] = field(default_factory=list)  # the others, by error code
     blocked: int = 0  # of the retryable ones, how many would fail again (left out by default)
     tenants: list[tuple[str, int]] = field(default_factory=list)  # all-tenants view: per tenant
     needs_all_tenants: bool = False  # confirming needs the explicit "all tenants" choice
@@ -468,16 +472,24 @@ class RetryPlan:
 
 
 @dataclass
+class ReasonGroup:
+    """Retryable records that would fail again for one reason (``diagnosis.Reason``)."""
+
+    reason: Reason
+    count: int
+    whys: list[tuple[str, int]]  # (why, and what to change first; how many)
+
+    @property
+    def label(self) -> str:
+        return REASON_LABEL[self.reason]
+
+
+@dataclass
 class CodeGroup:
-    """Retryable records with one error code, and those of them a retry would not cure."""
+    """Retryable records with one error code that nothing found stops."""
 
     code: str
     count: int
-    fail_again: list[tuple[str, int]]  # (why, and what to change first; how many)
-
-    @property
-    def blocked(self) -> int:
-        return sum(n for _, n in self.fail_again)
 
 
 def parse_ids(values: Iterable[str]) -> tuple[list[int], str | None]:
@@ -510,7 +522,8 @@ def matching_ids(kind: Kind, filters: Filters, tenant: int | None) -> tuple[list
 
 
 def plan_retry(kind: Kind, ids: Sequence[int], tenant: int | None) -> RetryPlan:
-    """Count the ids by status: which would be requeued, which skipped and why."""
+    """Count the ids by status: which would be requeued, which skipped and why; those that
+    would fail again (their diagnosis) are counted by reason and left out unless asked."""
     model = kind.model
     stmt = visible(kind, ids, tenant, model.status, func.count()).group_by(model.status)
     counts: dict[str, int] = {status: n for status, n in db.session.execute(stmt)}
@@ -521,23 +534,11 @@ def plan_retry(kind: Kind, ids: Sequence[int], tenant: int | None) -> RetryPlan:
     missing = len(ids) - sum(counts.values())
     if missing:
         lines.append(StatusLine("", missing, "no such record"))
-    retryable = [s.value for s in RETRYABLE_BY_HAND]
-    risky = visible(
-        kind,
-        ids,
-        tenant,
-        func.count().filter(model.ambiguous_attempt.is_(True)),
-        func.count().filter(model.expires_at <= func.now()),
-    ).where(model.status.in_(retryable))
-    ambiguous, past = db.session.execute(risky).one()
-    groups, blocked = fail_again(kind, ids, tenant)
+    found = retryable_diagnoses(kind, ids, tenant)
+    blocked = {i: d for i, d in found.items() if d.would_fail_again}
     if blocked:
         # A status's line counts only those requeued; the rest get a line of their own.
-        per_status = visible(kind, blocked, tenant, model.status, func.count())
-        held: dict[str, int] = {
-            str(status): int(n)
-            for status, n in db.session.execute(per_status.group_by(model.status))
-        }
+        held = Counter(status for _, status in found_statuses(kind, blocked, tenant))
         split: list[StatusLine] = []
         for line in lines:
             n = held.get(line.status, 0) if line.reason is None else 0
@@ -546,15 +547,16 @@ def plan_retry(kind: Kind, ids: Sequence[int], tenant: int | None) -> RetryPlan:
             if n:
                 split.append(StatusLine(line.status, n, FAIL_AGAIN))
         lines = split
-    requeue = sum(line.count for line in lines if line.reason is None) - int(past or 0)
+    requeue = sum(line.count for line in lines if line.reason is None)
     return RetryPlan(
         list(ids),
         requeue,
         len(ids) - requeue,
         lines,
-        ambiguous=int(ambiguous or 0),
-        expired=int(past or 0),
-        groups=groups,
+        ambiguous=sum(1 for i, d in found.items() if d.ambiguous and i not in blocked),
+        expired=sum(1 for d in blocked.values() if d.reason is Reason.EXPIRED),
+        reasons=reason_groups(blocked),
+        groups=code_groups(kind, [i for i in found if i not in blocked], tenant),
         blocked=len(blocked),
     )
 
@@ -562,43 +564,61 @@ def plan_retry(kind: Kind, ids: Sequence[int], tenant: int | None) -> RetryPlan:
 FAIL_AGAIN = "left out: it would fail again (see below)"
 
 
-def blocked_ids(kind: Kind, ids: Sequence[int], tenant: int | None) -> dict[int, str]:
-    """Of ``ids`` (the viewer's), the retryable, unexpired ones whose retry would fail again
-    now, with why (``retry_check.blockers``: the causes as they are, not the status)."""
-    model = kind.model
-    live = model.expires_at.is_(None) | (model.expires_at > func.now())
+def diagnoses(kind: Kind, records: Sequence[Any]) -> dict[int, Diagnosis]:
+    """The records' diagnoses (the viewer's records, already scoped), as this viewer may
+    read them: a platform operator sees the platform's servers by name."""
+    settings = current_app.config["SETTINGS"]
+    operator = viewer_role() == Role.PLATFORM_OPERATOR
+    return diagnosis.diagnose_many(db.session(), kind.channel, records, settings, operator=operator)
+
+
+def retryable_diagnoses(kind: Kind, ids: Sequence[int], tenant: int | None) -> dict[int, Diagnosis]:
+    """Of ``ids`` (the viewer's), the retryable ones' diagnoses."""
     records = list(
-        db.session.scalars(
-            visible(kind, ids, tenant).where(model.status.in_(list(RETRYABLE)), live)
-        )
+        db.session.scalars(visible(kind, ids, tenant).where(kind.model.status.in_(RETRYABLE)))
     )
-    return retry_check.blockers(db.session(), kind.channel, records, current_app.config["SETTINGS"])
+    return diagnoses(kind, records)
 
 
-def fail_again(
-    kind: Kind, ids: Sequence[int], tenant: int | None
-) -> tuple[list[CodeGroup], dict[int, str]]:
-    """The retryable ones grouped by error code, each with what would fail again."""
+def blocked_ids(kind: Kind, ids: Sequence[int], tenant: int | None) -> dict[int, Diagnosis]:
+    """Of ``ids`` (the viewer's), the retryable ones a retry now would not cure: their
+    diagnosis says it would fail again (the causes as they are, not the status)."""
+    found = retryable_diagnoses(kind, ids, tenant)
+    return {i: d for i, d in found.items() if d.would_fail_again}
+
+
+def found_statuses(kind: Kind, ids: Iterable[int], tenant: int | None) -> list[tuple[int, str]]:
     model = kind.model
-    blocked = blocked_ids(kind, ids, tenant)
-    rows = db.session.execute(
-        visible(kind, ids, tenant, model.id, model.error_code).where(
-            model.status.in_(list(RETRYABLE))
-        )
-    ).all()
-    by_code: dict[str, list[int]] = {}
-    for record_id, code in rows:
-        by_code.setdefault(code or "", []).append(record_id)
-    groups = [
-        CodeGroup(
-            code,
-            len(members),
-            Counter(blocked[i] for i in members if i in blocked).most_common(),
-        )
-        for code, members in by_code.items()
+    return [
+        (int(i), str(status))
+        for i, status in db.session.execute(visible(kind, ids, tenant, model.id, model.status))
     ]
-    groups.sort(key=lambda g: (-g.blocked, -g.count, g.code))
-    return groups, blocked
+
+
+def reason_groups(blocked: Mapping[int, Diagnosis]) -> list[ReasonGroup]:
+    """Those that would fail again, by reason, the commonest first; each reason with its
+    particular whys (one per server, template, tier ...)."""
+    by_reason: dict[Reason, Counter[str]] = {}
+    for found in blocked.values():
+        if found.reason is None or found.why is None:
+            continue  # not one that would fail again
+        by_reason.setdefault(found.reason, Counter())[found.why] += 1
+    groups = [
+        ReasonGroup(reason, sum(whys.values()), whys.most_common())
+        for reason, whys in by_reason.items()
+    ]
+    groups.sort(key=lambda g: (-g.count, g.reason.value))
+    return groups
+
+
+def code_groups(kind: Kind, ids: Sequence[int], tenant: int | None) -> list[CodeGroup]:
+    """The retryable ones nothing found stops, by error code."""
+    if not ids:
+        return []
+    model = kind.model
+    rows = db.session.execute(visible(kind, ids, tenant, model.error_code))
+    counts = Counter(code or "" for (code,) in rows)
+    return [CodeGroup(code, n) for code, n in sorted(counts.items(), key=lambda c: (-c[1], c[0]))]
 
 
 def tenant_counts(kind: Kind, ids: Sequence[int]) -> list[tuple[str, int]]:
@@ -782,19 +802,13 @@ def index_view(kind: Kind) -> ResponseReturnValue:
 
 
 def show_context(kind: Kind, record: Any) -> dict[str, Any]:
-    now = datetime.now(UTC)
-    waited = (now - record.updated_time).total_seconds() if record.updated_time else None
+    found = diagnoses(kind, [record])[record.id]
     return {
         "kind": kind,
         "record": record,
-        "explanation": explain.explain(
-            record.status,
-            kind.channel,
-            record.error_code,
-            record.error_message,
-            waited_s=waited,
-            ambiguous=record.ambiguous_attempt,
-        ),
+        "diagnosis": found,
+        "tone": explain.tone(record.status, found),
+        "who_can": explain.who_can(found, viewer_role()),
         "refusal": refusal(record.status),
         "tenant_name": db.session.scalar(select(Tenant.name).where(Tenant.id == record.tenant_id)),
         "pretty_json": pretty_json,
@@ -802,8 +816,14 @@ def show_context(kind: Kind, record: Any) -> dict[str, Any]:
         # Provider events are on the timeline (read once, there).
         "timeline": timeline(db.session(), kind.channel, record, operator=is_operator()),
         "dead_letter": dead_letter_of(kind, record),
-        "fail_again": fail_again_one(kind, record) if can(Permission.RETRY) else None,
     }
+
+
+def viewer_role() -> str | None:
+    """The signed-in person's role (None: nobody, or no request), for "who can act" lines."""
+    if not has_request_context() or not current_user.is_authenticated:
+        return None
+    return str(current_user.role)
 
 
 def dead_letter_of(kind: Kind, record: Any) -> DeadLetterMessage | None:
@@ -821,20 +841,6 @@ def dead_letter_of(kind: Kind, record: Any) -> DeadLetterMessage | None:
     )
 
 
-def fail_again_one(kind: Kind, record: Any) -> tuple[str, str] | None:
-    """(error code, why and what to change first) when a retry of this record now would fail
-    again, in the bulk confirmation's words ("MONTHLY_QUOTA_EXCEEDED: the quota of Globex is
-    full (5 of 5); raise it first"); None when it is not retryable or nothing found stops it.
-    The record is the viewer's already (``find_record``)."""
-    if record.status not in RETRYABLE:
-        return None
-    settings = current_app.config["SETTINGS"]
-    why = retry_check.blockers(db.session(), kind.channel, [record], settings).get(record.id)
-    if why is None:
-        return None
-    return record.error_code or "no error code", why
-
-
 def expired(record: Any) -> bool:
     """Past its ``expiresAt``: a retry needs a new one."""
     return record.expires_at is not None and record.expires_at <= datetime.now(UTC)
@@ -843,25 +849,29 @@ def expired(record: Any) -> bool:
 def retry_one(kind: Kind, record_id: int) -> ResponseReturnValue:
     """Requeue one record; the list row swaps itself, a page form redirects back.
 
-    A record with an ambiguous attempt, past its expiry, or that would fail again (its cause
-    still there: ``retry_check``, as bulk retry's confirmation says) first gets a confirm page
-    (the risk of a duplicate; a new expiry to fill in; what to change first, and Retry anyway);
-    ``confirm=yes`` with what it asks retries. Anything else is retried in one step.
+    A record whose diagnosis says it would fail again, with an ambiguous attempt, or past its
+    expiry first gets a confirm page (the reason, and who can change it; the risk of a
+    duplicate; a new expiry to fill in). Only ``confirm=yes`` with what it asks retries:
+    for a record that would fail again, ``anyway`` naming the reason the page showed, so a
+    confirmation given for another reason (or none) never requeues it into that failure.
+    Anything else is retried in one step.
     """
     tenant = viewed_tenant(allow_all=True)
     record = find_record(kind, record_id, tenant)
-    again = fail_again_one(kind, record)
-    asks = record.status in RETRYABLE and (
-        record.ambiguous_attempt or expired(record) or again is not None
-    )
+    found = diagnoses(kind, [record])[record.id]
+    again = found.would_fail_again and found.reason is not Reason.EXPIRED
+    asks = record.status in RETRYABLE and (record.ambiguous_attempt or expired(record) or again)
     expires_at = None
     error = None
-    if asks and expired(record) and request.form.get("confirm") == "yes":
+    confirmed = request.form.get("confirm") == "yes"
+    if again and request.form.get("anyway") != found.reason:
+        confirmed = False
+    if asks and expired(record) and confirmed:
         try:
             expires_at = new_expiry(request.form.get("expiresAt", ""), datetime.now(UTC))
         except AcceptanceError as exc:
             error = exc.message
-    if asks and (request.form.get("confirm") != "yes" or error):
+    if asks and (not confirmed or error):
         if wants_fragment() and request.form.get("view") == "row" and not error:
             # The list row's one-click Retry: nothing requeued; the row says why and offers
             # the confirm page instead.
@@ -869,7 +879,7 @@ def retry_one(kind: Kind, record_id: int) -> ResponseReturnValue:
                 kind,
                 record_id,
                 tenant,
-                f"Not retried: it would fail again — {again[0]}: {again[1]}."
+                f"Not retried: it would fail again — {found.reason}: {found.why}."
                 if again
                 else "Not retried: it needs a confirmation first (Retry…).",
                 ask_first=True,
@@ -879,7 +889,9 @@ def retry_one(kind: Kind, record_id: int) -> ResponseReturnValue:
             kind=kind,
             record=record,
             expired=expired(record),
+            diagnosis=found,
             fail_again=again,
+            who_can=explain.who_can(found, viewer_role()),
             error=error,
             next_url=safe_next(
                 request.form.get("next"), url_for(kind.endpoint("show"), record_id=record_id)
@@ -891,7 +903,7 @@ def retry_one(kind: Kind, record_id: int) -> ResponseReturnValue:
         message, category = f"Record {record_id} requeued: it will be sent again shortly.", "info"
         remark = "requeued" + (f" with a new expiry {expires_at.isoformat()}" if expires_at else "")
         if again:
-            remark += f", retried anyway: would fail again, {again[0]}: {again[1]}"
+            remark += f", retried anyway: would fail again ({found.reason}): {found.why}"
     else:
         message = f"Record {record_id} not retried — {report.skipped[record_id]}."
         category = "error"
@@ -1114,7 +1126,7 @@ def _retry_confirmed(bulk: BulkRequest) -> ResponseReturnValue:
     # Read again now: a quota raised or a template added since step one counts.
     blocked = blocked_ids(bulk.kind, ids, bulk.tenant)
     include = bulk.form.get("include_blocked") == "yes"
-    left_out = {} if include else blocked
+    left_out = {} if include else {i: f"{d.reason}: {d.why}" for i, d in blocked.items()}
     report = retry_records(
         db.session(), bulk.kind.model, [i for i in ids if i not in left_out], bulk.tenant
     )
@@ -1126,7 +1138,8 @@ def _retry_confirmed(bulk: BulkRequest) -> ResponseReturnValue:
         model = bulk.kind.model
         found = visible(bulk.kind, left_out, bulk.tenant, model.id, model.tenant_id)
         tenant_of |= {int(rid): int(tid) for rid, tid in db.session.execute(found)}
-    audit_bulk(AuditAction.BULK_RETRY, bulk, report.requeued, skipped, tenant_of)
+    anyway = {i: f"{d.reason}" for i, d in blocked.items() if include and i in report.tenant_of}
+    audit_bulk(AuditAction.BULK_RETRY, bulk, report.requeued, skipped, tenant_of, anyway)
     db.session.commit()  # the retry and its audit rows together
     summary = skipped_summary(report.skipped)
     left = skipped_summary(left_out)
@@ -1161,9 +1174,11 @@ def audit_bulk(
     done: Sequence[int],
     skipped: Mapping[int, str],
     tenant_of: Mapping[int, int],
+    anyway: Mapping[int, str] | None = None,
 ) -> None:
     """The audit rows of one confirmed bulk request (in its transaction): one row in the
-    viewed tenant.
+    viewed tenant. ``anyway``: the records requeued although they would fail again (the
+    person ticked to include them), with the reason, counted in the remark.
 
     An operator looking at every tenant writes one row per tenant whose records the request
     reached, so each tenant's admins see it in their own log, plus one without a tenant for
@@ -1184,6 +1199,13 @@ def audit_bulk(
             rest = len(changed) - AUDIT_IDS_LISTED
             more = f" and {rest:,} more" if rest > 0 else ""
             remark += f" {verb.capitalize()}: {listed}{more}."
+        forced = skipped_summary({i: r for i, r in (anyway or {}).items() if i in changed})
+        if forced:
+            reasons = " · ".join(f"{n:,}: {reason}" for reason, n in forced)
+            remark += (
+                f" Retried anyway although they would fail again: "
+                f"{sum(n for _, n in forced):,} ({reasons})."
+            )
         audit(action, tenant_id=tenant_id, target_type=bulk.kind.model.__name__, remark=remark)
 
 

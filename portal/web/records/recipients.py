@@ -44,8 +44,11 @@ from portal.web.records.pages import (
     COMMON_LIST_COLUMNS,
     PAGE_SIZE,
     Kind,
+    diagnoses,
     parse_id,
     tenant_names,
+    viewer_role,
+    visible,
 )
 from portal.web.records.sms_records import SMS
 
@@ -200,17 +203,11 @@ def show(token: str) -> ResponseReturnValue:
         ),
     )
     latest_failure = next((r for r in window if r.status in FAILED), None)
-    explanation = (
-        explain.explain(
-            latest_failure.status,
-            kind.channel,
-            latest_failure.error_code,
-            latest_failure.error_message,
-            ambiguous=latest_failure.ambiguous_attempt,
-        )
-        if latest_failure is not None
-        else None
-    )
+    found = None
+    if latest_failure is not None:
+        # The record page's own diagnosis of it: the same cause, verdict and next step.
+        failed = db.session.scalar(visible(kind, [latest_failure.id], who.tenant_id))
+        found = diagnoses(kind, [failed])[failed.id] if failed is not None else None
     window_ids = [r.id for r in window]
     events = (
         list(
@@ -240,7 +237,9 @@ def show(token: str) -> ResponseReturnValue:
         figures=figures,
         recent=RECENT,
         latest_failure=latest_failure,
-        explanation=explanation,
+        diagnosis=found,
+        tone=explain.tone(latest_failure.status, found) if found and latest_failure else None,
+        who_can=explain.who_can(found, viewer_role()) if found else None,
         events=events,
         reads=reads,
         suppressed=suppressed,
