@@ -42,7 +42,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.orm import Session
 
-from portal.messaging import events, group_commit, scan
+from portal.messaging import events, group_commit, scan, suppression
 from portal.messaging.backoff import BackoffPolicy, DeadLetter, Fail, Retry, RetryDecision
 from portal.messaging.classify import ErrorCategory, MarkerCode, classify, is_retryable
 from portal.metrics import MESSAGE_FAILED, MESSAGE_SENT, SENT_BATCH_SIZE
@@ -883,6 +883,12 @@ def handle_failure(
             return None
         if isinstance(decision, DeadLetter):
             session.add(dead_letter_row(claimed, values["error_code"], message))
+        if attempt is not None:
+            # An answer refusing the recipient for good puts it on the tenant's suppression
+            # list, as a hard bounce does (a check of the code; a write only then).
+            suppression.suppress_refused(
+                session, claimed.channel, claimed.id, claimed.tenant_id, code, message
+            )
     MESSAGE_FAILED.labels(claimed.channel.value, claimed.provider, outcome).inc()
     extra = _extra(
         claimed,
