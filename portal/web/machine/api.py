@@ -40,6 +40,7 @@ from portal.web.machine.endpoint import (
 from portal.web.machine.openapi import openapi_document
 from portal.web.machine.serialise import (
     attempts_json,
+    diagnosis_json,
     mail_record_json,
     record_tiers,
     sms_record_json,
@@ -158,23 +159,25 @@ def sms_list() -> Response:
 @bp.get("/mail/<int:record_id>")
 @api_key_required(ApiScope.READ)
 def mail_show(record_id: int) -> Response:
-    """One of the caller's mail records, with its status and last error."""
+    """One of the caller's mail records, with its status, last error and diagnosis."""
     record = _own_record(MailSendRecord, record_id)
     if record is None:
         return error_response(404, "not_found", "no such mail record", "id")
     tiers = record_tiers(db.session(), "mail", [record])
-    return jsonify(mail_record_json(record, g.tenant_id, tiers) | _attempts(record))
+    diagnosis = diagnosis_json(db.session(), record, app_settings(), g.tenant_id)
+    return jsonify(mail_record_json(record, g.tenant_id, tiers) | _attempts(record) | diagnosis)
 
 
 @bp.get("/sms/<int:record_id>")
 @api_key_required(ApiScope.READ)
 def sms_show(record_id: int) -> Response:
-    """One of the caller's SMS records, with its status and last error."""
+    """One of the caller's SMS records, with its status, last error and diagnosis."""
     record = _own_record(SmsSendRecord, record_id)
     if record is None:
         return error_response(404, "not_found", "no such SMS record", "id")
     tiers = record_tiers(db.session(), "sms", [record])
-    return jsonify(sms_record_json(record, g.tenant_id, tiers) | _attempts(record))
+    diagnosis = diagnosis_json(db.session(), record, app_settings(), g.tenant_id)
+    return jsonify(sms_record_json(record, g.tenant_id, tiers) | _attempts(record) | diagnosis)
 
 
 # --- cancel and resolve ----------------------------------------------------------------

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any, cast
 
+from portal.messaging.diagnosis import Reason
 from portal.messaging.validation import MAX_BATCH, MAX_RECIPIENTS
 
 _EMAIL_LIST = {
@@ -262,10 +263,11 @@ _RETRY_TEXT = (
     "expired) unless the body gives a new, later expiresAt; a record stopped by its resend "
     "window (RETRY_WINDOW_EXPIRED) starts a new window. Uncertain records are never retried: "
     "resolve them. A record with an ambiguous earlier attempt (ambiguous: true) may be "
-    "delivered twice if retried. wouldFailAgain lists the records requeued whose cause is "
-    "still there (a full quota, a template that does not exist or is disabled, no enabled "
-    "server or provider, every recipient suppressed): they are requeued all the same and will "
-    "fail again unless that changes first; each says why and what to change."
+    "delivered twice if retried. wouldFailAgain lists the records requeued whose diagnosis "
+    "says they would fail again (reasonCode: a full quota, a missing template or binding, no "
+    "server or provider, one that is down, every recipient suppressed or refused, ...): they "
+    "are requeued all the same and will fail again unless that changes first; each says why "
+    "and what to change."
 )
 
 
@@ -374,6 +376,32 @@ _COMMON_RECORD = {
     },
     "createdTime": {"type": "string", "format": "date-time"},
     "updatedTime": {"type": "string", "format": "date-time"},
+}
+
+
+# Why a retry now would fail again: a record's diagnosis (portal.messaging.diagnosis.Reason).
+_REASON: dict[str, Any] = {"type": "string", "enum": [r.value for r in Reason]}
+
+_DIAGNOSIS: dict[str, Any] = {
+    "type": "object",
+    "description": "One record's GET only: what happened, whether sending it again now would "
+    "fail the same way and why, what to do and which role can; the portal's record page "
+    "says the same.",
+    "required": ["cause", "wouldFailAgain", "action", "who"],
+    "properties": {
+        "cause": {"type": "string"},
+        "wouldFailAgain": {
+            "type": "object",
+            "required": ["value", "reason", "why"],
+            "properties": {
+                "value": {"type": "boolean"},
+                "reason": _REASON | {"nullable": True},
+                "why": {"type": "string", "nullable": True},
+            },
+        },
+        "action": {"type": "string"},
+        "who": {"type": "string", "enum": ["support", "tenant_admin", "platform_operator"]},
+    },
 }
 
 
@@ -725,10 +753,11 @@ def _document() -> dict[str, Any]:
                     "retry now fails again, ending with what to change first.",
                     "items": {
                         "type": "object",
-                        "required": ["id", "code", "reason"],
+                        "required": ["id", "code", "reasonCode", "reason"],
                         "properties": {
                             "id": {"type": "integer"},
                             "code": {"type": "string", "nullable": True},
+                            "reasonCode": _REASON,
                             "reason": {
                                 "type": "string",
                                 "example": "the quota of Globex is full (5 of 5); raise it first",
@@ -736,6 +765,7 @@ def _document() -> dict[str, Any]:
                         },
                     },
                 },
+                "Diagnosis": _DIAGNOSIS,
                 "Usage": {
                     "type": "object",
                     "required": ["tenantId", "month", "mail", "sms"],
@@ -807,6 +837,7 @@ def _document() -> dict[str, Any]:
                         "subject": _NULLABLE_STR,
                         "templateId": _NULLABLE_INT,
                         "serverId": _NULLABLE_INT,
+                        "diagnosis": {"$ref": "#/components/schemas/Diagnosis"},
                         "attempts": _attempts(
                             "server", "The SMTP reply code with its enhanced code ('451 4.7.1')."
                         ),
@@ -821,6 +852,7 @@ def _document() -> dict[str, Any]:
                         "countryCode": _NULLABLE_STR,
                         "content": _NULLABLE_STR,
                         "providerId": _NULLABLE_INT,
+                        "diagnosis": {"$ref": "#/components/schemas/Diagnosis"},
                         "attempts": _attempts(
                             "provider",
                             "The HTTP status followed by the provider's own code ('400 21211'), "
