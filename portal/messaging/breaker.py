@@ -6,11 +6,17 @@ every provider kind alike, ``classify.unavailable``: no connection, the request 
 HTTP 502/503/504 whose provider code names no other cause, or a provider's documented "service
 unavailable" code (Twilio 20503, 21730). The transports mark them ``connection``. After
 ``BREAKER_FAILURES`` distinct records failed so in a row, across every worker and instance, the
-breaker opens: due records for it are deferred without using a retry (``SERVER_UNAVAILABLE``)
-until the next probe. One record at a time probes, at intervals doubling from
-``BREAKER_PROBE_MIN_S`` to ``BREAKER_PROBE_MAX_S``; a probe that fails uses a retry as usual, and
-the next probe takes another record. Any answer from the server (a send, a recipient refused,
-credentials refused) closes it, and the deferred records become due at once, 1,000 at a time.
+breaker opens: due records for it wait without using a retry (``SERVER_UNAVAILABLE``). They
+wait on the breaker, not on a time: each is written once, marked with the server it waits for
+(``waiting_config_id``) and due only at its own deadline (its expiry or the end of its resend
+window, when the claim ends it), so an outage costs one write per record however many probes
+it lasts. One record at a time probes, at intervals doubling from ``BREAKER_PROBE_MIN_S`` to
+``BREAKER_PROBE_MAX_S``: when a probe is due, a record on its way to the server takes it, or
+else the breaker makes one waiting record due (``release(limit=1)``, from the view's refresh,
+which an idle pool's poll drives through ``tick``). A probe that fails uses a retry as usual,
+and the next probe takes another record. Any answer from the server (a send, a recipient
+refused, credentials refused) closes it, and the waiting records become due at once, 1,000 at
+a time, with a wake-up for the workers.
 
 State lives in Redis (three keys per config, changed by Lua scripts, so every instance counts one
 streak); every change of state is mirrored into ``breaker_state``, which the portal and the
@@ -18,7 +24,7 @@ metrics read, and which is the whole state while Redis is away.
 
 The hot path stays cheap: each process keeps a view of the breakers that are open or counting
 (one HGETALL at most every ``VIEW_TTL_S``), and a send through a closed breaker touches neither
-Redis nor the database.
+Redis nor the database. An open breaker adds one script call per refresh (is its probe due?).
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ import logging
 import random
 import threading
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -48,6 +55,7 @@ log = logging.getLogger("portal.delivery")
 
 SERVER_UNAVAILABLE = DeferralCode.SERVER_UNAVAILABLE.value
 VIEW_TTL_S = 0.5  # how stale a process's view of open breakers may be
+RECHECK_S = 30.0  # how often a process checks that the records waiting for breakers have one
 RELEASE_BATCH = 1000  # deferred records made due per statement when a breaker closes
 ACTIVE_KEY = "brk:active"  # field "<channel>:<config id>" -> "open" | "streak"
 
@@ -106,6 +114,20 @@ if now >= tonumber(h[1]) and free and h[5] ~= ARGV[1] then
   return {'probe'}
 end
 return {'defer', h[1], h[2], h[6] or '', h[7] or ''}
+"""
+
+# KEYS: 1 state hash. ARGV: 1 now, 2 hold s. An open breaker whose probe is due and not taken
+# (no probe in flight, or its lease ran out; no record released for it within the hold) gets a
+# record released for it: returns {1, the last probe's record id or ''}; otherwise 0. The
+# release holds the slot through ``probe_until`` with no ``probe``, which GATE_LUA reads as
+# free: whichever record comes first probes.
+PROBE_DUE_LUA = """
+local h = redis.call('HMGET', KEYS[1], 'open', 'next_probe', 'probe_until', 'last_probe')
+if h[1] ~= '1' then return 0 end
+local now = tonumber(ARGV[1])
+if now < (tonumber(h[2] or '0') or 0) or now < (tonumber(h[3] or '0') or 0) then return 0 end
+redis.call('HSET', KEYS[1], 'probe', '', 'probe_until', tostring(now + tonumber(ARGV[2])))
+return {1, h[4] or ''}
 """
 
 # KEYS: 1 state hash, 3 active hash; ARGV: 1 field, 2 opened_at, 3 next_probe, 4 interval,
@@ -174,12 +196,13 @@ def _text(value: Any) -> str:
 
 
 def defer_message(kind: str, name: str, check: Check) -> str:
-    """The deferred record's error message: which server, since when, the last real error."""
+    """The waiting record's error message: which server, since when, the last real error."""
     since = check.down_since.strftime("%Y-%m-%d %H:%M:%S UTC") if check.down_since else "now"
     return (
         f"not attempted: the {kind} {name!r} is down since {since} (its connections keep "
-        f"failing), so this waits for it without using a retry; next check in about "
-        f"{check.wait_s:.0f} s. Last error: {check.last_error or '(none recorded)'}"
+        f"failing), so this waits for it without using a retry and goes out as soon as it "
+        f"answers again; next check in about {check.wait_s:.0f} s. "
+        f"Last error: {check.last_error or '(none recorded)'}"
     )
 
 
@@ -288,6 +311,27 @@ class SqlStore:
                 return Check(Verdict.PROBE)
             return _deferral(next_probe, row.interval_s, now, row.down_since, row.last_error or "")
 
+    def probe_due(self, channel: Channel, config_id: int, now: float, hold_s: float) -> int | None:
+        """PROBE_DUE_LUA on the row: None, or the last probe's record id (0: none)."""
+        with Session(self.engine) as session, session.begin():
+            row = session.get(BreakerState, (channel.value, config_id), with_for_update=True)
+            if row is None or row.down_since is None:
+                return None
+            if now < _epoch(row.next_probe_at) or now < _epoch(row.probe_until):
+                return None
+            row.probe_record_id = None
+            row.probe_until = _moment(now + hold_s)
+            return row.last_probe_record_id or 0
+
+    def is_open(self, channel: Channel, config_id: int) -> bool:
+        with Session(self.engine) as session:
+            down = session.scalar(
+                select(BreakerState.down_since).where(
+                    BreakerState.channel == channel.value, BreakerState.config_id == config_id
+                )
+            )
+        return down is not None
+
     def mirror(
         self,
         channel: Channel,
@@ -342,6 +386,10 @@ class Breaker:
             settings.sms_connect_timeout_s + settings.sms_read_timeout_s,
         )
         self.lease_s = 2 * max(timeouts) + 1  # a probe whose worker died frees the slot
+        # A record released for a due probe holds the slot this long; one that never came
+        # (cancelled meanwhile, or still behind other work) lets the next release go.
+        self.release_hold_s = max(self.probe_min_s, 1.0)
+        self.engine = engine
         self._connect = connect
         self._clock = clock
         self._lock = threading.Lock()
@@ -352,6 +400,11 @@ class Breaker:
         # False at first: the first view read carries over what the database holds.
         self._redis_ok = False
         self._warned_at = -1e9
+        _watching.setdefault(engine, weakref.WeakSet()).add(self)
+        # How often this process checks that each record waiting for a breaker has one open;
+        # the first check comes with the first view.
+        self.recheck_s = RECHECK_S
+        self._rechecked_at = -1e9
 
     # -- Redis, or the database when it is away --
 
@@ -405,7 +458,84 @@ class Breaker:
                 log.exception("breaker: reading the state failed; treating every server as up")
                 view = {}
         self._view = view
+        self._release_for_probes(view)
+        if now - self._rechecked_at >= self.recheck_s:
+            self._rechecked_at = now
+            self._release_orphans(view)
         return view
+
+    def _release_orphans(self, view: dict[str, str]) -> None:
+        """Records waiting for a breaker that is not open (Redis came back empty, or lost a
+        close) are released: nothing else would make them due before their deadline."""
+        for channel, model in ((Channel.MAIL, MailSendRecord), (Channel.SMS, SmsSendRecord)):
+            try:
+                with Session(self.engine) as session:
+                    configs = session.scalars(
+                        select(model.waiting_config_id)
+                        .where(
+                            model.status == SendStatus.RETRY.value,
+                            model.error_code == SERVER_UNAVAILABLE,
+                            model.next_retry_at > db_now(),
+                            model.waiting_config_id.is_not(None),
+                        )
+                        .distinct()
+                    ).all()
+                for config_id in configs:
+                    if config_id is None or view.get(_field(channel, config_id)) == "open":
+                        continue
+                    if self.is_open(channel, config_id):
+                        continue  # opened since the view was read
+                    released = release(self.engine, channel, config_id)
+                    if released:
+                        log.warning(
+                            "breaker: %s is not open; released %s records waiting for it",
+                            _field(channel, config_id),
+                            released,
+                        )
+            except Exception:
+                log.exception("breaker: checking the records waiting for breakers failed")
+
+    def _release_for_probes(self, view: dict[str, str]) -> None:
+        """An open breaker whose probe is due while every record for it waits (none comes to
+        the gate by itself) gets one of them made due: the probe. One process wins each."""
+        for field, status in view.items():
+            if status != "open":
+                continue
+            name, _, config = field.partition(":")
+            channel, config_id = Channel(name), int(config)
+            try:
+                last = self._probe_due(channel, config_id)
+                if last is None:
+                    continue
+                released = release(self.engine, channel, config_id, limit=1, skip=last)
+            except Exception:
+                log.exception("breaker: releasing a waiting record for %s's probe failed", field)
+                continue
+            if released:
+                log.info("breaker: %s's probe is due; a waiting record is released for it", field)
+
+    def _probe_due(self, channel: Channel, config_id: int) -> int | None:
+        now = self._clock()
+        try:
+            answer = self._run(
+                PROBE_DUE_LUA,
+                _keys(channel, config_id)[:1],
+                [repr(now), repr(self.release_hold_s)],
+            )
+        except redis.RedisError as exc:
+            self._redis_failed(exc)
+            return self.sql.probe_due(channel, config_id, now, self.release_hold_s)
+        if not answer:
+            return None
+        last = _text(answer[1])
+        return int(last) if last else 0
+
+    def watch(self) -> None:
+        """Keep the view fresh (and release records for due probes); for ``tick``."""
+        try:
+            self._current_view()
+        except Exception:
+            log.exception("breaker: refreshing the view failed")
 
     def _carry_over(self, view: dict[str, str]) -> None:
         """Redis is back: breakers opened in the database meanwhile are opened there too."""
@@ -511,6 +641,14 @@ class Breaker:
                 extra={"config": field},
             )
 
+    def is_open(self, channel: Channel, config_id: int) -> bool:
+        """The breaker's state as it is now (not the process's view, which may lag)."""
+        try:
+            return _text(self._redis().hget(_keys(channel, config_id)[0], "open")) == "1"
+        except redis.RedisError as exc:
+            self._redis_failed(exc)
+            return self.sql.is_open(channel, config_id)
+
     def answered(self, channel: Channel, config_id: int) -> bool:
         """The server answered an attempt (sent, or refused it for the record's own reasons);
         True when that closed its breaker (the caller then releases the deferred records)."""
@@ -531,28 +669,36 @@ class Breaker:
         return was_open
 
 
-def release(engine: Engine, channel: Channel, config_id: int, *, batch: int = RELEASE_BATCH) -> int:
-    """Make the records deferred for a closed breaker due now, ``batch`` at a time; returns how
-    many. Records deferred before preparation have no server yet: they come too (one more check
-    each, if theirs is still down)."""
+def release(
+    engine: Engine,
+    channel: Channel,
+    config_id: int,
+    *,
+    batch: int = RELEASE_BATCH,
+    limit: int | None = None,
+    skip: int = 0,
+) -> int:
+    """Make the records waiting for this breaker due now, ``batch`` at a time (at most
+    ``limit``; ``skip``: a record id left waiting), and wake the workers; returns how many.
+    ``limit=1`` is the record released for a due probe: the one with the fewest retries used,
+    so the probes' retries are spread over the records."""
     model: type[MailSendRecord] | type[SmsSendRecord] = (
         MailSendRecord if channel is Channel.MAIL else SmsSendRecord
     )
-    route = (
-        MailSendRecord.server_config_id
-        if channel is Channel.MAIL
-        else SmsSendRecord.provider_config_id
-    )
+    size = batch if limit is None else min(batch, limit)
     waiting = (
         select(model.id)
         .where(
             model.status == SendStatus.RETRY.value,
             model.error_code == SERVER_UNAVAILABLE,
-            (route == config_id) | route.is_(None),
+            model.waiting_config_id == config_id,
             model.next_retry_at > db_now(),
+            model.id != skip,
         )
-        .limit(batch)
+        .limit(size)
     )
+    if limit is not None:
+        waiting = waiting.order_by(model.retry_count, model.id)
     if engine.dialect.name == "postgresql":
         waiting = waiting.with_for_update(skip_locked=True)
     total = 0
@@ -566,9 +712,26 @@ def release(engine: Engine, channel: Channel, config_id: int, *, batch: int = RE
             )
         count = int(result.rowcount)  # type: ignore[attr-defined]
         total += count
-        if count < batch:
+        if count < size or (limit is not None and total >= limit):
             break
+    if total and engine.dialect.name == "postgresql":
+        from portal.messaging.acceptance import NOTIFIER  # acceptance's wake-ups
+
+        NOTIFIER.request([(engine, channel.value)])
     return total
+
+
+# The breakers of each engine in this process, for ``tick``.
+_watching: weakref.WeakKeyDictionary[Engine, weakref.WeakSet[Breaker]] = weakref.WeakKeyDictionary()
+
+
+def tick(engine: Engine) -> None:
+    """The breakers' clock when no record comes to them: called by every claim on ``engine``
+    (an idle pool's poll among them), it refreshes each breaker's view when stale, which
+    releases a waiting record for any probe that is due. Nothing more while the view is fresh."""
+    for gate in tuple(_watching.get(engine, ())):
+        if time.monotonic() - gate._view_at >= VIEW_TTL_S:
+            gate.watch()
 
 
 _shared: dict[tuple[str, str | None], Breaker] = {}

@@ -769,9 +769,20 @@ def finish(
     return True
 
 
-def defer(engine: Engine, claimed: Claimed, code: str, message: str, delay_s: float) -> bool:
+def defer(
+    engine: Engine,
+    claimed: Claimed,
+    code: str,
+    message: str,
+    delay_s: float,
+    *,
+    waiting_on: int | None = None,
+    until: datetime | None = None,
+) -> bool:
     """Put the record back to Retry in ``delay_s`` without using a retry and without an attempt
-    (its server's breaker is open): ``retry_count`` stays, no failure is counted. By version;
+    (its server is busy, or its breaker is open): ``retry_count`` stays, no failure is counted.
+    ``waiting_on``: the server or provider whose breaker it waits for, which makes it due
+    (``breaker.release``); it is then due by itself only ``until`` (its deadline). By version;
     False when the race was lost."""
     model = MODELS[claimed.channel]
     with Session(engine) as session, session.begin():
@@ -782,7 +793,8 @@ def defer(engine: Engine, claimed: Claimed, code: str, message: str, delay_s: fl
                 status=SendStatus.RETRY.value,
                 version=model.version + 1,
                 updated_time=db_now(),
-                next_retry_at=db_now_plus(delay_s),
+                next_retry_at=db_now_plus(delay_s) if until is None else until,
+                waiting_config_id=waiting_on,
                 error_code=stored_text(code, 100),
                 error_message=stored_text(message, MAX_ERROR_CHARS),
                 deferral_count=model.deferral_count + 1,

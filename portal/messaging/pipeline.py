@@ -15,7 +15,7 @@ import sqlite3
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import httpx
 import psycopg
@@ -92,6 +92,11 @@ class MailContext:
     limiter: RateLimiter | None = None
     breaker: Breaker | None = None  # None: the process-wide one
 
+    def __post_init__(self) -> None:
+        # Made now, so that an idle pool's polls keep the breakers' probes going (breaker.tick)
+        # before this worker's first send.
+        _breaker(self)
+
     def close(self) -> None:
         """QUIT every open SMTP connection (the worker is stopping)."""
         self.pool.close_all()
@@ -114,6 +119,7 @@ class SmsContext:
         self.client = sms_transport.new_client(
             self.settings.sms_connect_timeout_s, self.settings.sms_read_timeout_s
         )
+        _breaker(self)  # as MailContext's
 
     def close(self) -> None:
         """Close the HTTP client's connections (the worker is stopping)."""
@@ -171,8 +177,15 @@ def _failed(ctx: MailContext | SmsContext, claimed: Claimed, failure: Preparatio
     )
 
 
-def _defer(ctx: MailContext | SmsContext, claimed: Claimed, down: ServerDown) -> None:
-    """Back to Retry until the next probe (plus jitter), with no retry used."""
+def _defer(
+    ctx: MailContext | SmsContext,
+    claimed: Claimed,
+    record: MailSendRecord | SmsSendRecord,
+    down: ServerDown,
+) -> None:
+    """Back to Retry with no retry used: a busy server's record for a few seconds; one whose
+    server's breaker is open waits for the breaker (due when it closes, or at its deadline)."""
+    kind = _KIND[claimed.channel]
     if isinstance(down, _RouteBusy):
         why = (
             "its sends time out, so it may hold only a few of this worker's senders and they "
@@ -184,18 +197,46 @@ def _defer(ctx: MailContext | SmsContext, claimed: Claimed, down: ServerDown) ->
             ctx.engine,
             replace(claimed, provider=down.name),
             DeferralCode.SERVER_BUSY.value,
-            f"not attempted yet: the {_KIND[claimed.channel]} {down.name!r} is slow ({why}), "
-            "so this waits (no retry used)",
+            f"not attempted yet: the {kind} {down.name!r} is slow ({why}), so this waits "
+            "(no retry used)",
             breaker.defer_delay(down.check),
         )
         return
-    outcomes.defer(
+    channel = claimed.channel
+    deadline = _deadline(ctx, record, channel, down.config_id)
+    waiting = outcomes.defer(
         ctx.engine,
         replace(claimed, provider=down.name),
         breaker.SERVER_UNAVAILABLE,
-        breaker.defer_message(_KIND[claimed.channel], down.name, down.check),
+        breaker.defer_message(kind, down.name, down.check),
         breaker.defer_delay(down.check),
+        waiting_on=down.config_id,
+        until=deadline,
     )
+    # A probe may have closed the breaker between our check and this write, releasing the
+    # records that were waiting then but not this one: look again.
+    if waiting and not _breaker(ctx).is_open(channel, down.config_id):
+        breaker.release(ctx.engine, channel, down.config_id)
+
+
+def _deadline(
+    ctx: MailContext | SmsContext,
+    record: MailSendRecord | SmsSendRecord,
+    channel: Channel,
+    config_id: int,
+) -> datetime | None:
+    """When a record waiting for a breaker comes due by itself: just past its expiry or the
+    end of its resend window (the SMS provider's own when it has one), so that the claim then
+    ends it (``past_deadline``) as it would have ended at any attempt."""
+    window = ctx.settings.resend_window_s
+    if isinstance(ctx, SmsContext):
+        provider, _account, _problem = _usable_provider(ctx, config_id)
+        if provider is not None and provider.retry_window_s is not None:
+            window = provider.retry_window_s
+    ends = [record.expires_at] if record.expires_at is not None else []
+    if record.first_claimed_at is not None:
+        ends.append(record.first_claimed_at + timedelta(seconds=window))
+    return min(ends) + timedelta(seconds=1) if ends else None
 
 
 def _observed(
@@ -220,15 +261,16 @@ def _observed(
     elif answered and _breaker(ctx).answered(channel, config_id):
         try:
             released = breaker.release(ctx.engine, channel, config_id)
-        except Exception:  # they still come due at their own time
-            log.exception("releasing the records deferred for a closed breaker failed")
+        except Exception:  # every process's check of the waiting records releases them
+            log.exception("releasing the records waiting for a closed breaker failed")
             return
-        log.info("breaker closed: %s deferred records due now", released)
+        log.info("breaker closed: %s waiting records due now", released)
 
 
 def _cleared(
     ctx: MailContext | SmsContext,
     claimed: Claimed,
+    record: MailSendRecord | SmsSendRecord,
     gate: Gate | None,
     config: MailSendServerConfig | SmsProviderConfig,
 ) -> bool:
@@ -238,7 +280,7 @@ def _cleared(
         try:
             gate(config.id, config.name)
         except ServerDown as down:
-            _defer(ctx, claimed, down)
+            _defer(ctx, claimed, record, down)
             return False
     return admit(ctx.engine, claimed, config, _limiter(ctx.settings, ctx.limiter), ctx.policy)
 
@@ -484,7 +526,7 @@ def _attempt(ctx: MailContext, record: MailSendRecord, holding: _Holding) -> Non
             _failed(ctx, claimed, failure)
             return
         except ServerDown as down:
-            _defer(ctx, claimed, down)
+            _defer(ctx, claimed, record, down)
             return
         if result is None:
             return  # lost a version race: someone else moved the record on
@@ -537,7 +579,7 @@ def _attempt(ctx: MailContext, record: MailSendRecord, holding: _Holding) -> Non
         return
     claimed = replace(claimed, provider=config.name)
     holding.claimed = claimed
-    if not _cleared(ctx, claimed, None if gated else gate, config):
+    if not _cleared(ctx, claimed, record, None if gated else gate, config):
         return
     mail = outgoing_mail(record, prepared, config, skip)
     started_at, started = datetime.now(UTC), time.perf_counter()
@@ -659,7 +701,7 @@ def _attempt_sms(ctx: SmsContext, record: SmsSendRecord, holding: _Holding) -> N
             _failed(ctx, claimed, failure)
             return
         except ServerDown as down:
-            _defer(ctx, claimed, down)
+            _defer(ctx, claimed, record, down)
             return
         if result is None:
             return  # lost a version race: someone else moved the record on
@@ -706,7 +748,7 @@ def _attempt_sms(ctx: SmsContext, record: SmsSendRecord, holding: _Holding) -> N
         ctx.engine, claimed, record, ctx.settings.resend_window_s if window is None else window
     ):
         return
-    if not _cleared(ctx, claimed, None if gated else gate, config):
+    if not _cleared(ctx, claimed, record, None if gated else gate, config):
         return
     outgoing = sms_transport.OutgoingSms(
         record_id=record.id,

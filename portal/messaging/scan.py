@@ -45,6 +45,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import Session
 
+from portal.messaging import breaker
 from portal.models import ConfigEpoch, MailSendRecord, SendStatus, SmsSendRecord, db_now
 from portal.models.direct import Direct, Loader
 from portal.models.record import Stream
@@ -437,6 +438,7 @@ def claim_due(
     ``fair_pick_sql``); returns them detached, as claimed (status Sending, version bumped)."""
     if k <= 0:
         return []
+    breaker.tick(engine)  # an idle pool's poll is the open breakers' clock too
     return _CLAIMS[model](engine, k, streams)
 
 

@@ -117,6 +117,9 @@ class SendRecordMixin:
     attempt_count: Mapped[int] = mapped_column(Integer, default=0, server_default=text("0"))
     deferral_count: Mapped[int] = mapped_column(Integer, default=0, server_default=text("0"))
     next_retry_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    # The server or provider whose open breaker the record waits for (SERVER_UNAVAILABLE), set
+    # when it starts waiting: its close makes the record due (breaker.release; migration 0050).
+    waiting_config_id: Mapped[int | None] = mapped_column(BigId)
     error_code: Mapped[str | None] = mapped_column(String(100))
     error_message: Mapped[str | None] = mapped_column(Text)
     trace_id: Mapped[str | None] = mapped_column(String(64))
