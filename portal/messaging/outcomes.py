@@ -126,6 +126,9 @@ class Attempt:
     # The worker process that made it (host:pid); None when not known (the stuck-send sweep
     # writes the attempt of a worker that stopped).
     worker: str | None = field(default_factory=lambda: worker_name())
+    # What it said about the server itself (``classify.unavailable``; ``health``): True could
+    # not reach it, False it answered, None nothing either way.
+    unavailable: bool | None = None
 
     def params(self, ambiguous: bool = False) -> dict[str, Any]:
         return {
@@ -137,6 +140,7 @@ class Attempt:
             "a_ambiguous": ambiguous,
             "a_code": stored_text(self.code, 100) or None,
             "a_message": stored_text(self.message, MAX_ERROR_CHARS) or None,
+            "a_unavailable": self.unavailable,
         }
 
 
@@ -150,6 +154,7 @@ _ATTEMPT_FIELDS: dict[str, Any] = {
     "a_ambiguous": Boolean,
     "a_code": String,
     "a_message": Text,
+    "a_unavailable": Boolean,
 }
 
 
@@ -191,6 +196,7 @@ def _attempt_insert(
         "ambiguous",
         "code",
         "message",
+        "unavailable",
         "provider_message_id",
     ]
     # The table, not the entity: an ORM INSERT run with parameters is a bulk insert.
@@ -223,6 +229,7 @@ def _attempt_row(
         ambiguous=values["a_ambiguous"],
         code=values["a_code"],
         message=values["a_message"],
+        unavailable=values["a_unavailable"],
         provider_message_id=pmid,
     )
 

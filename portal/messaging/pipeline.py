@@ -267,6 +267,13 @@ def _observed(
         log.info("breaker closed: %s waiting records due now", released)
 
 
+def _unavailable(connection: bool, answered: bool) -> bool | None:
+    """What a failed attempt says about the server, for its row (``health``): True it could
+    not be reached (``classify.unavailable``, as the breaker counts it), False it answered,
+    None neither (no answer after the request was written)."""
+    return True if connection else False if answered else None
+
+
 def _cleared(
     ctx: MailContext | SmsContext,
     claimed: Claimed,
@@ -588,11 +595,12 @@ def _attempt(ctx: MailContext, record: MailSendRecord, holding: _Holding) -> Non
     except SmtpSendError as error:
         took = time.perf_counter() - started
         SEND_DURATION.labels("mail").observe(took)
+        answered = error.code not in _NO_ANSWER
         _observed(
             ctx,
             claimed,
             config.id,
-            answered=error.code not in _NO_ANSWER,
+            answered=answered,
             down=f"{error.code} {error.message}" if error.connection else None,
             timed_out=error.code == smtp.TIMEOUT,  # at any stage, after DATA too
         )
@@ -605,7 +613,13 @@ def _attempt(ctx: MailContext, record: MailSendRecord, holding: _Holding) -> Non
             ambiguous=error.after_data,
             hold=config.uncertain_policy == UncertainPolicy.HOLD.value,
             attempt=outcomes.Attempt(
-                started_at, took, config.id, config.name, error.code, error.message
+                started_at,
+                took,
+                config.id,
+                config.name,
+                error.code,
+                error.message,
+                unavailable=_unavailable(error.connection, answered),
             ),
         )
         return
@@ -781,11 +795,12 @@ def _attempt_sms(ctx: SmsContext, record: SmsSendRecord, holding: _Holding) -> N
         )
         _observed(ctx, claimed, config.id, answered=True)
         return
+    answered = answer.code not in _NO_ANSWER and not answer.ambiguous
     _observed(
         ctx,
         claimed,
         config.id,
-        answered=answer.code not in _NO_ANSWER and not answer.ambiguous,
+        answered=answered,
         down=f"{answer.code} {answer.message}" if answer.connection else None,
         timed_out=answer.code == sms_transport.TIMEOUT,  # connecting, or awaiting the answer
     )
@@ -798,5 +813,5 @@ def _attempt_sms(ctx: SmsContext, record: SmsSendRecord, holding: _Holding) -> N
         retry_after_s=answer.retry_after_s,
         ambiguous=answer.ambiguous,
         hold=config.uncertain_policy == UncertainPolicy.HOLD.value,
-        attempt=attempt,
+        attempt=replace(attempt, unavailable=_unavailable(answer.connection, answered)),
     )

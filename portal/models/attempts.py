@@ -34,7 +34,11 @@ class SendAttempt(Base):
     """One attempt of one record: when, where, by whom, and what the other side answered."""
 
     __tablename__ = "send_attempt"
-    __table_args__ = (Index("idx_send_attempt_record", "channel", "record_id", "number"),)
+    __table_args__ = (
+        Index("idx_send_attempt_record", "channel", "record_id", "number"),
+        # A server's recent attempts, newest last (``health.states``; migration 0051).
+        Index("idx_send_attempt_config", "channel", "config_id", "finished_at"),
+    )
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True)
     tenant_id: Mapped[int] = mapped_column(BigId)
@@ -54,3 +58,6 @@ class SendAttempt(Base):
     code: Mapped[str | None] = mapped_column(String(100))
     message: Mapped[str | None] = mapped_column(Text)
     provider_message_id: Mapped[str | None] = mapped_column(String(200))
+    # What the attempt said about the server or provider itself (``classify.unavailable``):
+    # True could not reach it, False it answered, None nothing either way (``health``).
+    unavailable: Mapped[bool | None] = mapped_column(Boolean)
