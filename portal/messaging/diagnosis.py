@@ -61,7 +61,7 @@ from portal.messaging.classify import (
     classify,
     is_retryable,
 )
-from portal.messaging.preparation import PreparationFailed, Shortfall
+from portal.messaging.preparation import PreparationFailed, Shortfall, tier_of
 from portal.messaging.retry import REFUSAL_REASONS
 from portal.models import (
     BreakerState,
@@ -69,7 +69,6 @@ from portal.models import (
     MailSendRecord,
     MailSendServerConfig,
     Role,
-    Scope,
     SendAttempt,
     SendStatus,
     SmsProviderConfig,
@@ -182,8 +181,6 @@ _PREPARATION = frozenset(
 _RENDER_AGAIN = frozenset({MarkerCode.TEMPLATE_NOT_RESOLVABLE, MarkerCode.CONTENT_INVALID})
 _MARKERS = frozenset(m.value for m in MarkerCode)
 _DEFERRALS = frozenset(d.value for d in DeferralCode)
-# SMS adapters' codes for a number the provider will never deliver to (classify's names).
-_BAD_NUMBER = frozenset({"SMS_INVALID_RECIPIENT", "SMS_RECIPIENT_REFUSED"})
 # Transport codes for no answer at all: the server or provider could not be reached.
 _UNREACHED = frozenset({"NETWORK_ERROR", "TIMEOUT"})
 LONG_WAIT_S = 300.0  # a record Pending or Sending longer than this deserves a word
@@ -266,11 +263,6 @@ def _admin_of(tier: int) -> Role:
     return Role.PLATFORM_OPERATOR if tier == PLATFORM_TENANT_ID else Role.TENANT_ADMIN
 
 
-def _tier(record: Record) -> int:
-    """The tier whose templates, configs and quota the record uses (preparation's rule)."""
-    return PLATFORM_TENANT_ID if record.scope == Scope.PLATFORM.value else record.tenant_id
-
-
 def _when(moment: datetime | None) -> str:
     return moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC") if moment else "an unknown time"
 
@@ -281,25 +273,6 @@ def _frozen_config(record: Record) -> int | None:
     return record.provider_config_id
 
 
-def recipients(record: Record) -> list[str]:
-    """The record's recipients as the suppression list holds them (unusable ones left out)."""
-    if isinstance(record, SmsSendRecord):
-        raw = [record.phone_number] if record.phone_number else []
-        channel = Channel.SMS
-    else:
-        raw = [*(record.to_addrs or []), *(record.cc_addrs or []), *(record.bcc_addrs or [])]
-        channel = Channel.MAIL
-    found: list[str] = []
-    for address in raw:
-        try:
-            normalised = suppression.normalise(channel, address)
-        except suppression.InvalidAddress:
-            continue
-        if normalised not in found:
-            found.append(normalised)
-    return found
-
-
 def refused_for_good(channel: Channel, code: str | None, message: str | None) -> bool:
     """Whether a server's or provider's answer refused the recipient for good: a permanent
     refusal (550, 551, 553, "no such user"), or a provider's code for a number it never
@@ -307,7 +280,7 @@ def refused_for_good(channel: Channel, code: str | None, message: str | None) ->
     normalised = (code or "").strip().upper()
     if normalised in _MARKERS or normalised in _DEFERRALS:
         return False
-    if channel is Channel.SMS and normalised in _BAD_NUMBER:
+    if suppression.refuses_recipient(channel, code):
         return True
     return classify(code, message) is ErrorCategory.PERMANENT
 
@@ -376,7 +349,7 @@ class _Reads:
         """(tenant, address) -> why, for the selection's recipients on the list."""
         wanted: dict[int, set[str]] = {}
         for record in records:
-            wanted.setdefault(record.tenant_id, set()).update(recipients(record))
+            wanted.setdefault(record.tenant_id, set()).update(suppression.recipients(record))
         found: dict[tuple[int, str], str] = {}
         for tenant_id, addresses in wanted.items():
             if not addresses:
@@ -443,7 +416,7 @@ class _Reads:
             route = record.server_id if isinstance(record, MailSendRecord) else record.country_code
             key = (
                 record.scope,
-                _tier(record),
+                tier_of(record),
                 record.template_id,
                 record.template_code,
                 record.pinned_template_version,
@@ -565,7 +538,7 @@ def _diagnose(record: Record, reads: _Reads, now: datetime, charged: dict[int, i
     refusal = None if retryable else _refusal(record.status)
     mine = {
         a: why
-        for a in recipients(record)
+        for a in suppression.recipients(record)
         if (why := reads.suppressed.get((record.tenant_id, a))) is not None
     }
     title, cause = _cause(record, status, reads, now)
@@ -711,7 +684,7 @@ def _answer(
 
 
 def _one_recipient(record: Record) -> str | None:
-    found = recipients(record)
+    found = suppression.recipients(record)
     return found[0] if len(found) == 1 else None
 
 
@@ -726,7 +699,7 @@ def _verdict(
     mine: dict[str, str],
 ) -> _Verdict | None:
     """The first cause still there that a new attempt would meet; None when none is found."""
-    tier = _tier(record)
+    tier = tier_of(record)
     if record.expires_at is not None and record.expires_at <= now:
         return _Verdict(
             Reason.EXPIRED,
@@ -734,7 +707,7 @@ def _verdict(
             "If it is still wanted, retry it with a new, later expiry; or send a new message.",
             Role.SUPPORT,
         )
-    everyone = recipients(record)
+    everyone = suppression.recipients(record)
     if everyone and len(mine) == len(everyone):
         first = everyone[0]
         why = (

@@ -209,7 +209,10 @@ def message_id_for(record_id: int, from_address: str | None) -> str:
     return f"<mail-{record_id}@{domain or socket.getfqdn() or 'postroom.local'}>"
 
 
-def _tier(record: MailSendRecord | SmsSendRecord) -> int:
+def tier_of(record: MailSendRecord | SmsSendRecord) -> int:
+    """The tier whose templates, servers, providers and quota a record uses: the platform's
+    for a platform send, else its tenant's (a tenant's send may still fall back to the
+    platform's default server or providers when it has none of its own)."""
     return PLATFORM_TENANT_ID if record.scope == Scope.PLATFORM.value else record.tenant_id
 
 
@@ -218,12 +221,12 @@ def _find_template(session: Session, record: MailSendRecord) -> MailTemplate | N
         # A test send from the editor: that row, even disabled (what was previewed goes out).
         return session.scalar(
             select(MailTemplate).where(
-                MailTemplate.id == record.template_id, MailTemplate.tenant_id == _tier(record)
+                MailTemplate.id == record.template_id, MailTemplate.tenant_id == tier_of(record)
             )
         )
     return session.scalar(
         select(MailTemplate).where(
-            MailTemplate.tenant_id == _tier(record),
+            MailTemplate.tenant_id == tier_of(record),
             MailTemplate.code == record.template_code,
             MailTemplate.enabled.is_(True),
         )
@@ -255,7 +258,7 @@ def _default_server(engine: Engine, tenant_id: int) -> MailSendServerConfig | No
 def _choose_server(
     engine: Engine, record: MailSendRecord, template: MailTemplate | None
 ) -> MailSendServerConfig:
-    tier = _tier(record)
+    tier = tier_of(record)
     wanted = record.server_id or (template.preferred_server_id if template else None)
     if wanted is not None:
         server: MailSendServerConfig | None = CONFIGS.get(
@@ -344,7 +347,7 @@ def _no_template(
     if record.template_id is None and record.template_code is not None:
         disabled = session.scalar(
             select(model.id)
-            .where(model.tenant_id == _tier(record), model.code == record.template_code)
+            .where(model.tenant_id == tier_of(record), model.code == record.template_code)
             .limit(1)
         )
         if disabled is not None:
@@ -463,7 +466,7 @@ def prepare_mail(
         "message_id_header": prepared.message_id,
         "template_version": prepared.template_version,
     }
-    if not _charge_and_freeze(engine, MailSendRecord, _tier(record), claimed, settings, frozen):
+    if not _charge_and_freeze(engine, MailSendRecord, tier_of(record), claimed, settings, frozen):
         return None
     return prepared, claimed.bumped(provider=prepared.server_name)
 
@@ -595,12 +598,12 @@ def _find_sms_template(session: Session, record: SmsSendRecord) -> SmsTemplate |
         # As for mail: a test send names the row, which goes out even disabled.
         return session.scalar(
             select(SmsTemplate).where(
-                SmsTemplate.id == record.template_id, SmsTemplate.tenant_id == _tier(record)
+                SmsTemplate.id == record.template_id, SmsTemplate.tenant_id == tier_of(record)
             )
         )
     return session.scalar(
         select(SmsTemplate).where(
-            SmsTemplate.tenant_id == _tier(record),
+            SmsTemplate.tenant_id == tier_of(record),
             SmsTemplate.code == record.template_code,
             SmsTemplate.enabled.is_(True),
         )
@@ -664,7 +667,7 @@ def sms_candidates(session: Session, record: SmsSendRecord) -> list[SmsProviderC
     going out (and being billed) through the platform's account. A PLATFORM send never uses
     a tenant's providers.
     """
-    tier = _tier(record)
+    tier = tier_of(record)
     country = (record.country_code or "").upper() or None
     tiers = [tier]
     if (
@@ -728,7 +731,7 @@ def _choose_provider(
     """Step 4 for SMS: the provider, and the template's binding to it."""
     country = (record.country_code or "").upper() or None
     candidates: list[SmsProviderConfig] = CONFIGS.get(
-        ("sms_candidates", record.scope, _tier(record), country),
+        ("sms_candidates", record.scope, tier_of(record), country),
         lambda: sms_candidates(session, record),
     )
     if not candidates:
@@ -811,7 +814,7 @@ def prepare_sms(
         "frozen_variables": prepared.variables,
         "template_version": prepared.template_version,
     }
-    if not _charge_and_freeze(engine, SmsSendRecord, _tier(record), claimed, settings, frozen):
+    if not _charge_and_freeze(engine, SmsSendRecord, tier_of(record), claimed, settings, frozen):
         return None
     return prepared, claimed.bumped(provider=prepared.provider_name)
 

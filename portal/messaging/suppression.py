@@ -163,6 +163,25 @@ def refuses_recipient(channel: Channel | str, code: str | None) -> bool:
     return match is not None and match.group(1) in _ADDRESS_GONE
 
 
+def recipients(record: MailSendRecord | SmsSendRecord) -> list[str]:
+    """A record's distinct recipients as the list holds them (the number of an SMS; the To,
+    Cc and Bcc of a mail), in order; an address the list cannot hold is left out."""
+    if isinstance(record, SmsSendRecord):
+        raw, channel = ([record.phone_number] if record.phone_number else []), Channel.SMS
+    else:
+        raw = [*(record.to_addrs or []), *(record.cc_addrs or []), *(record.bcc_addrs or [])]
+        channel = Channel.MAIL
+    found: list[str] = []
+    for address in raw:
+        try:
+            normalised = normalise(channel, address)
+        except InvalidAddress:
+            continue
+        if normalised not in found:
+            found.append(normalised)
+    return found
+
+
 def suppress_refused(
     session: Session,
     channel: Channel | str,
@@ -180,18 +199,12 @@ def suppress_refused(
     channel = Channel(channel)
     if not refuses_recipient(channel, code):
         return []
-    raw: list[str] = []
-    if channel is Channel.SMS:
-        sms = session.get(SmsSendRecord, record_id)
-        raw = [sms.phone_number] if sms is not None and sms.phone_number else []
-    elif (mail := session.get(MailSendRecord, record_id)) is not None:
-        raw = [*(mail.to_addrs or []), *(mail.cc_addrs or []), *(mail.bcc_addrs or [])]
-    addresses: set[str] = set()
-    for address in raw:
-        try:
-            addresses.add(normalise(channel, address))
-        except InvalidAddress:
-            continue
+    record: MailSendRecord | SmsSendRecord | None = (
+        session.get(SmsSendRecord, record_id)
+        if channel is Channel.SMS
+        else session.get(MailSendRecord, record_id)
+    )
+    addresses = recipients(record) if record is not None else []
     if len(addresses) != 1:
         return []
     [address] = addresses
@@ -224,6 +237,7 @@ __all__ = [
     "SuppressionReason",
     "active",
     "normalise",
+    "recipients",
     "refuses_recipient",
     "suppress",
     "suppress_refused",
