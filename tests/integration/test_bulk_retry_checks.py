@@ -193,6 +193,8 @@ def test_ticking_include_retries_those_that_would_fail_again_too(
     )
     assert "<strong>2 requeued</strong>" in done.text
     assert all(status_of(MailSendRecord, i) == "Retry" for i in ids)
+    [row] = db.session.scalars(select(AuditEvent).where(AuditEvent.action == "bulk_retry")).all()
+    assert "Retried anyway although they would fail again: 2 (2: QUOTA_FULL)." in row.remark
 
 
 def test_a_tenant_admin_never_reaches_another_tenants_records_in_a_bulk_retry(
