@@ -33,10 +33,11 @@ from portal.models import (
 )
 from portal.tenancy import PLATFORM_TENANT_ID
 from portal.web.access import Permission, can, is_operator, requires, viewed_tenant
+from portal.web.forms import is_htmx
 from portal.web.operations.dead_letters import waiting_by_tenant
 from portal.web.records import decisions, explain
 from portal.web.records.mail_records import MAIL
-from portal.web.records.pages import Kind, tenant_names, wants_fragment
+from portal.web.records.pages import Kind, tenant_names
 from portal.web.records.sms_records import SMS
 
 bp = Blueprint("dashboard", __name__, url_prefix="/")
@@ -424,7 +425,7 @@ def index() -> ResponseReturnValue:
         "by_tenant": failures_by_tenant(names or None) if is_operator() else None,
         "viewed": tenant,
     }
-    template = "dashboard/_summary.html" if wants_fragment() else "dashboard/index.html"
+    template = "dashboard/_summary.html" if is_htmx() else "dashboard/index.html"
     return render_template(template, **context), 200, {"Vary": "HX-Request"}
 
 

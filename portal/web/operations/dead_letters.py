@@ -20,6 +20,7 @@ from portal.extensions import db
 from portal.messaging.diagnosis import Diagnosis
 from portal.models import AuditAction, Channel, DeadLetterMessage, TriageStatus, db_now
 from portal.web.access import Permission, audit, can, requires, user, viewed_tenant
+from portal.web.forms import is_htmx
 from portal.web.records import explain
 from portal.web.records.mail_records import MAIL as MAIL_KIND
 from portal.web.records.pages import (
@@ -37,7 +38,6 @@ from portal.web.records.pages import (
     refusal,
     tenant_names,
     viewer_role,
-    wants_fragment,
 )
 from portal.web.records.sms_records import SMS as SMS_KIND
 
@@ -165,7 +165,7 @@ def _show(
     form: dict[str, str] | None = None,
     status: int = 200,
 ) -> ResponseReturnValue:
-    fragment = wants_fragment()
+    fragment = is_htmx()
     template = "dead_letters/_triage.html" if fragment else "dead_letters/show.html"
     record = linked_record(letter, tenant)
     html = render_template(
@@ -402,7 +402,7 @@ def update(letter_id: int) -> ResponseReturnValue:
     if not done.rowcount:  # type: ignore[attr-defined]
         errors["decision"] = "Someone else handled this dead letter a moment ago."
         return _show(letter, tenant, errors=errors, form=form, status=422)
-    if wants_fragment():
+    if is_htmx():
         return _show(letter, tenant)
     flash(f"Dead letter {letter.id} marked {decision}.", "info")
     return redirect(url_for("dead_letters.show", letter_id=letter.id))

@@ -59,6 +59,7 @@ from portal.models import (
 from portal.models.enums import RETRYABLE_BY_HAND
 from portal.tenancy import PLATFORM_TENANT_ID, names_config
 from portal.web.access import audit, is_operator, viewed_tenant
+from portal.web.forms import is_htmx
 from portal.web.records import explain
 from portal.web.records.timeline import timeline
 from portal.web.security import safe_next
@@ -396,14 +397,6 @@ def refusal(status: str) -> str | None:
 
 def pretty_json(value: Any) -> str:
     return json.dumps(value, indent=2, ensure_ascii=False, sort_keys=True, default=str)
-
-
-def wants_fragment() -> bool:
-    """An htmx request (not a history restore, which needs the whole page)."""
-    return (
-        request.headers.get("HX-Request") == "true"
-        and request.headers.get("HX-History-Restore-Request") != "true"
-    )
 
 
 @dataclass(frozen=True)
@@ -872,7 +865,7 @@ def retry_one(kind: Kind, record_id: int) -> ResponseReturnValue:
         except AcceptanceError as exc:
             error = exc.message
     if asks and (not confirmed or error):
-        if wants_fragment() and request.form.get("view") == "row" and not error:
+        if is_htmx() and request.form.get("view") == "row" and not error:
             # The list row's one-click Retry: nothing requeued; the row says why and offers
             # the confirm page instead.
             return _row_response(
@@ -916,7 +909,7 @@ def retry_one(kind: Kind, record_id: int) -> ResponseReturnValue:
         remark=remark,
     )
     db.session.commit()  # the retry and its audit row together
-    if wants_fragment() and request.form.get("view") == "row":
+    if is_htmx() and request.form.get("view") == "row":
         return _row_response(kind, record_id, tenant, message)
     flash(message, category)
     fallback = url_for(kind.endpoint("show"), record_id=record_id)
@@ -1048,7 +1041,7 @@ def bulk_view(
         form=form,
         filters=filters,
         list_url=url_for(kind.endpoint("index"), **filters.args()),
-        fragment=wants_fragment(),
+        fragment=is_htmx(),
     )
     decision = form.get("confirm", "")
     if decision == "no":
