@@ -32,6 +32,7 @@ index entries  approx.: (inserts + non-HOT updates) x the table's indexes, as Po
 WAL bytes      the database's share of the WAL written in the window (pg_walinspect: records
                that touch its relations and the commit records of their transactions), and
                the whole server's ``pg_wal_lsn_diff`` beside it (other databases' writers too).
+               A temporary replication slot keeps the window's WAL until it has been read.
 
 pg_stat_statements would count statements on the server; it needs shared_preload_libraries
 (a server restart), so the meter says whether it is there and counts on the client.
@@ -492,6 +493,7 @@ class Meter:
                 "pg_stat_statements is not in shared_preload_libraries: statements counted "
                 "on the client"
             )
+        self._slot = f"bench_budget_{os.getpid()}_{self.admin.info.backend_pid}"
         self.reports: list[dict[str, Any]] = []  # other processes' hook reports, this window
         self._excluded_ns = 0
         self._start: _Mark | None = None
@@ -523,6 +525,7 @@ class Meter:
     def start(self) -> None:
         """Wait for earlier work's statistics to land, then read everything."""
         self._settle()
+        self._hold_wal()
         self._stats0 = self._stats()
         self._excluded_ns = 0
         self.reports = []
@@ -584,7 +587,14 @@ class Meter:
             if any(delta.values()):
                 tables[name] = {**delta, "indexes": row1["indexes"]}
         xacts = stats1["xacts"] - self._stats0["xacts"] - own_xacts
-        wal = self._wal(a.lsn, b.lsn) if self.walinspect else None
+        wal = None
+        if self.walinspect:
+            try:
+                wal = self._wal(a.lsn, b.lsn)
+            except psycopg.Error as exc:
+                notes.append(f"the window's WAL could not be read: {exc}")
+            finally:
+                self._release_wal()
         server = self.admin.execute("SELECT pg_wal_lsn_diff(%s, %s)", (b.lsn, a.lsn)).fetchone()
         assert server is not None
         return Budget(
@@ -642,6 +652,27 @@ class Meter:
             backends=backends,
             lsn=lsn,
             hooks=HOOKS.mark(),
+        )
+
+    def _hold_wal(self) -> None:
+        """Keep the window's WAL on disk until ``finish`` has read it: other databases' writers
+        make checkpoints that recycle segments within seconds. A temporary physical slot of
+        this meter's session (gone with it, whatever happens)."""
+        if not self.walinspect:
+            return
+        self._release_wal()
+        try:
+            self.admin.execute(
+                "SELECT pg_create_physical_replication_slot(%s, true, true)", (self._slot,)
+            )
+        except psycopg.Error as exc:
+            self.notes.append(f"no replication slot to keep the WAL ({exc})")
+
+    def _release_wal(self) -> None:
+        self.admin.execute(
+            "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots "
+            "WHERE slot_name = %s",
+            (self._slot,),
         )
 
     def _lsn(self) -> str:

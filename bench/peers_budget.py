@@ -148,8 +148,14 @@ def run_po(
             elif line.startswith("{"):
                 result = json.loads(line)
     finally:
-        if process.wait(60) != 0 or spent is None:
-            raise RuntimeError(f"bench_po.py failed (exit {process.returncode}); see {log.name}")
+        process.stdin.close()  # a child still waiting for a line goes on, and drops its database
+        try:
+            process.wait(120)
+        except subprocess.TimeoutExpired:
+            process.terminate()  # our own child, by its pid
+            process.wait(30)
+    if process.returncode != 0 or spent is None:
+        raise RuntimeError(f"bench_po.py failed (exit {process.returncode}); see {log.name}")
     if result.get("sent") != n or not result.get("ok"):
         spent.notes.append(f"post_office sent {result.get('sent')} of {n}")
     return spent, n / spent.seconds
