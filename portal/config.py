@@ -123,6 +123,9 @@ class Settings:
     breaker_failures: int = 5
     breaker_probe_min_s: float = 10.0
     breaker_probe_max_s: float = 300.0
+    # A server's or provider's health (``portal.messaging.health``) looks this far back: "Up"
+    # needs an answer within it, "Failing" a failure to reach it within it.
+    health_window_s: float = 1800.0
     # While transactional work is due, broadcast takes at most this share of a pool's workers.
     broadcast_max_share: float = 0.75
     # The last free worker of a pool waits this long for a place on a server or provider whose
@@ -235,6 +238,7 @@ class Settings:
             breaker_failures=_positive(env, "BREAKER_FAILURES", 5),
             breaker_probe_min_s=_float(env, "BREAKER_PROBE_MIN_S", 10.0),
             breaker_probe_max_s=_float(env, "BREAKER_PROBE_MAX_S", 300.0),
+            health_window_s=_float(env, "HEALTH_WINDOW_S", 1800.0),
             broadcast_max_share=_share(env, "BROADCAST_MAX_SHARE", 0.75),
             route_wait_s=_float(env, "ROUTE_WAIT_S", 1.0),
             slow_server_max_share=_share(env, "SLOW_SERVER_MAX_SHARE", 0.25),

@@ -107,39 +107,38 @@ class BacklogCollector(Collector):
 
 
 class ServerUpCollector(Collector):
-    """``server_up{channel,config}``: 0 while a server's or provider's circuit breaker is open
-    (read from the database mirror of the breaker state, so every process agrees)."""
+    """``server_up{channel,config}``: 0 while a server's or provider's sends fail (failing or
+    paused by its breaker, as ``health`` reads it for the pages), 1 otherwise."""
 
     def __init__(self, engine: Engine):
         self.engine = engine
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        from portal.models import BreakerState, MailSendServerConfig, SmsProviderConfig
+        from portal.messaging import health
+        from portal.models import Channel, MailSendServerConfig, SmsProviderConfig
 
         up = GaugeMetricFamily(
             "server_up",
-            "1 while the mail server or SMS provider takes connections, 0 while its circuit "
-            "breaker is open",
+            "1 unless the mail server's or SMS provider's recent sends could not reach it "
+            "(failing, or its circuit breaker open)",
             labels=["channel", "config"],
         )
         try:
             with Session(self.engine) as session:
-                down = set(
-                    session.execute(
-                        select(BreakerState.channel, BreakerState.config_id).where(
-                            BreakerState.down_since.is_not(None)
-                        )
-                    ).all()
-                )
-                for channel, model in (("mail", MailSendServerConfig), ("sms", SmsProviderConfig)):
+                for channel, model in (
+                    (Channel.MAIL, MailSendServerConfig),
+                    (Channel.SMS, SmsProviderConfig),
+                ):
                     rows = session.execute(
                         select(model.id, model.name).where(model.enabled.is_(True))
                     ).all()
+                    states = health.states(session, channel, [i for i, _name in rows])
                     names = [name for _id, name in rows]
                     for config_id, name in rows:
                         # Names are unique per tier only: a clash gets the id.
                         label = name if names.count(name) == 1 else f"{name}#{config_id}"
-                        up.add_metric([channel, label], 0 if (channel, config_id) in down else 1)
+                        failing = states[config_id].failing
+                        up.add_metric([channel.value, label], 0 if failing else 1)
         except Exception as exc:  # a scrape must not fail because the database is away
             log.warning("server_up unavailable: %s", exc)
             return

@@ -184,5 +184,5 @@ def notices_job() -> int:
     """The inbox scan, as an rq job: the number of new notices."""
     from portal.messaging.notices import scan
 
-    engine, _settings = _engine_and_settings()
-    return scan(engine)
+    engine, settings = _engine_and_settings()
+    return scan(engine, settings.health_window_s)

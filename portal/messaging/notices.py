@@ -3,9 +3,11 @@
 A notice belongs to a tier (tenant id, or -1 for platform operators) and carries a
 ``dedup_key`` unique within it: each occurrence (a quota threshold in a month, a server's
 outage that began at a time, an hour's new dead letters) is written once however often it is
-seen. ``scan`` looks for the conditions that live in tables (quota, breakers, dead letters,
-records needing a decision, bounce mailboxes) and runs as a chore; a callback endpoint's pause
-or a dead delivery is told by the callback pool as it happens (``callback_trouble``).
+seen. ``scan`` looks for the conditions that live in tables (quota, failing servers and
+providers as ``health`` reads them, dead letters, records needing a decision, bounce
+mailboxes) and runs as a chore, so a send's write never looks for a notice; a callback
+endpoint's pause or a dead delivery is told by the callback pool as it happens
+(``callback_trouble``).
 
 A notice never causes a notice: nothing here sends mail or writes a record.
 """
@@ -22,16 +24,15 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
 from portal.config import Settings
+from portal.messaging import health
 from portal.models import (
-    BreakerState,
     CallbackEndpoint,
+    Channel,
     DeadLetterMessage,
     MailReceiveConfig,
     MailReceiveState,
     MailSendRecord,
-    MailSendServerConfig,
     Notification,
-    SmsProviderConfig,
     SmsSendRecord,
     Tenant,
     TenantMessageQuota,
@@ -168,45 +169,26 @@ def _quota(session: Session, month: str) -> list[Notice]:
     return out
 
 
-def _breakers(session: Session) -> list[Notice]:
-    """A server or provider down (and back up: a down notice whose breaker has closed)."""
+def _incidents(session: Session, window_s: float) -> list[Notice]:
+    """A server or provider failing (``health``: its sends cannot reach it, before or after
+    its breaker opens), once per incident: keyed on the incident's first failure, which
+    stays the same until it answers again. And back up: a notice whose server no longer
+    fails."""
     out = []
-    configs = {
-        "mail": {
-            i: (t, n)
-            for i, t, n in session.execute(
-                select(
-                    MailSendServerConfig.id,
-                    MailSendServerConfig.tenant_id,
-                    MailSendServerConfig.name,
-                )
-            )
-        },
-        "sms": {
-            i: (t, n)
-            for i, t, n in session.execute(
-                select(SmsProviderConfig.id, SmsProviderConfig.tenant_id, SmsProviderConfig.name)
-            )
-        },
-    }
     tenants = list(session.scalars(select(Tenant.id).where(Tenant.id > 0, Tenant.is_active)))
-    down = {
-        (r.channel, r.config_id): r.down_since
-        for r in session.scalars(select(BreakerState).where(BreakerState.down_since.is_not(None)))
-    }
-    for (channel, config_id), since in down.items():
-        owner, name = configs.get(channel, {}).get(config_id, (None, None))
-        if owner is None or since is None:
+    failing = health.failing(session, None, window_s=window_s)
+    for channel, config, state in failing:
+        since = state.since
+        if since is None:
             continue
         stamp = since.strftime("%Y%m%dT%H%M%S")
-        noun = "mail server" if channel == "mail" else "SMS provider"
-        link = "/mail-servers/" if channel == "mail" else "/sms-providers/"
-        key = f"down:{channel}:{config_id}:{stamp}"
-        out.append(
-            Notice(owner, "server_down", key, f"{noun.capitalize()} {name} is down", None, link)
-        )
-        if owner == PLATFORM_TENANT_ID:  # tenants hear of the platform's service, unnamed
-            service = "mail" if channel == "mail" else "SMS"
+        noun = "mail server" if channel is Channel.MAIL else "SMS provider"
+        link = "/mail-servers/" if channel is Channel.MAIL else "/sms-providers/"
+        key = f"down:{channel.value}:{config.id}:{stamp}"
+        title = f"{noun.capitalize()} {config.name} is failing"
+        out.append(Notice(config.tenant_id, "server_down", key, title, state.text, link))
+        if config.tenant_id == PLATFORM_TENANT_ID:  # tenants hear of the platform's, unnamed
+            service = "mail" if channel is Channel.MAIL else "SMS"
             for tenant_id in tenants:
                 out.append(
                     Notice(
@@ -214,21 +196,24 @@ def _breakers(session: Session) -> list[Notice]:
                         "server_down",
                         key,
                         f"The platform's {service} service is degraded",
-                        "Sends through it wait and go out when it answers again.",
+                        "Sends through it are retried and go out when it answers again.",
                         "/dashboard/",
                     )
                 )
-    # Back up: every down notice whose breaker is no longer open.
+    down = {(channel.value, config.id) for channel, config, _state in failing}
+    # Back up: every incident's notice whose server no longer fails.
     for tenant_id, key, title in session.execute(
         select(Notification.tenant_id, Notification.dedup_key, Notification.title).where(
             Notification.kind == "server_down"
         )
     ):
-        _, kind, config, _stamp = key.split(":", 3)
-        if (kind, int(config)) in down:
+        _, kind, config_id, _stamp = key.split(":", 3)
+        if (kind, int(config_id)) in down:
             continue
-        up_title = title.replace("is down", "is back up").replace(
-            "is degraded", "is back to normal"
+        up_title = (
+            title.replace("is failing", "is back up")
+            .replace("is down", "is back up")
+            .replace("is degraded", "is back to normal")
         )
         out.append(Notice(tenant_id, "server_up", "up" + key[4:], up_title, None, None))
     return out
@@ -365,15 +350,16 @@ def _mailboxes(session: Session, now: datetime) -> list[Notice]:
     return out
 
 
-def scan(engine: Engine) -> int:
-    """Write every notice due now; the number of new ones."""
+def scan(engine: Engine, window_s: float = health.HEALTH_WINDOW_S) -> int:
+    """Write every notice due now; the number of new ones (``window_s``: what a server's
+    health calls recent, ``health_window_s``)."""
     new = 0
     with Session(engine) as session, session.begin():
         now = session.scalar(select(db_now()))
         assert now is not None
         found = [
             *_quota(session, now.strftime("%Y-%m")),
-            *_breakers(session),
+            *_incidents(session, window_s),
             *_dead_letters(session, now),
             *_decisions(session, now),
             *_mailboxes(session, now),

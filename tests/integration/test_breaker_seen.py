@@ -1,4 +1,4 @@
-"""An open circuit breaker is seen: the servers page says Down with its
+"""An open circuit breaker is seen: the servers page says "Paused by the breaker" with its
 error and next check, the dashboard shows a banner (a tenant sees only "platform mail service
 degraded" for a platform-tier server, without its name or error), and ``server_up`` is 0."""
 
@@ -51,10 +51,10 @@ def test_an_open_breaker_is_seen_by_operators_in_full_and_by_tenants_without_nam
 
     operator = Portal(app, "operator@postroom.test")
     dashboard = operator.get("/").text
-    assert "relay-7 is down" in dashboard
+    assert "Mail server relay-7: Paused by the breaker" in dashboard
     assert SECRET_ERROR in dashboard
     servers = operator.get("/mail-servers/").text
-    assert "Down" in servers
+    assert "Paused by the breaker" in servers
     assert SECRET_ERROR in servers
 
     _names, samples = parse(app.test_client().get("/metrics").text)

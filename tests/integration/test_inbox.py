@@ -92,7 +92,7 @@ def test_server_down_and_back_up_tenants_hear_of_the_platform_unnamed(
     titles = db.session.scalars(
         select(Notification.title).where(Notification.tenant_id == acme).order_by(Notification.id)
     ).all()
-    assert "Mail server acme-smtp is down" in titles
+    assert "Mail server acme-smtp is failing" in titles
     assert "The platform's mail service is degraded" in titles
     assert not any("secret-relay" in t for t in titles)
     assert any("secret-relay" in k for k in db.session.scalars(select(Notification.title)))

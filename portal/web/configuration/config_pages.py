@@ -29,8 +29,10 @@ from sqlalchemy import update as sql_update
 from sqlalchemy.exc import IntegrityError
 
 from portal.extensions import db
+from portal.messaging import health
 from portal.models import (
     AuditAction,
+    Channel,
     MailReceiveConfig,
     MailSendRecord,
     MailSendServerConfig,
@@ -40,9 +42,14 @@ from portal.models import (
 )
 from portal.tenancy import PLATFORM_TENANT_ID
 from portal.web.access import Permission, audit, requires
-from portal.web.forms import Form, is_htmx, owned, tier_name, varies, viewed_tier
+from portal.web.forms import Form, is_htmx, owned, settings, tier_name, varies, viewed_tier
 
 C = TypeVar("C", MailSendServerConfig, MailReceiveConfig, SmsProviderConfig)
+# The kinds of row that carry sends, and so have a health.
+_CHANNELS: dict[type, Channel] = {
+    MailSendServerConfig: Channel.MAIL,
+    SmsProviderConfig: Channel.SMS,
+}
 D = TypeVar("D", MailSendServerConfig, SmsProviderConfig)  # the rows with a tier default
 
 
@@ -98,8 +105,19 @@ def page(
         form=form,
         tier_name=tier_name(tier),
         **{pages.row_name: saved},
+        health=health_of(pages, [saved] if saved is not None else []),
         **(pages.context(saved) | extra),
     ), status
+
+
+def health_of(pages: Pages[C], rows: Sequence[C]) -> dict[int, health.State]:
+    """The health of ``rows`` (mail servers or SMS providers; none for other kinds), as
+    ``health.states`` reads it for every page that shows one: row id -> state."""
+    channel = _CHANNELS.get(pages.model)
+    if channel is None or not rows:
+        return {}
+    window = settings().health_window_s
+    return health.states(db.session, channel, [r.id for r in rows], window_s=window)
 
 
 def listed(pages: Pages[C], tier: int) -> Sequence[C]:

@@ -21,8 +21,7 @@ from flask import Blueprint, Response, render_template, request, url_for
 from flask.typing import ResponseReturnValue
 from markupsafe import escape
 
-from portal.extensions import db
-from portal.messaging import breaker, outbound
+from portal.messaging import outbound
 from portal.messaging.transports.smtp import (
     Security,
     SmtpServer,
@@ -31,7 +30,6 @@ from portal.messaging.transports.smtp import (
     test_connection,
 )
 from portal.models import (
-    Channel,
     MailSendRecord,
     MailSendServerConfig,
     SmtpSecurity,
@@ -226,7 +224,7 @@ def index() -> str:
         "mail_servers/index.html",
         servers=servers,
         tier_name=tier_name(tier),
-        down=breaker.down_states(db.engine, Channel.MAIL),
+        health=config_pages.health_of(PAGES, servers),
     )
 
 

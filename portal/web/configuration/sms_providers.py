@@ -25,11 +25,10 @@ from sqlalchemy import select
 
 from portal.extensions import db
 from portal.importer import dedupes, default_uncertain_policy
-from portal.messaging import breaker, outbound
+from portal.messaging import outbound
 from portal.messaging.transports.sms import CONFIG_ERROR, SmsResult, _http, twilio, vonage
 from portal.models import (
     AuditAction,
-    Channel,
     SmsProviderConfig,
     SmsProviderKind,
     SmsProviderRegion,
@@ -280,7 +279,7 @@ def index() -> str:
         kinds=dict(KIND_OPTIONS),
         dedupes=dedupes,
         policy_text=POLICY_TEXT,
-        down=breaker.down_states(db.engine, Channel.SMS),
+        health=config_pages.health_of(PAGES, providers),
     )
 
 

@@ -22,18 +22,16 @@ from flask.typing import ResponseReturnValue
 from sqlalchemy import ColumnElement, Select, bindparam, func, literal, select, text
 
 from portal.extensions import db
-from portal.messaging import breaker
+from portal.messaging import health
 from portal.models import (
     Channel,
     DeadLetterMessage,
-    MailSendServerConfig,
     SendStatus,
-    SmsProviderConfig,
     TriageStatus,
 )
 from portal.tenancy import PLATFORM_TENANT_ID
 from portal.web.access import Permission, can, is_operator, requires, viewed_tenant
-from portal.web.forms import is_htmx
+from portal.web.forms import is_htmx, settings
 from portal.web.operations.dead_letters import waiting_by_tenant
 from portal.web.records import decisions, explain
 from portal.web.records.mail_records import MAIL
@@ -292,52 +290,32 @@ def age_text(seconds: float) -> str:
 
 
 @dataclass
-class Down:
-    """A server or provider whose circuit breaker is open, as the viewer may see it: a tenant
+class Failing:
+    """A server or provider whose sends fail (``health``), as the viewer may see it: a tenant
     sees the platform tier's only as "platform mail service degraded" (no name, no error)."""
 
     channel: str
     name: str | None
-    since: datetime | None
-    last_error: str | None
-    next_probe: datetime | None
+    state: health.State | None
 
 
-def down_servers(tenant: int | None) -> list[Down]:
-    """Open breakers the viewer should hear about: their tier's servers and providers with
-    details, the platform tier's (which tenants send through) without."""
-    states = breaker.down_states(db.engine)
-    if not states:
-        return []
-    operator = is_operator()
-    shown: list[Down] = []
-    platform_down: set[str] = set()
-    for (channel, config_id), state in sorted(states.items()):
-        config: MailSendServerConfig | SmsProviderConfig | None = (
-            db.session.get(MailSendServerConfig, config_id)
-            if channel == Channel.MAIL.value
-            else db.session.get(SmsProviderConfig, config_id)
-        )
-        if config is None:
-            continue
-        if operator or (tenant is not None and config.tenant_id == tenant):
-            if (
-                operator
-                and tenant is not None
-                and config.tenant_id
-                not in (
-                    tenant,
-                    PLATFORM_TENANT_ID,
-                )
-            ):
-                continue
-            shown.append(
-                Down(channel, config.name, state.down_since, state.last_error, state.next_probe_at)
-            )
-        elif config.tenant_id == PLATFORM_TENANT_ID:
-            platform_down.add(channel)
-    shown += [Down(channel, None, None, None, None) for channel in sorted(platform_down)]
-    return shown
+def failing_servers(tenant: int | None) -> list[Failing]:
+    """The failing servers and providers the viewer should hear about: their tier's with their
+    state, the platform tier's (which tenants send through) unnamed. Operators: the platform's
+    and the viewed tenant's (every tier's when viewing all)."""
+    tiers = None if is_operator() and tenant is None else [PLATFORM_TENANT_ID]
+    if tiers is not None and tenant is not None:
+        tiers.append(tenant)
+    shown: list[Failing] = []
+    platform: set[str] = set()
+    for channel, config, state in health.failing(
+        db.session, tiers, window_s=settings().health_window_s
+    ):
+        if is_operator() or config.tenant_id == tenant:
+            shown.append(Failing(channel.value, config.name, state))
+        else:
+            platform.add(channel.value)
+    return shown + [Failing(channel, None, None) for channel in sorted(platform)]
 
 
 def decisions_count(tenant: int | None) -> tuple[int, bool]:
@@ -421,7 +399,7 @@ def index() -> ResponseReturnValue:
         "refresh": REFRESH,
         "channel_of": {Channel.MAIL.value: MAIL, Channel.SMS.value: SMS},
         "decisions": decisions_count(tenant),
-        "down": down_servers(tenant),
+        "failing": failing_servers(tenant),
         "by_tenant": failures_by_tenant(names or None) if is_operator() else None,
         "viewed": tenant,
     }
