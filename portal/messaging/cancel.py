@@ -20,7 +20,15 @@ from dataclasses import dataclass, field
 from sqlalchemy import ColumnElement, select, tuple_, update
 from sqlalchemy.orm import Session
 
-from portal.models import MailSendRecord, SendStatus, SmsSendRecord, db_now
+from portal.messaging import record_events
+from portal.models import (
+    Channel,
+    MailSendRecord,
+    RecordEventKind,
+    SendStatus,
+    SmsSendRecord,
+    db_now,
+)
 
 Model = type[MailSendRecord] | type[SmsSendRecord]
 MAX_BULK = 1000
@@ -60,9 +68,12 @@ def cancel_records(
     ids: Sequence[int],
     tenant_id: int | None,
     versions: Mapping[int, int] | None = None,
+    *,
+    by: str | None = None,
 ) -> CancelReport:
     """Cancel the cancellable ones among ``ids`` (of ``tenant_id``; None: any tenant), in the
-    caller's transaction; the others are skipped, each with its reason.
+    caller's transaction, each with its event (``by``: who, as the audit log labels them); the
+    others are skipped, each with its reason.
 
     With ``versions`` (id -> the version seen when the cancel was confirmed) only those ids are
     cancelled, each only while it is still at that version; ids without one are reported only.
@@ -101,6 +112,8 @@ def cancel_records(
         ).all()
     )
     report.tenant_of = dict(done)
+    channel = Channel.SMS if model is SmsSendRecord else Channel.MAIL
+    record_events.note_many(session, channel, done, RecordEventKind.CANCELLED, actor=by, code=None)
     report.cancelled = [i for i in wanted if i in done]
     rest = [i for i in wanted if i not in done]
     if rest:

@@ -42,7 +42,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.orm import Session
 
-from portal.messaging import events, group_commit, scan, suppression
+from portal.messaging import events, group_commit, record_events, scan, suppression
 from portal.messaging.backoff import BackoffPolicy, DeadLetter, Fail, Retry, RetryDecision
 from portal.messaging.classify import ErrorCategory, MarkerCode, classify, is_retryable
 from portal.metrics import MESSAGE_FAILED, MESSAGE_SENT, SENT_BATCH_SIZE
@@ -53,6 +53,7 @@ from portal.models import (
     DeadLetterSource,
     DeliveryEvent,
     MailSendRecord,
+    RecordEventKind,
     SendAttempt,
     SendStatus,
     SmsSendRecord,
@@ -91,6 +92,9 @@ class Claimed:
     tenant_id: int
     retry_count: int
     provider: str = "unprepared"  # metric label: the server or provider name
+    # The record's error code when claimed: a deferral with the same code goes on the stretch
+    # of deferrals its timeline already shows, and writes no event.
+    last_code: str | None = None
 
     def bumped(self, **changes: Any) -> Claimed:
         """The same claim after a write of ours that incremented the version."""
@@ -765,8 +769,9 @@ def finish(
             )
             .execution_options(synchronize_session=False)
         )
-    if result.rowcount != 1:  # type: ignore[attr-defined]
-        return False
+        if result.rowcount != 1:  # type: ignore[attr-defined]
+            return False
+        _note(session, claimed, RecordEventKind.ENDED, code, message)
     outcome = "failed" if status is SendStatus.FAILED else status.value.lower()
     MESSAGE_FAILED.labels(claimed.channel.value, claimed.provider, outcome).inc()
     # Failed (EXPIRED, RETRY_WINDOW_EXPIRED) and Uncertain are failures like any other: ERROR.
@@ -808,8 +813,9 @@ def defer(
             )
             .execution_options(synchronize_session=False)
         )
-    if result.rowcount != 1:  # type: ignore[attr-defined]
-        return False
+        if result.rowcount != 1:  # type: ignore[attr-defined]
+            return False
+        _note_deferral(session, claimed, code, message)
     log.info(
         "send deferred, no retry used: %s",
         message,
@@ -866,6 +872,8 @@ def handle_failure(
                 held = write_outcome(
                     session, claimed, values, attempt, AttemptOutcome.UNCERTAIN, ambiguous
                 )
+                if held and attempt is None:
+                    _note(session, claimed, RecordEventKind.NOT_ATTEMPTED, code, message)
             if not held:
                 return None
             MESSAGE_FAILED.labels(claimed.channel.value, claimed.provider, "uncertain").inc()
@@ -902,7 +910,11 @@ def handle_failure(
             return None
         if isinstance(decision, DeadLetter):
             session.add(dead_letter_row(claimed, values["error_code"], message))
-        if attempt is not None:
+        if attempt is None and not consume_retry:
+            _note_deferral(session, claimed, values["error_code"], message)
+        elif attempt is None:
+            _note(session, claimed, RecordEventKind.NOT_ATTEMPTED, values["error_code"], message)
+        else:
             # An answer refusing the recipient for good puts it on the tenant's suppression
             # list, as a hard bounce does (a check of the code; a write only then).
             suppression.suppress_refused(
@@ -923,6 +935,22 @@ def handle_failure(
     else:
         log.error("send failed (%s): %s", outcome, message, extra=extra)
     return decision
+
+
+def _note(
+    session: Session, claimed: Claimed, kind: RecordEventKind, code: str | None, message: str
+) -> None:
+    """The record's event for a change written without an attempt row, in its transaction."""
+    record_events.note(
+        session, claimed.channel, claimed.id, claimed.tenant_id, kind, code=code, message=message
+    )
+
+
+def _note_deferral(session: Session, claimed: Claimed, code: str, message: str) -> None:
+    """A deferral's event: only the first of a stretch (the record was not already waiting
+    with this code when claimed), so a record deferred at every poll writes one row."""
+    if claimed.last_code != stored_text(code, 100):
+        _note(session, claimed, RecordEventKind.DEFERRED, code, message)
 
 
 def write_outcome(

@@ -494,6 +494,7 @@ def _run(
             version=record.version,
             tenant_id=record.tenant_id,
             retry_count=record.retry_count,
+            last_code=record.error_code,
         )
     )
     with tenant_context(record.tenant_id, record.trace_id), CONFIGS.attempt():

@@ -37,6 +37,7 @@ from portal.models import (
     MailSendSubject,
     ReceivedMail,
     RecipientToken,
+    RecordEvent,
     SendAttempt,
     SendStatus,
     SmsSendRecord,
@@ -148,6 +149,8 @@ WITH recipients AS ({recipients}),
                    WHERE channel = :channel AND record_id = ANY(:ids) RETURNING 1),
      attempts AS (DELETE FROM send_attempt
                   WHERE channel = :channel AND record_id = ANY(:ids) RETURNING 1),
+     record_events AS (DELETE FROM record_event
+                       WHERE channel = :channel AND record_id = ANY(:ids) RETURNING 1),
      dead_letters AS (DELETE FROM dead_letter_message
                       WHERE channel = :channel AND event_id = ANY(:text_ids) RETURNING 1),
      records AS (DELETE FROM {table} WHERE id = ANY(:ids) RETURNING {record_returning}),
@@ -264,6 +267,11 @@ def delete_records(session: Session, channel: Channel, ids: list[int]) -> Counte
     out["attempts"] += gone(
         delete(SendAttempt).where(
             SendAttempt.channel == channel.value, SendAttempt.record_id.in_(ids)
+        )
+    )
+    session.execute(
+        delete(RecordEvent).where(
+            RecordEvent.channel == channel.value, RecordEvent.record_id.in_(ids)
         )
     )
     out["dead_letters"] += gone(

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import re
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -33,8 +33,16 @@ from sqlalchemy import ColumnElement, and_, or_, select, update
 from sqlalchemy.orm import Session
 
 from portal.config import Settings
-from portal.messaging import acceptance, validation
-from portal.models import MailSendRecord, Scope, SendStatus, SmsSendRecord, db_now
+from portal.messaging import acceptance, record_events, validation
+from portal.models import (
+    Channel,
+    MailSendRecord,
+    RecordEventKind,
+    Scope,
+    SendStatus,
+    SmsSendRecord,
+    db_now,
+)
 from portal.models.enums import RETRYABLE_BY_HAND
 from portal.tenancy import tenant_context
 
@@ -71,11 +79,15 @@ def retry_records(
     tenant_id: int | None,
     *,
     expires_at: datetime | None = None,
+    by: str | None = None,
+    anyway: Mapping[int, str] | None = None,
 ) -> RetryReport:
-    """Requeue the retryable ones among ``ids`` (of ``tenant_id``; None: any tenant).
+    """Requeue the retryable ones among ``ids`` (of ``tenant_id``; None: any tenant), each
+    with its event (``by``: who, as the audit log labels them).
 
     ``expires_at``: a new expiry for the records requeued (a caller checks it is in the
     future); without it, a record whose ``expires_at`` has passed is skipped (EXPIRED_REASON).
+    ``anyway``: id -> why the record would fail again, for those requeued although it would.
     """
     wanted = list(dict.fromkeys(ids))
     report = RetryReport()
@@ -106,6 +118,23 @@ def retry_records(
         .execution_options(synchronize_session=False)
     ).all()
     report.tenant_of = {rid: tid for rid, tid in requeued}
+    forced = anyway or {}
+    record_events.note_many(
+        session,
+        channel_of(model),
+        report.tenant_of,
+        RecordEventKind.RETRIED,
+        actor=by,
+        messages={
+            rid: (
+                f"retried anyway: it would fail again ({forced[rid]})"
+                if rid in forced
+                else "requeued by hand"
+            )
+            + (f"; new expiry {expires_at.isoformat()}" if expires_at else "")
+            for rid in report.tenant_of
+        },
+    )
     report.requeued = [i for i in wanted if i in report.tenant_of]
     rest = [i for i in wanted if i not in report.tenant_of]
     if rest:
@@ -191,8 +220,16 @@ def resend_request(record: MailSendRecord | SmsSendRecord) -> dict[str, Any]:
     return request
 
 
+def channel_of(model: Model) -> Channel:
+    return Channel.SMS if model is SmsSendRecord else Channel.MAIL
+
+
 def resend_as_new(
-    session: Session, record: MailSendRecord | SmsSendRecord, settings: Settings
+    session: Session,
+    record: MailSendRecord | SmsSendRecord,
+    settings: Settings,
+    *,
+    by: str | None = None,
 ) -> acceptance.Accepted:
     """Seed 002: "Only enqueue a new business key when you have evidence that another send is
     appropriate." Accept the record's request again as a new Pending record of its tenant, in
@@ -201,5 +238,16 @@ def resend_as_new(
     request = resend_request(record)
     with tenant_context(record.tenant_id):
         if isinstance(record, SmsSendRecord):
-            return acceptance.send_sms(session, request, settings=settings)
-        return acceptance.send_mail(session, request, settings=settings)
+            accepted = acceptance.send_sms(session, request, settings=settings)
+        else:
+            accepted = acceptance.send_mail(session, request, settings=settings)
+    record_events.note(
+        session,
+        channel_of(type(record)),
+        record.id,
+        record.tenant_id,
+        RecordEventKind.RESENT,
+        message=f"sent again as a new message: record {accepted.id}",
+        actor=by,
+    )
+    return accepted

@@ -16,8 +16,16 @@ from enum import StrEnum
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from portal.messaging import record_events
 from portal.messaging.addresses import AddressError, parse_phone_number
-from portal.models import Channel, MailSendRecord, SmsSendRecord, Suppression, db_now
+from portal.models import (
+    Channel,
+    MailSendRecord,
+    RecordEventKind,
+    SmsSendRecord,
+    Suppression,
+    db_now,
+)
 
 MAX_ADDRESS_CHARS = 320
 
@@ -218,6 +226,15 @@ def suppress_refused(
         detail=detail,
         by=REFUSED_BY,
         record_id=record_id,
+    )
+    record_events.note(
+        session,
+        channel,
+        record_id,
+        tenant_id,
+        RecordEventKind.SUPPRESSED,
+        code=code,
+        message=f"{address} put on the suppression list: the answer refuses it for good",
     )
     return [address]
 

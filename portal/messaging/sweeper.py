@@ -30,6 +30,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 from portal.config import Settings
+from portal.messaging import record_events
 from portal.messaging.backoff import BackoffPolicy
 from portal.messaging.classify import MarkerCode
 from portal.messaging.outcomes import MODELS, Attempt, Claimed, dead_letter_row, write_outcome
@@ -40,6 +41,7 @@ from portal.models import (
     ChoreRun,
     MailSendRecord,
     MailSendServerConfig,
+    RecordEventKind,
     SendStatus,
     SmsProviderConfig,
     UncertainPolicy,
@@ -234,6 +236,16 @@ def _transition(
         )
         if not written:
             return None  # the worker finished it, or another sweep got there first
+        if attempt is None:  # never prepared: no attempt row tells of it
+            record_events.note(
+                session,
+                claimed.channel,
+                claimed.id,
+                claimed.tenant_id,
+                RecordEventKind.SWEPT,
+                code=code,
+                message=reason,
+            )
         if exhausted:
             session.add(dead_letter_row(claimed, code, reason))
     outcome = "uncertain" if hold else "dead_letter" if exhausted else "retry"

@@ -21,9 +21,16 @@ from typing import Any
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from portal.messaging import events
+from portal.messaging import events, record_events
 from portal.messaging.classify import MarkerCode
-from portal.models import Channel, MailSendRecord, SendStatus, SmsSendRecord, db_now
+from portal.models import (
+    Channel,
+    MailSendRecord,
+    RecordEventKind,
+    SendStatus,
+    SmsSendRecord,
+    db_now,
+)
 
 MAX_REASON_CHARS = 2000
 RESOLVED_FAILED = MarkerCode.RESOLVED_FAILED.value
@@ -153,6 +160,17 @@ def resolve_uncertain(
     )
     if result.rowcount != 1:  # type: ignore[attr-defined]
         raise ResolveError(409, "conflict", "the record changed meanwhile; look again", "id")
+    how = f"accepted by the server or provider, message id {pid}" if accepted else "not sent"
+    record_events.note(
+        session,
+        channel,
+        record.id,
+        record.tenant_id,
+        RecordEventKind.RESOLVED,
+        code=str(values["resolution"]),
+        message=how + (f": {reason}" if reason else ""),
+        actor=by,
+    )
     if accepted:
         events.apply_retained(session, channel, record.id)
     return Resolved(

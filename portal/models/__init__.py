@@ -28,6 +28,7 @@ from portal.models.events import (
 from portal.models.mail import MailSendRecipient, MailSendRecord, MailSendServerConfig, MailTemplate
 from portal.models.notifications import Notification, NotificationRead
 from portal.models.quota import TenantMessageQuota, TenantMessageUsage
+from portal.models.record_events import RecordEvent, RecordEventKind
 from portal.models.search import MailSendSubject, RecipientToken
 from portal.models.sms import (
     SmsProviderConfig,
@@ -69,6 +70,8 @@ __all__ = [
     "NotificationRead",
     "ReceivedMail",
     "RecipientToken",
+    "RecordEvent",
+    "RecordEventKind",
     "Role",
     "Scope",
     "SendAttempt",

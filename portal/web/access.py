@@ -151,6 +151,17 @@ def init_app(app: Flask) -> None:
             abort(403)
 
 
+def actor_label() -> str:
+    """Who is acting, as the audit log and a record's events label them: the signed-in
+    user's address, else "API key <name>" for the request's key, else ""."""
+    from flask import g
+
+    if current_user and current_user.is_authenticated:
+        return str(current_user.email)
+    key_id = g.get("api_key_id")
+    return f"API key {g.get('api_key_name') or key_id}" if key_id is not None else ""
+
+
 def audit(
     action: AuditAction,
     *,
@@ -175,7 +186,7 @@ def audit(
             action,
             tenant_id=tenant_id,
             actor_key_id=key_id,
-            actor_label=f"API key {g.get('api_key_name') or key_id}",
+            actor_label=actor_label(),
             target_type=target_type,
             target_id=target_id,
             remark=remark,
@@ -187,7 +198,7 @@ def audit(
         action,
         tenant_id=tenant_id,
         actor_user_id=int(current_user.id) if signed_in else None,
-        actor_label=str(current_user.email) if signed_in else "",
+        actor_label=actor_label(),
         target_type=target_type,
         target_id=target_id,
         remark=remark,

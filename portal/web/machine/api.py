@@ -22,7 +22,7 @@ from portal.messaging.validation import AcceptanceError
 from portal.metrics import MESSAGE_ACCEPTED
 from portal.models import AuditAction, MailSendRecord, SendAttempt, SmsSendRecord
 from portal.models.tenant import ApiScope
-from portal.web.access import Permission, can
+from portal.web.access import Permission, actor_label, can
 from portal.web.machine import listing
 from portal.web.machine.endpoint import (
     ApiError,
@@ -251,7 +251,7 @@ def cancel_one(channel: str, record_id: int) -> Response:
     if record_id > validation.MAX_ID:
         return _for_portal(error_response(404, "not_found", "no such record", "id"))
     model = CHANNEL_MODELS[channel]
-    report = cancel.cancel_records(db.session(), model, [record_id], tenant_id)
+    report = cancel.cancel_records(db.session(), model, [record_id], tenant_id, by=actor_label())
     if report.cancelled:
         audit_records(AuditAction.CANCEL, model, report.cancelled, tenant_id, "")
     db.session.commit()
@@ -277,7 +277,7 @@ def cancel_many(channel: str) -> Response:
     except ApiError as exc:
         return _for_portal(error_response(exc.status, exc.code, exc.message, exc.field))
     model = CHANNEL_MODELS[channel]
-    report = cancel.cancel_records(db.session(), model, ids, tenant_id)
+    report = cancel.cancel_records(db.session(), model, ids, tenant_id, by=actor_label())
     if report.cancelled:
         remark = f"{len(report.cancelled)} cancelled, {len(report.skipped)} skipped"
         audit_records(AuditAction.BULK_CANCEL, model, report.cancelled, tenant_id, remark)

@@ -25,7 +25,7 @@ from portal.models import AuditAction, Channel, MailSendRecord, SmsSendRecord
 from portal.models.enums import RETRYABLE_BY_HAND
 from portal.models.tenant import ApiScope
 from portal.tenancy import PLATFORM_TENANT_ID
-from portal.web.access import Permission
+from portal.web.access import Permission, actor_label
 from portal.web.machine.endpoint import (
     ApiError,
     acting_tenant,
@@ -109,7 +109,13 @@ def retry(kind: str) -> Response:
     expires_at = _expiry(_optional_body())
     again = _would_fail_again(kind, [record_id], tenant_id)
     report = retry_records(
-        db.session(), MODELS[kind], [record_id], tenant_id, expires_at=expires_at
+        db.session(),
+        MODELS[kind],
+        [record_id],
+        tenant_id,
+        expires_at=expires_at,
+        by=actor_label(),
+        anyway={i: f"{a['reasonCode']}: {a['reason']}" for i, a in again.items()},
     )
     if report.requeued:
         audit_records(AuditAction.RETRY, MODELS[kind], report.requeued, tenant_id, "")
@@ -152,7 +158,15 @@ def retry_by_ids(kind: str) -> Response:
         raise ApiError("too_large", f"at most {MAX_BULK} ids at once", 422, "ids")
     expires_at = _expiry(body)
     again = _would_fail_again(kind, ids, tenant_id)
-    report = retry_records(db.session(), MODELS[kind], ids, tenant_id, expires_at=expires_at)
+    report = retry_records(
+        db.session(),
+        MODELS[kind],
+        ids,
+        tenant_id,
+        expires_at=expires_at,
+        by=actor_label(),
+        anyway={i: f"{a['reasonCode']}: {a['reason']}" for i, a in again.items()},
+    )
     if report.requeued:
         remark = f"{len(report.requeued)} requeued, {len(report.skipped)} skipped"
         audit_records(AuditAction.BULK_RETRY, MODELS[kind], report.requeued, tenant_id, remark)

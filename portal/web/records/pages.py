@@ -58,7 +58,7 @@ from portal.models import (
 )
 from portal.models.enums import RETRYABLE_BY_HAND
 from portal.tenancy import PLATFORM_TENANT_ID, names_config
-from portal.web.access import audit, is_operator, viewed_tenant
+from portal.web.access import actor_label, audit, is_operator, viewed_tenant
 from portal.web.forms import is_htmx
 from portal.web.records import explain
 from portal.web.records.timeline import timeline
@@ -891,7 +891,15 @@ def retry_one(kind: Kind, record_id: int) -> ResponseReturnValue:
             ),
         )
         return page, 422 if error else 200
-    report = retry_records(db.session(), kind.model, [record_id], tenant, expires_at=expires_at)
+    report = retry_records(
+        db.session(),
+        kind.model,
+        [record_id],
+        tenant,
+        expires_at=expires_at,
+        by=actor_label(),
+        anyway={record_id: f"{found.reason}: {found.why}"} if again else None,
+    )
     if report.requeued:
         message, category = f"Record {record_id} requeued: it will be sent again shortly.", "info"
         remark = "requeued" + (f" with a new expiry {expires_at.isoformat()}" if expires_at else "")
@@ -951,7 +959,9 @@ def resend_one(kind: Kind, record_id: int) -> ResponseReturnValue:
     error = None
     if request.form.get("confirm") == "yes":
         try:
-            accepted = resend_as_new(db.session(), record, current_app.config["SETTINGS"])
+            accepted = resend_as_new(
+                db.session(), record, current_app.config["SETTINGS"], by=actor_label()
+            )
         except AcceptanceError as exc:
             db.session.rollback()
             error = f"It cannot be sent again as it was: {exc.message}."
@@ -1121,7 +1131,12 @@ def _retry_confirmed(bulk: BulkRequest) -> ResponseReturnValue:
     include = bulk.form.get("include_blocked") == "yes"
     left_out = {} if include else {i: f"{d.reason}: {d.why}" for i, d in blocked.items()}
     report = retry_records(
-        db.session(), bulk.kind.model, [i for i in ids if i not in left_out], bulk.tenant
+        db.session(),
+        bulk.kind.model,
+        [i for i in ids if i not in left_out],
+        bulk.tenant,
+        by=actor_label(),
+        anyway={i: f"{d.reason}: {d.why}" for i, d in blocked.items()} if include else None,
     )
     skipped = dict(report.skipped) | {
         i: f"left out: would fail again, {why}" for i, why in left_out.items()
@@ -1212,7 +1227,9 @@ def _cancel_confirmed(bulk: BulkRequest) -> ResponseReturnValue:
     ids, versions, error = parse_confirmed(bulk.form.get("confirmed", ""))
     if error or not ids:
         return bulk.render("confirm", 422, error=error or "Nothing to cancel.", plan=None)
-    report = cancel.cancel_records(db.session(), bulk.kind.model, ids, bulk.tenant, versions)
+    report = cancel.cancel_records(
+        db.session(), bulk.kind.model, ids, bulk.tenant, versions, by=actor_label()
+    )
     audit_bulk(AuditAction.BULK_CANCEL, bulk, report.cancelled, report.skipped, report.tenant_of)
     db.session.commit()  # the cancel and its audit rows together
     outcome = cancel_outcome(report)

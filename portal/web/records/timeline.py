@@ -1,16 +1,20 @@
 """A record's timeline: acceptance, every attempt with the other side's
-reply, provider events (delivered, bounced, complained, read), and what people did to it (the
-audit log's retries, cancels, resolutions and dead-letter triage), in time order.
+reply, what happened without an attempt (a failure before one with its cause, a stretch of
+deferrals, an end without a send, the sweep, the recipient suppressed), what people did to it
+(retries, "retried anyway", cancels, resolutions, resends: one or many records at once, each
+with who), provider events (delivered, bounced, complained, read), and the status callbacks
+sent to the tenant with each endpoint's answer, in time order.
 
-Four reads by index: the attempts (``idx_send_attempt_record``), the events
-(``idx_delivery_event_record``), the audit rows naming the record or its dead letter
-(``idx_audit_target``), and the dead letter's id. Bulk actions name their records in the audit
-remark, not as the target, so they are not on a record's timeline.
+Each source is the row its event wrote when it happened, read by index: the attempts
+(``idx_send_attempt_record``), the record's events (``idx_record_event_record``), the delivery
+events (``idx_delivery_event_record``), the callback deliveries (``idx_callback_delivery_record``),
+and the audit rows naming the record or its dead letter (``idx_audit_target``) for what the
+record's events do not hold (a dead letter's triage).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
@@ -18,7 +22,19 @@ from sqlalchemy import String, and_, cast, or_, select
 from sqlalchemy.orm import Session
 
 from portal.messaging.events import events_for
-from portal.models import AuditEvent, Channel, DeadLetterMessage, SendAttempt
+from portal.models import (
+    AuditAction,
+    AuditEvent,
+    CallbackDelivery,
+    CallbackEndpoint,
+    Channel,
+    DeadLetterMessage,
+    DeliveryStatus,
+    RecordEvent,
+    RecordEventKind,
+    SendAttempt,
+    SendStatus,
+)
 from portal.web.machine.serialise import attempt_route, config_tiers
 
 OUTCOME_WORDS = {
@@ -30,6 +46,36 @@ OUTCOME_WORDS = {
     "swept": ("Worker stopped mid-send; moved on by the sweep", "wait"),
 }
 EVENT_TONES = {"delivered": "good", "read": "good", "bounced": "bad", "complained": "bad"}
+# What a record's event says (``RecordEventKind``): the line's kind, title and tone.
+STEP_WORDS: dict[str, tuple[str, str, str]] = {
+    RecordEventKind.NOT_ATTEMPTED: ("step", "Failed before any attempt", "bad"),
+    RecordEventKind.DEFERRED: ("step", "Waiting; no retry used", "wait"),
+    RecordEventKind.ENDED: ("step", "Ended without a send", "bad"),
+    RecordEventKind.SWEPT: ("step", "Worker stopped before sending; moved on by the sweep", "wait"),
+    RecordEventKind.SUPPRESSED: ("step", "Recipient suppressed", "bad"),
+    RecordEventKind.RETRIED: ("action", "Retried", "neutral"),
+    RecordEventKind.CANCELLED: ("action", "Cancelled", "neutral"),
+    RecordEventKind.RESOLVED: ("action", "Resolved", "neutral"),
+    RecordEventKind.RESENT: ("action", "Sent again as a new message", "neutral"),
+}
+ENDED_WORDS = {
+    "EXPIRED": "Expired before it was sent",
+    "RETRY_WINDOW_EXPIRED": "Resend window over; not retried",
+    "SUPPRESSED": "Not sent: the recipient is suppressed",
+}
+# Audit actions whose event the record's own rows hold (written by the domain with who did
+# it); the audit log keeps them for its own page.
+RECORDED = frozenset(
+    {
+        AuditAction.RETRY,
+        AuditAction.BULK_RETRY,
+        AuditAction.CANCEL,
+        AuditAction.BULK_CANCEL,
+        AuditAction.RESOLVE,
+    }
+)
+CALLBACK_TONES = {DeliveryStatus.DELIVERED: "good", DeliveryStatus.DEAD: "bad"}
+KINDS = ("accepted", "step", "attempt", "event", "action", "callback")
 ACTION_WORDS = {
     "retry": "Retry pressed",
     "cancel": "Cancelled",
@@ -43,7 +89,7 @@ class Entry:
     """One line of the timeline."""
 
     at: datetime
-    kind: str  # accepted | attempt | event | action
+    kind: str  # accepted | step | attempt | event | action | callback
     title: str
     tone: str  # good | wait | bad | neutral (the pill colours)
     detail: str = ""
@@ -119,6 +165,8 @@ def timeline(session: Session, channel: Channel, record: Any, *, operator: bool)
         .order_by(AuditEvent.id)
     )
     for row in actions:
+        if row.action in RECORDED:
+            continue
         entries.append(
             Entry(
                 row.created_time,
@@ -129,5 +177,87 @@ def timeline(session: Session, channel: Channel, record: Any, *, operator: bool)
                 who=row.actor_label,
             )
         )
-    entries.sort(key=lambda e: (e.at, ("accepted", "attempt", "event", "action").index(e.kind)))
+    entries += _steps(session, channel, record)
+    entries += _callbacks(session, channel, record)
+    entries.sort(key=lambda e: (e.at, KINDS.index(e.kind)))
+    return _stretches(entries, record)
+
+
+def _steps(session: Session, channel: Channel, record: Any) -> list[Entry]:
+    """The record's own events (``record_event``)."""
+    rows = session.scalars(
+        select(RecordEvent)
+        .where(
+            RecordEvent.channel == channel.value,
+            RecordEvent.record_id == record.id,
+            RecordEvent.tenant_id == record.tenant_id,
+        )
+        .order_by(RecordEvent.id)
+    )
+    entries = []
+    for row in rows:
+        kind, title, tone = STEP_WORDS.get(row.kind, ("step", row.kind.capitalize(), "neutral"))
+        detail = row.message or ""
+        if row.kind == RecordEventKind.ENDED:
+            title = ENDED_WORDS.get(row.code or "", title)
+        elif row.kind == RecordEventKind.RETRIED and detail.startswith("retried anyway"):
+            title = "Retried anyway"
+        elif row.kind == RecordEventKind.RESOLVED:
+            title = "Resolved: sent" if row.code == "accepted" else "Resolved: not sent"
+        code = None if row.kind in (RecordEventKind.RESOLVED,) else row.code
+        entries.append(Entry(row.at, kind, title, tone, detail=detail, who=row.actor, code=code))
     return entries
+
+
+def _callbacks(session: Session, channel: Channel, record: Any) -> list[Entry]:
+    """Each status callback owed to each of the tenant's endpoints, with its last answer."""
+    rows = session.execute(
+        select(CallbackDelivery, CallbackEndpoint.name)
+        .join(CallbackEndpoint, CallbackEndpoint.id == CallbackDelivery.endpoint_id)
+        .where(
+            CallbackDelivery.channel == channel.value,
+            CallbackDelivery.record_id == record.id,
+            CallbackDelivery.tenant_id == record.tenant_id,
+        )
+        .order_by(CallbackDelivery.id)
+    )
+    entries = []
+    for delivery, endpoint in rows:
+        status = DeliveryStatus(delivery.status)
+        if delivery.last_status_code is not None:
+            answer = f"answered HTTP {delivery.last_status_code}"
+        elif delivery.last_error:
+            answer = f"no answer: {delivery.last_error}"
+        else:
+            answer = "not sent yet"
+        took = f" in {delivery.last_duration_ms:,} ms" if delivery.last_duration_ms else ""
+        tries = f" after {delivery.attempts} tries" if delivery.attempts > 1 else ""
+        state = {
+            DeliveryStatus.DELIVERED: "delivered",
+            DeliveryStatus.DEAD: "given up",
+        }.get(status, "pending")
+        entries.append(
+            Entry(
+                delivery.last_attempt_at or delivery.created_time,
+                "callback",
+                f"Status callback {delivery.event_type} to {endpoint!r}: {state}",
+                CALLBACK_TONES.get(status, "wait"),
+                detail=f"{answer}{took}{tries}",
+            )
+        )
+    return entries
+
+
+def _stretches(entries: list[Entry], record: Any) -> list[Entry]:
+    """A stretch of deferrals is one line from its first deferral: it lasts until the next
+    line, or it goes on while the record still waits with that code."""
+    out = []
+    for i, entry in enumerate(entries):
+        if entry.title == STEP_WORDS[RecordEventKind.DEFERRED][1]:
+            after = entries[i + 1].at if i + 1 < len(entries) else None
+            if after is not None:
+                entry = replace(entry, detail=f"{entry.detail} (until {after:%H:%M:%S})")
+            elif record.status == SendStatus.RETRY.value and record.error_code == entry.code:
+                entry = replace(entry, detail=f"{entry.detail} (still waiting)")
+        out.append(entry)
+    return out
