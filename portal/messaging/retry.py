@@ -80,14 +80,15 @@ def retry_records(
     *,
     expires_at: datetime | None = None,
     by: str | None = None,
-    anyway: Mapping[int, str] | None = None,
+    anyway: Mapping[int, tuple[str, str]] | None = None,
 ) -> RetryReport:
     """Requeue the retryable ones among ``ids`` (of ``tenant_id``; None: any tenant), each
     with its event (``by``: who, as the audit log labels them).
 
     ``expires_at``: a new expiry for the records requeued (a caller checks it is in the
     future); without it, a record whose ``expires_at`` has passed is skipped (EXPIRED_REASON).
-    ``anyway``: id -> why the record would fail again, for those requeued although it would.
+    ``anyway``: id -> (reason code, why) the record would fail again, for those requeued
+    although it would.
     """
     wanted = list(dict.fromkeys(ids))
     report = RetryReport()
@@ -127,7 +128,7 @@ def retry_records(
         actor=by,
         messages={
             rid: (
-                f"retried anyway: it would fail again ({forced[rid]})"
+                "retried anyway: would fail again ({}): {}".format(*forced[rid])
                 if rid in forced
                 else "requeued by hand"
             )

@@ -115,7 +115,7 @@ def retry(kind: str) -> Response:
         tenant_id,
         expires_at=expires_at,
         by=actor_label(),
-        anyway={i: f"{a['reasonCode']}: {a['reason']}" for i, a in again.items()},
+        anyway={i: (str(a["reasonCode"]), str(a["reason"])) for i, a in again.items()},
     )
     if report.requeued:
         audit_records(AuditAction.RETRY, MODELS[kind], report.requeued, tenant_id, "")
@@ -165,7 +165,7 @@ def retry_by_ids(kind: str) -> Response:
         tenant_id,
         expires_at=expires_at,
         by=actor_label(),
-        anyway={i: f"{a['reasonCode']}: {a['reason']}" for i, a in again.items()},
+        anyway={i: (str(a["reasonCode"]), str(a["reason"])) for i, a in again.items()},
     )
     if report.requeued:
         remark = f"{len(report.requeued)} requeued, {len(report.skipped)} skipped"

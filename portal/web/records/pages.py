@@ -898,7 +898,7 @@ def retry_one(kind: Kind, record_id: int) -> ResponseReturnValue:
         tenant,
         expires_at=expires_at,
         by=actor_label(),
-        anyway={record_id: f"{found.reason}: {found.why}"} if again else None,
+        anyway={record_id: (str(found.reason), found.why or "")} if again else None,
     )
     if report.requeued:
         message, category = f"Record {record_id} requeued: it will be sent again shortly.", "info"
@@ -1136,7 +1136,7 @@ def _retry_confirmed(bulk: BulkRequest) -> ResponseReturnValue:
         [i for i in ids if i not in left_out],
         bulk.tenant,
         by=actor_label(),
-        anyway={i: f"{d.reason}: {d.why}" for i, d in blocked.items()} if include else None,
+        anyway={i: (str(d.reason), d.why or "") for i, d in blocked.items()} if include else None,
     )
     skipped = dict(report.skipped) | {
         i: f"left out: would fail again, {why}" for i, why in left_out.items()

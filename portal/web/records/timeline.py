@@ -53,7 +53,7 @@ STEP_WORDS: dict[str, tuple[str, str, str]] = {
     RecordEventKind.ENDED: ("step", "Ended without a send", "bad"),
     RecordEventKind.SWEPT: ("step", "Worker stopped before sending; moved on by the sweep", "wait"),
     RecordEventKind.SUPPRESSED: ("step", "Recipient suppressed", "bad"),
-    RecordEventKind.RETRIED: ("action", "Retried", "neutral"),
+    RecordEventKind.RETRIED: ("action", "Retry pressed", "neutral"),
     RecordEventKind.CANCELLED: ("action", "Cancelled", "neutral"),
     RecordEventKind.RESOLVED: ("action", "Resolved", "neutral"),
     RecordEventKind.RESENT: ("action", "Sent again as a new message", "neutral"),
@@ -200,8 +200,6 @@ def _steps(session: Session, channel: Channel, record: Any) -> list[Entry]:
         detail = row.message or ""
         if row.kind == RecordEventKind.ENDED:
             title = ENDED_WORDS.get(row.code or "", title)
-        elif row.kind == RecordEventKind.RETRIED and detail.startswith("retried anyway"):
-            title = "Retried anyway"
         elif row.kind == RecordEventKind.RESOLVED:
             title = "Resolved: sent" if row.code == "accepted" else "Resolved: not sent"
         code = None if row.kind in (RecordEventKind.RESOLVED,) else row.code
