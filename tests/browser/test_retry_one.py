@@ -58,8 +58,10 @@ def test_retry_of_a_record_that_would_fail_again_asks_first(
     sign_in(page, "admin@acme.example.com")
 
     page.goto(f"/mail-records/{blocked}")
-    expect(page.locator("#retry-fail-again")).to_contain_text(QUOTA_FULL)
-    expect(page.locator("#retry-fail-again")).to_contain_text("would fail again")
+    # The panel names the reason and why; the Retry beside it says it will ask first.
+    expect(page.locator("#diagnosis-verdict")).to_contain_text(QUOTA_FULL.split(": ", 1)[1])
+    expect(page.locator("#diagnosis-verdict")).to_contain_text("QUOTA_FULL")
+    expect(page.locator("#retry-fail-again")).to_contain_text("would fail again (QUOTA_FULL")
     screenshot(page, "retry-one-would-fail-again")
     page.get_by_role("button", name="Retry…").click()
     expect(page.get_by_role("heading", name=f"Retry mail record {blocked}?")).to_be_visible(

@@ -96,7 +96,8 @@ def test_a_recipient_refused_at_rcpt_is_suppressed_and_never_retried_in_one_clic
     assert "<dd>none</dd>" not in page.split("Refused recipients", 1)[1][:200]
     # No one-click Retry: the Retry asks first, naming why.
     assert 'class="secondary" aria-describedby="retry-what">Retry…</button>' in page
-    assert "<strong>SUPPRESSED</strong>: the recipient refused@" in page
+    assert '<span class="mono">SUPPRESSED</span>: the recipient refused@' in page  # the why
+    assert 'A retry now would fail again (<span class="mono">SUPPRESSED</span>' in page
     assert WHO in page  # support is told who can take it off the list
 
     asked = client.post(f"/mail-records/{record}/retry", data={"csrf_token": token})
