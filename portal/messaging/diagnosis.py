@@ -5,8 +5,8 @@ Every page and endpoint that shows or acts on a record's state asks this module:
 page's panel and its Retry, bulk retry's plan, the operator API's retries, the dead-letter and
 "Needs a decision" pages, the recipient page and the API's record GET. None of them works out a
 cause, advice or retry verdict of its own, so they cannot disagree. ``diagnose_many`` serves a
-selection: each tier's configuration, the breakers, the suppressions, the quotas and the last
-attempts are read once for all of it; ``diagnose`` is the same for one record.
+selection: each tier's configuration, its servers' health, the suppressions, the quotas and the
+last attempts are read once for all of it; ``diagnose`` is the same for one record.
 
 The verdict reads the causes as they are now, not the record's status or error code, in the
 order an attempt would meet them; the first found answers:
@@ -24,8 +24,9 @@ order an attempt would meet them; the first found answers:
    record rendered, or has not been tried;
 5. the server or provider it was prepared for, missing or disabled: SERVER_DISABLED (the next
    attempt fails CONFIG_NOT_RESOLVABLE);
-6. that server or provider down: its breaker open, or every attempt through it since it last
-   answered failed to connect (the breaker's streak, before it opens): SERVER_DOWN;
+6. that server or provider down, as its health says it on its page (``health.states``):
+   "Failing" (its recent attempts could not reach it, the breaker open or not yet) or
+   "Paused by the breaker": SERVER_DOWN, naming that line;
 7. what it answered last, unless its configuration was saved since: our credentials refused
    (CREDENTIALS_REFUSED), it cannot send as configured (SERVER_MISCONFIGURED), the message as
    prepared refused (MESSAGE_REFUSED);
@@ -45,13 +46,11 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
 
-import redis
-from sqlalchemy import Engine, select
+from sqlalchemy import Engine, or_, select
 from sqlalchemy.orm import Session
 
-from portal import redis_store
 from portal.config import Settings
-from portal.messaging import breaker, preparation, quota, suppression
+from portal.messaging import health, preparation, quota, suppression
 from portal.messaging.classify import (
     DEFERRAL_HELP,
     MARKER_HELP,
@@ -64,7 +63,6 @@ from portal.messaging.classify import (
 from portal.messaging.preparation import PreparationFailed, Shortfall, tier_of
 from portal.messaging.retry import REFUSAL_REASONS
 from portal.models import (
-    BreakerState,
     Channel,
     MailSendRecord,
     MailSendServerConfig,
@@ -312,11 +310,15 @@ class _Reads:
         self._quota: dict[int, tuple[int, int | None]] = {}
         self._choices: dict[tuple[Any, ...], Config | PreparationFailed] = {}
         self.configs: dict[int, Config] = {}
-        self.down: dict[int, str] = {}
+        self.down: dict[int, str] = {}  # config id -> its health's line, when failing
+        self._health: dict[int, health.State] = {}
         self.suppressed = self._suppressions(records)
         self.last = self._last_attempts(records)
         named = {a.config_id for a in self.last.values() if a.config_id is not None}
-        self._load_configs(named | {c for r in records if (c := _frozen_config(r)) is not None})
+        frozen = {c for r in records if (c := _frozen_config(r)) is not None}
+        # Every server or provider the selection's tiers could choose: one read, one health.
+        tiers = {tier_of(r) for r in records} | {r.tenant_id for r in records}
+        self._load_configs(named | frozen, tiers | {PLATFORM_TENANT_ID})
 
     # -- the tiers' names and quotas --
 
@@ -393,12 +395,17 @@ class _Reads:
 
     # -- servers and providers --
 
-    def _load_configs(self, ids: set[int]) -> None:
+    def _load_configs(self, ids: set[int], tiers: set[int] | None = None) -> None:
+        """Read the configs ``ids`` and every config of ``tiers``, then their health."""
+        model = self.model
         wanted = ids - set(self.configs)
-        if wanted:
-            for row in self.session.scalars(select(self.model).where(self.model.id.in_(wanted))):
-                self.configs[row.id] = row
-        self._load_down(ids)
+        if wanted or tiers:
+            query = select(model).where(
+                or_(model.id.in_(wanted), model.tenant_id.in_(tiers or set()))
+            )
+            for row in self.session.scalars(query):
+                self.configs.setdefault(row.id, row)
+        self._load_down(ids | set(self.configs))
 
     def config(self, config_id: int | None, record: Record) -> Config | None:
         """The server or provider ``config_id`` if the record may use it (its own tier or
@@ -438,51 +445,16 @@ class _Reads:
         return found
 
     def _load_down(self, ids: set[int]) -> None:
-        """Which of ``ids`` are down, and why: its breaker open (the database's mirror), or
-        counting a streak of records that failed to connect since it last answered (Redis,
-        or the database's own rows while Redis is away)."""
-        ids = {i for i in ids if i not in self.down}
+        """Which of ``ids`` are down, and why: their health (``health.states``, the answer the
+        servers and providers pages show), failing or paused by the breaker. The selection's
+        tiers are read at once, so a choice made later by ``choose`` is already known."""
+        ids = ids - set(self._health)
         if not ids:
             return
-        rows = self.session.scalars(
-            select(BreakerState).where(
-                BreakerState.channel == self.channel.value, BreakerState.config_id.in_(ids)
-            )
-        )
-        counting: dict[int, tuple[int, str]] = {}
-        for row in rows:
-            if row.down_since is not None:
-                self.down[row.config_id] = (
-                    f"paused by its breaker since {_when(row.down_since)}: several records in a "
-                    f"row could not connect to it (last error: {row.last_error or 'none kept'})"
-                )
-            elif row.streak:
-                counting[row.config_id] = (len(row.streak), row.last_error or "")
-        counting |= self._streaks(ids - set(self.down) - set(counting))
-        for config_id, (records, error) in counting.items():
-            self.down[config_id] = (
-                "every attempt through it since it last answered failed to connect "
-                f"({records} record{'s' if records != 1 else ''}; last error: "
-                f"{error or 'none kept'})"
-            )
-
-    def _streaks(self, ids: set[int]) -> dict[int, tuple[int, str]]:
-        """The breaker's streaks in Redis (its own keys): config id -> (records, last error)."""
-        if not ids or self.settings.redis_url is None:
-            return {}
-        found: dict[int, tuple[int, str]] = {}
-        try:
-            store = redis_store.connect(self.settings.redis_url)
-            for config_id in sorted(ids):
-                state, streak, _active = breaker._keys(self.channel, config_id)
-                size = int(store.scard(streak) or 0)
-                if size:
-                    error = store.hget(state, "last_error")
-                    text = error.decode() if isinstance(error, bytes) else str(error or "")
-                    found[config_id] = (size, text)
-        except redis.RedisError:
-            return {}  # the pages still answer; the open breakers come from the database
-        return found
+        window = self.settings.health_window_s
+        found = health.states(self.session, self.channel, ids, window_s=window)
+        self._health |= {i: found.get(i, health.QUIET) for i in ids}
+        self.down |= {i: state.text for i, state in found.items() if state.failing}
 
 
 # --- the diagnosis ------------------------------------------------------------------------------
@@ -765,7 +737,7 @@ def _verdict(
             where = _where(reads, config.id, config.name)
             return _Verdict(
                 Reason.SERVER_DOWN,
-                f"{where} is down: {down}; it must answer again first",
+                f"{where} is down ({down}); it must answer again first",
                 f"Check {where}: is it running, and are its address and port right? Records "
                 "waiting for it go out by themselves once it answers; retry this one then.",
                 _admin_of(config.tenant_id),

@@ -1,7 +1,8 @@
 """A mail server's or SMS provider's health: what its recent sends say.
 
 One answer for every place that shows it (the servers and providers pages, the dashboard's
-banner, the operators' view, the inbox notices, ``server_up``), read from the attempt rows
+banner, the operators' view, the inbox notices, ``server_up``, a record's diagnosis, which
+calls a retry through a failing or paused one SERVER_DOWN), read from the attempt rows
 (``send_attempt``, whose ``unavailable`` says what each attempt told about the server itself,
 as ``classify.unavailable`` decided it for the breaker) and the breaker's mirror
 (``breaker_state``):
