@@ -154,6 +154,7 @@ def seed_postgresql(app: Flask, url: str, n: int) -> dict[str, Any]:
     seed_accounts(app)
     step = SPREAD_S / n
     created = f"now() - make_interval(secs => ({n} - g) * {step})"
+    sent = f"{created} + make_interval(secs => g % 40)"  # 0-39 s: the dashboard's latency
     chunk = 1_000_000
     with psycopg.connect(dsn) as source, psycopg.connect(dsn) as conn:
         conn.execute("SET session_replication_role = replica")  # no FK triggers while loading
@@ -170,7 +171,7 @@ def seed_postgresql(app: Flask, url: str, n: int) -> dict[str, Any]:
                 "'Hello', 'Hello, your order ' || g || ' is on its way.', "
                 "'<h1>Order ' || g || '</h1><p>Hello, it is on its way.</p>', "
                 "CASE WHEN g % 3 = 0 THEN 'welcome' ELSE 'receipt' END, "
-                f"{created}, {created}, {created}, {created}, md5(g::text), "
+                f"{created}, {created}, {created}, {sent}, md5(g::text), "
                 f"'order-' || g, '<mail-' || g || '@example.com>' FROM {series}",
                 f"mail_send_record ({MAIL_COLUMNS})",
             )
@@ -180,7 +181,7 @@ def seed_postgresql(app: Flask, url: str, n: int) -> dict[str, Any]:
                 f"SELECT {TENANT_OF}, 'TENANT', {STATUS_OF}, 3, 0, {ERROR_OF}, {ERROR_OF}, "
                 "'+447911' || lpad((g % 50000)::text, 6, '0'), 'GB', NULL, "
                 "'Your code is ' || (g % 10000), 'otp', "
-                f"{created}, {created}, {created}, {created} FROM {series}",
+                f"{created}, {created}, {created}, {sent} FROM {series}",
                 f"sms_send_record ({SMS_COLUMNS})",
             )
             conn.commit()
@@ -522,6 +523,7 @@ def case_page(client: FlaskClient, case: Case) -> Callable[[], Any]:
 
     def fresh() -> None:
         dashboard._past_hours.clear()
+        dashboard._delivery.clear()  # the tenant's latency and failure rate by route too
         get()
 
     return fresh
@@ -539,8 +541,9 @@ class Case:
     raw: str | None = None
     goal: str = ""  # "median" or "p95": under goal_ms is the goal; "": for information
     goal_ms: float = GOAL_MS
-    # The dashboard reads its chart's earlier hours at most once a minute: True times the
-    # request that reads them (the first after a minute), not the refreshes between.
+    # The dashboard reads its chart's earlier hours, and a tenant's latency and failure rate
+    # by route, at most once a minute: True times the request that reads them (the first
+    # after a minute), not the refreshes between.
     fresh: bool = False
 
 
