@@ -24,6 +24,7 @@ import shutil
 import signal
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 
@@ -93,11 +94,17 @@ def main() -> int:
     # The handlers come first: a signal during start-up (building the app can take a second)
     # must still end in the orderly stop below, not in the default action's abrupt death.
     stopping = threading.Event()
+    # Each pool's "claim nothing more", set by the handler itself before it says so: waking the
+    # main thread to stop the service takes a moment on a loaded machine, and a record accepted
+    # after the line below must not be claimed in it.
+    claim_stops: list[Callable[[], None]] = []
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
         if stopping.is_set():
             _say_unlocked(logging.WARNING, "second signal: exiting at once")
             os._exit(1)
+        for stop_claiming in claim_stops:
+            stop_claiming()
         log.info("signal %s: claiming nothing more, finishing sends in flight", signum)
         stopping.set()
 
@@ -118,6 +125,7 @@ def main() -> int:
         Path(__file__).parent,
     )
     service = DeliveryService(engine, mine)
+    claim_stops.extend(pool.stop for pool in service.pools.values())
     if settings.worker_metrics_port:
         from portal.metrics import start_worker_metrics
 

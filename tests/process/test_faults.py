@@ -334,7 +334,9 @@ def test_sigterm_leaves_a_send_longer_than_the_grace_in_sending_for_the_sweep(
         assert worker.wait_exit(grace + 10) == 0
         took = time.monotonic() - signalled
         print(f"\nSIGTERM to exit 0 with a send hanging past the {grace:g} s grace: {took:.2f} s")
-        assert grace - 0.2 <= took <= grace + 6.5  # the grace, then the children's stop
+        # The grace, then the children's stop: SIGTERM, SIGKILL after the supervisor's 5 s at
+        # most, and 3 s for the processes to go on a loaded 2-core machine (one run took 8.5 s).
+        assert grace - 0.2 <= took <= grace + 5.0 + 3.0
 
         left = row(slow)
         assert (left.status, left.version) == ("Sending", 2)  # claim, write-back
