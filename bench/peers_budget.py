@@ -92,8 +92,8 @@ def po_child(peers_dir: str, prefix: str, argv: list[str]) -> int:
 
 def run_po(
     c: Any, sink: Any, n: int, threads: int, peers: Path, python: Path, log: Any
-) -> tuple[budget.Budget, float]:
-    """One run of bench_po.py under the meter: its budget and its mails/s in the window."""
+) -> budget.Budget:
+    """One run of bench_po.py under the meter: its budget."""
     from psycopg.conninfo import make_conninfo
 
     prefix = f"{c.DB_PREFIX}_peer_"
@@ -158,7 +158,7 @@ def run_po(
         raise RuntimeError(f"bench_po.py failed (exit {process.returncode}); see {log.name}")
     if result.get("sent") != n or not result.get("ok"):
         spent.notes.append(f"post_office sent {result.get('sent')} of {n}")
-    return spent, n / spent.seconds
+    return spent
 
 
 def main() -> int:
@@ -201,28 +201,29 @@ def main() -> int:
             tenant_id = c.tenant_with_mail_server(app, sink.host, sink.port, slug="budget")
             # A warm-up of ours (imports, plans, connections): not measured.
             smtp.run_ours(app, dsn, tenant_id, args.workers, 200, body=PO_BODY.format(i=0))
+
+            def ours(n: int) -> budget.Budget:
+                sink.clear()
+                with budget.Meter(dsn, sink_pid=sink.pid) as meter:
+                    body = PO_BODY.format(i=n)
+                    result = smtp.run_ours(
+                        app, dsn, tenant_id, args.workers, n, meter=meter, body=body
+                    )
+                    return meter.finish(f"ours, {args.workers} workers", int(result["n"]))
+
+            def post_office(n: int) -> budget.Budget:
+                sink.clear()
+                return run_po(c, sink, n, args.po_threads, peers, python, log)
+
             for side in order:
                 last = rates[side][-1] if rates[side] else None
-                n = 300 if args.quick else max(1_000, int((last or 500) * seconds))
-                n = n if last or args.quick else 3_000
-                sink.clear()
+                # The first run of each side: post_office queues 100 a batch, so 3,000 are 30
+                # batches; later ones sized from the side's last rate.
+                n = 300 if args.quick else int(last * seconds) if last else 3_000
                 load = os.getloadavg()[0]
-                if side == "ours":
-                    with budget.Meter(dsn, sink_pid=sink.pid) as meter:
-                        result = smtp.run_ours(
-                            app,
-                            dsn,
-                            tenant_id,
-                            args.workers,
-                            n,
-                            meter=meter,
-                            body=PO_BODY.format(i=n),
-                        )
-                        spent = meter.finish(f"ours, {args.workers} workers", int(result["n"]))
-                    rate = result["n"] / spent.seconds
-                else:
-                    spent, rate = run_po(c, sink, n, args.po_threads, peers, python, log)
+                spent = budget.long_enough(ours if side == "ours" else post_office, n, args.quick)
                 kept = sink.kept()
+                rate = spent.units / spent.seconds
                 runs[side].append(spent)
                 rates[side].append(rate)
                 c.say(

@@ -708,15 +708,23 @@ def budgets(
     pid = provider.process.pid if provider.process else None
     out: dict[Shape, list[budget.Budget]] = {}
     for shape in (s for s in shapes if s.procs == 1):
-        pair = []
-        with budget.Meter(dsn, own=False, sink_pid=pid) as meter:
-            n = sized(last.get(("ours", shape)), seconds, args.quick)
-            run = run_ours(app, url, dsn, provider, tenant_id, n, shape, meter=meter)
-            pair.append(meter.finish(f"ours, {shape.label}", run.n))
-        with budget.Meter(dsn, sink_pid=pid) as meter:
-            n = sized(last.get(("bare", shape)), seconds, args.quick)
-            run = run_bare(app, dsn, provider, tenant_id, n, shape, meter=meter)
-            pair.append(meter.finish(f"bare, {shape.workers} threads", run.n))
+
+        def ours(n: int, shape: Shape = shape) -> budget.Budget:
+            with budget.Meter(dsn, own=False, sink_pid=pid) as meter:
+                run = run_ours(app, url, dsn, provider, tenant_id, n, shape, meter=meter)
+                return meter.finish(f"ours, {shape.label}", run.n)
+
+        def bare(n: int, shape: Shape = shape) -> budget.Budget:
+            with budget.Meter(dsn, sink_pid=pid) as meter:
+                run = run_bare(app, dsn, provider, tenant_id, n, shape, meter=meter)
+                return meter.finish(f"bare, {shape.workers} threads", run.n)
+
+        pair = [
+            budget.long_enough(
+                side, sized(last.get((name, shape)), seconds, args.quick), args.quick
+            )
+            for name, side in (("ours", ours), ("bare", bare))
+        ]
         out[shape] = pair
     return out
 

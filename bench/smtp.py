@@ -243,17 +243,24 @@ def budgets(
     seconds = max(args.seconds, 6.0)
     out = []
     with budget.Meter(dsn, sink_pid=sink.pid) as meter:
-        for name in ("ours", "raw"):
-            n = sized(_rate(totals[name]), seconds, args.quick)
+
+        def ours(n: int) -> budget.Budget:
             sink.clear()
             with sink.quiet():
-                if name == "ours":
-                    result = run_ours(app, dsn, tenant_id, workers, n, meter=meter)
-                    label = f"ours, {workers} worker{'s' if workers > 1 else ''}"
-                else:
-                    result = run_raw(sink, threads, n, meter=meter)
-                    label = f"smtplib, {threads} thread{'s' if threads > 1 else ''}"
-            out.append(meter.finish(label, int(result["n"])))
+                result = run_ours(app, dsn, tenant_id, workers, n, meter=meter)
+            label = f"ours, {workers} worker{'s' if workers > 1 else ''}"
+            return meter.finish(label, int(result["n"]))
+
+        def raw(n: int) -> budget.Budget:
+            sink.clear()
+            with sink.quiet():
+                result = run_raw(sink, threads, n, meter=meter)
+            label = f"smtplib, {threads} thread{'s' if threads > 1 else ''}"
+            return meter.finish(label, int(result["n"]))
+
+        for name, side in (("ours", ours), ("raw", raw)):
+            n = sized(_rate(totals[name]), seconds, args.quick)
+            out.append(budget.long_enough(side, n, args.quick))
     return out
 
 
