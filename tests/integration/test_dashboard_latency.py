@@ -11,6 +11,7 @@ from flask import Flask
 
 from portal.extensions import db
 from portal.models import MailSendServerConfig
+from portal.tenancy import PLATFORM_TENANT_ID
 from portal.web.operations import dashboard
 from portal.web.records.mail_records import MAIL
 from tests.conftest import make_tenant
@@ -118,3 +119,33 @@ def test_a_tenant_sees_only_its_own(world: dict[str, int], any_app: Flask) -> No
     latency = page.split('id="latency-mail_records"', 1)[1].split("</table>", 1)[0]
     assert '<td class="num">20</td>' in latency
     assert "9002" not in latency
+
+
+def test_the_platform_tiers_servers_are_one_unnamed_line_for_a_tenant(
+    world: dict[str, int],
+) -> None:
+    """A tenant's mail that fell back to the platform tier's servers is counted under
+    "platform mail service", never under their names or as many lines as there are servers;
+    an operator's read first (the figures are cached) changes nothing of that."""
+    relays = [server(PLATFORM_TENANT_ID, name) for name in ("relay-one", "relay-two")]
+    now = datetime.now(UTC)
+    for i, relay in enumerate(relays):
+        sent(world["acme"], relay, now - timedelta(minutes=30 + i), 2)
+    mail(
+        world["acme"],
+        "Failed",
+        server_config_id=relays[1],
+        created_time=now - timedelta(hours=1, minutes=5),
+    )
+
+    seen_by_operator = dashboard.delivery(MAIL, world["acme"], now, operator=True)
+    assert seen_by_operator is not None
+    operator_rows = {(r.config, r.ended, r.failed) for r in seen_by_operator.routes}
+    assert {("relay-one", 1, 0), ("relay-two", 2, 1)} <= operator_rows
+
+    seen_by_tenant = dashboard.delivery(MAIL, world["acme"], now)
+    assert seen_by_tenant is not None
+    names = [r.config for r in seen_by_tenant.routes]
+    assert not [n for n in names if n.startswith("relay-")], names
+    platform = [r for r in seen_by_tenant.routes if r.config == "platform mail service"]
+    assert [(r.ended, r.failed) for r in platform] == [(3, 1)]

@@ -31,7 +31,7 @@ from portal.models import (
     SmsProviderConfig,
     TriageStatus,
 )
-from portal.tenancy import PLATFORM_TENANT_ID
+from portal.tenancy import PLATFORM_TENANT_ID, names_config
 from portal.web.access import Permission, can, is_operator, requires, viewed_tenant
 from portal.web.forms import is_htmx, settings
 from portal.web.operations.dead_letters import waiting_by_tenant
@@ -268,7 +268,12 @@ def without_jit() -> None:
 def summary(kind: Kind, tenant: int | None, now: datetime) -> ChannelSummary:
     counts, due, oldest = figures(kind, tenant, now)
     return ChannelSummary(
-        kind, counts, due, oldest, hourly(kind, tenant, now), delivery(kind, tenant, now)
+        kind,
+        counts,
+        due,
+        oldest,
+        hourly(kind, tenant, now),
+        delivery(kind, tenant, now, operator=is_operator()),
     )
 
 
@@ -295,6 +300,7 @@ class RouteFailures:
     stream: str
     ended: int
     failed: int
+    tier: int | None = None  # the config's tier, for ``names_config``; None: none chosen
 
     @property
     def rate(self) -> float:
@@ -335,7 +341,8 @@ def _window_rows(model: Any, tenant: int, day: datetime) -> list[ColumnElement[b
     first_id = (
         select(model.id)
         .where(model.created_time >= day - ID_SLACK)
-        .order_by(model.created_time)
+        # Records accepted in one batch share their time: the least id of the first time.
+        .order_by(model.created_time, model.id)
         .limit(1)
         .scalar_subquery()
     )
@@ -397,20 +404,43 @@ def _routes(kind: Kind, tenant: int, day: datetime) -> list[RouteFailures]:
         .group_by(column, model.stream)
     ).all()
     ids = {r[0] for r in rows if r[0] is not None}
-    names: dict[int, str] = {}
+    names: dict[int, tuple[str, int]] = {}
     if ids:
-        query = select(config_model.id, config_model.name).where(config_model.id.in_(ids))
-        names = {config_id: name for config_id, name in db.session.execute(query)}
-    found = [
+        query = select(config_model.id, config_model.name, config_model.tenant_id).where(
+            config_model.id.in_(ids), config_model.tenant_id.in_([tenant, PLATFORM_TENANT_ID])
+        )
+        names = {config_id: (name, tier) for config_id, name, tier in db.session.execute(query)}
+    return [
         RouteFailures(
-            "none chosen" if config is None else names.get(config, f"#{config}"),
+            "none chosen" if config is None else names.get(config, (f"#{config}", None))[0],
             stream,
             int(ended),
             int(failed),
+            None if config is None else names.get(config, ("", None))[1],
         )
         for config, stream, ended, failed in rows
     ]
-    return sorted(found, key=lambda r: (-r.rate, -r.ended, r.config, r.stream))
+
+
+def _as_seen(kind: Kind, routes: list[RouteFailures], operator: bool) -> list[RouteFailures]:
+    """The routes as the viewer may see them (``names_config``): a tenant sees the platform
+    tier's servers as one "platform mail service" (or SMS), never their names or how many."""
+    merged: dict[tuple[str, str], RouteFailures] = {}
+    for route in routes:
+        name = route.config
+        if route.tier is not None and not names_config(route.tier, operator):
+            name = kind.platform_service
+        elif route.tier is None and route.config != "none chosen":
+            name = kind.platform_service if not operator else route.config
+        key = (name, route.stream)
+        if key in merged:
+            seen = merged[key]
+            merged[key] = RouteFailures(
+                name, route.stream, seen.ended + route.ended, seen.failed + route.failed, seen.tier
+            )
+        else:
+            merged[key] = RouteFailures(name, route.stream, route.ended, route.failed, route.tier)
+    return sorted(merged.values(), key=lambda r: (-r.rate, -r.ended, r.config, r.stream))
 
 
 # Read at most once a minute per channel, tenant and process, as the chart's past hours: the
@@ -419,7 +449,9 @@ DELIVERY_S = 60.0
 _delivery: dict[tuple[str, str, int], tuple[float, Delivery]] = {}
 
 
-def delivery(kind: Kind, tenant: int | None, now: datetime) -> Delivery | None:
+def delivery(
+    kind: Kind, tenant: int | None, now: datetime, *, operator: bool = False
+) -> Delivery | None:
     """The viewed tenant's latency (last hour, last day) and failure rate by route; none over
     all tenants (each tenant's dashboard shows its own)."""
     if tenant is None:
@@ -427,13 +459,15 @@ def delivery(kind: Kind, tenant: int | None, now: datetime) -> Delivery | None:
     key = (str(db.engine.url), kind.channel.value, tenant)
     cached = _delivery.get(key)
     if cached is not None and time.monotonic() - cached[0] < DELIVERY_S:
-        return cached[1]
-    read_at = time.monotonic()
-    hour, day = now - timedelta(hours=1), now - timedelta(days=1)
-    latency_hour, latency_day = _latencies(kind.model, tenant, hour, day)
-    found = Delivery(latency_hour, latency_day, _routes(kind, tenant, day))
-    _delivery[key] = (read_at, found)
-    return found
+        found = cached[1]
+    else:
+        read_at = time.monotonic()
+        hour, day = now - timedelta(hours=1), now - timedelta(days=1)
+        latency_hour, latency_day = _latencies(kind.model, tenant, hour, day)
+        found = Delivery(latency_hour, latency_day, _routes(kind, tenant, day))
+        _delivery[key] = (read_at, found)
+    # Cached as read, named per viewer: an operator's read must not show a tenant names.
+    return Delivery(found.hour, found.day, _as_seen(kind, found.routes, operator))
 
 
 def recent_dead_letters(tenant: int | None, limit: int = 5) -> list[DeadLetterMessage]:
