@@ -133,6 +133,9 @@ class Attempt:
     # What it said about the server itself (``classify.unavailable``; ``health``): True could
     # not reach it, False it answered, None nothing either way.
     unavailable: bool | None = None
+    # Mail: each recipient the server refused, with its own reply ((code, text), coded as
+    # ``code``); the suppression list reads which of them are gone for good.
+    refused: dict[str, tuple[str, str]] = field(default_factory=dict)
 
     def params(self, ambiguous: bool = False) -> dict[str, Any]:
         return {
@@ -918,7 +921,13 @@ def handle_failure(
             # An answer refusing the recipient for good puts it on the tenant's suppression
             # list, as a hard bounce does (a check of the code; a write only then).
             suppression.suppress_refused(
-                session, claimed.channel, claimed.id, claimed.tenant_id, code, message
+                session,
+                claimed.channel,
+                claimed.id,
+                claimed.tenant_id,
+                code,
+                message,
+                refused=attempt.refused,
             )
     MESSAGE_FAILED.labels(claimed.channel.value, claimed.provider, outcome).inc()
     extra = _extra(

@@ -621,6 +621,7 @@ def _attempt(ctx: MailContext, record: MailSendRecord, holding: _Holding) -> Non
                 error.code,
                 error.message,
                 unavailable=_unavailable(error.connection, answered),
+                refused=smtp.refusals(error.refused),
             ),
         )
         return

@@ -9,8 +9,10 @@ Every function works in the caller's session and transaction and commits nothing
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import re
+from collections.abc import Mapping
 from enum import StrEnum
 
 from sqlalchemy import func, select
@@ -197,46 +199,56 @@ def suppress_refused(
     tenant_id: int,
     code: str | None,
     message: str | None,
+    *,
+    refused: Mapping[str, tuple[str, str]] | None = None,
 ) -> list[str]:
     """A send refused for good because of its recipient puts that recipient on its tenant's
     list, as a hard bounce does (``reason`` hard_bounce, the refusal as the detail, the record
     as its source); taken off the list the same way. Called where the failure is written, in
-    its transaction. Mail only when the record has one recipient: a refusal of all of several
-    names only the first one's reply, so which of them is gone is not known. Returns the
-    addresses put on the list (none when the answer says nothing about the recipient)."""
+    its transaction.
+
+    ``refused`` (mail): each recipient the server refused with its own reply, so each one gone
+    for good is listed, however many the mail had. Without it, the send's answer names the
+    recipient only when the record has one: a refusal of several by one reply does not say
+    which is gone. Returns the addresses put on the list (none when no answer says a
+    recipient is gone)."""
     channel = Channel(channel)
-    if not refuses_recipient(channel, code):
-        return []
-    record: MailSendRecord | SmsSendRecord | None = (
-        session.get(SmsSendRecord, record_id)
-        if channel is Channel.SMS
-        else session.get(MailSendRecord, record_id)
-    )
-    addresses = recipients(record) if record is not None else []
-    if len(addresses) != 1:
-        return []
-    [address] = addresses
-    detail = " ".join(x for x in (code, message) if x)
-    suppress(
-        session,
-        tenant_id,
-        channel,
-        address,
-        SuppressionReason.HARD_BOUNCE,
-        detail=detail,
-        by=REFUSED_BY,
-        record_id=record_id,
-    )
-    record_events.note(
-        session,
-        channel,
-        record_id,
-        tenant_id,
-        RecordEventKind.SUPPRESSED,
-        code=code,
-        message=f"{address} put on the suppression list: the answer refuses it for good",
-    )
-    return [address]
+    gone: dict[str, tuple[str | None, str | None]] = {}
+    if refused:
+        for address, (own_code, own_text) in refused.items():
+            if refuses_recipient(channel, own_code):
+                with contextlib.suppress(InvalidAddress):
+                    gone.setdefault(normalise(channel, address), (own_code, own_text))
+    if not gone and refuses_recipient(channel, code):
+        record: MailSendRecord | SmsSendRecord | None = (
+            session.get(SmsSendRecord, record_id)
+            if channel is Channel.SMS
+            else session.get(MailSendRecord, record_id)
+        )
+        addresses = recipients(record) if record is not None else []
+        if len(addresses) == 1:
+            gone[addresses[0]] = (code, message)
+    for address, (said_code, said_text) in gone.items():
+        suppress(
+            session,
+            tenant_id,
+            channel,
+            address,
+            SuppressionReason.HARD_BOUNCE,
+            detail=" ".join(x for x in (said_code, said_text) if x),
+            by=REFUSED_BY,
+            record_id=record_id,
+        )
+        record_events.note(
+            session,
+            channel,
+            record_id,
+            tenant_id,
+            RecordEventKind.SUPPRESSED,
+            code=said_code,
+            message=f"{address} put on the suppression list: the answer refuses it for good",
+        )
+    return list(gone)
 
 
 def _lock(session: Session, tenant_id: int, channel: Channel, address: str) -> None:

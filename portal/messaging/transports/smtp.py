@@ -553,6 +553,16 @@ def _reply_error(
     return SmtpSendError(f"{code} {enhanced}", "\n".join(lines), refused=refused)
 
 
+def refusals(refused: dict[str, tuple[int, str]]) -> dict[str, tuple[str, str]]:
+    """Each refused recipient's reply as ``(code, text)``, coded as a send's error is
+    ("550 5.1.1"), so the suppression list can read which of them are gone for good."""
+    coded = {}
+    for address, (code, reply) in refused.items():
+        error = _reply_error(code, reply)
+        coded[address] = (error.code, error.message)
+    return coded
+
+
 def _caused_by_timeout(exc: BaseException) -> bool:
     # smtplib re-raises socket timeouts as SMTPServerDisconnected; the timeout is in the chain.
     seen: BaseException | None = exc
