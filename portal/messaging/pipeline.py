@@ -24,7 +24,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
 from portal.config import Settings
-from portal.messaging import breaker, outbound, outcomes, ratelimit, scan
+from portal.messaging import breaker, outbound, outcomes, ratelimit, scan, suppression
 from portal.messaging.backoff import BackoffPolicy
 from portal.messaging.breaker import Breaker, ServerDown, Verdict
 from portal.messaging.classify import DeferralCode, MarkerCode
@@ -638,6 +638,21 @@ def _attempt(ctx: MailContext, record: MailSendRecord, holding: _Holding) -> Non
         attempt=outcomes.Attempt(started_at, took, config.id, config.name, "250", sent.reply),
         batch_wait_s=ctx.settings.sent_batch_wait_s,
     )
+    if sent.refused:
+        # Sent to some, refused by others: those whose own reply says they are gone go on the
+        # suppression list as the refusal of a whole mail's recipients does. A transaction of
+        # its own after the Sent write (which may be batched with other records'), taken only
+        # by a mail with a refused recipient.
+        with Session(ctx.engine) as session, session.begin():
+            suppression.suppress_refused(
+                session,
+                Channel.MAIL,
+                claimed.id,
+                claimed.tenant_id,
+                None,
+                None,
+                refused=smtp.refusals(sent.refused),
+            )
     _observed(ctx, claimed, config.id, answered=True)
 
 

@@ -43,3 +43,27 @@ def test_each_recipient_refused_for_good_is_suppressed(
         assert (held.reason, held.source_record_id) == ("hard_bounce", record)
         assert "5.1.1" in (held.detail or "")
     assert suppression.active(db.session(), acme, "mail", POLICY) is None
+
+
+@pytest.mark.usefixtures("redis_client")
+def test_a_sent_mail_suppresses_the_recipients_refused_for_good(
+    app: Flask, smtp: ScriptedSmtpServer
+) -> None:
+    acme = tenant("acme").id
+    mail_server(acme, smtp)
+    db.session.commit()
+    smtp.script(GONE[0], "550 5.1.1 no such mailbox", stage="rcpt")
+    smtp.script(POLICY, "550 5.7.1 relaying denied by policy", stage="rcpt")
+    record = accept_mail(app, acme, to=["ann@example.com", GONE[0], POLICY])
+    drain(app, policy=NO_RETRIES)
+
+    db.session.expire_all()
+    row = db.session.get(MailSendRecord, record)
+    assert row is not None
+    assert row.status == "Sent"
+    assert set(row.refused_recipients or {}) == {GONE[0], POLICY}
+    held = suppression.active(db.session(), acme, "mail", GONE[0])
+    assert held is not None
+    assert (held.reason, held.source_record_id) == ("hard_bounce", record)
+    assert suppression.active(db.session(), acme, "mail", POLICY) is None
+    assert suppression.active(db.session(), acme, "mail", "ann@example.com") is None
