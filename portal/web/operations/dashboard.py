@@ -388,6 +388,9 @@ def _latencies(model: Any, tenant: int, hour: datetime, day: datetime) -> tuple[
     )
 
 
+NONE_CHOSEN = "none chosen"  # the line of records that failed before a server was chosen
+
+
 def _routes(kind: Kind, tenant: int, day: datetime) -> list[RouteFailures]:
     """Failure rate by server or provider and stream, of the day's records that ended."""
     model: Any = kind.model
@@ -410,16 +413,13 @@ def _routes(kind: Kind, tenant: int, day: datetime) -> list[RouteFailures]:
             config_model.id.in_(ids), config_model.tenant_id.in_([tenant, PLATFORM_TENANT_ID])
         )
         names = {config_id: (name, tier) for config_id, name, tier in db.session.execute(query)}
-    return [
-        RouteFailures(
-            "none chosen" if config is None else names.get(config, (f"#{config}", None))[0],
-            stream,
-            int(ended),
-            int(failed),
-            None if config is None else names.get(config, ("", None))[1],
+    found = []
+    for config, stream, ended, failed in rows:
+        name, tier = (
+            (NONE_CHOSEN, None) if config is None else names.get(config, (f"#{config}", None))
         )
-        for config, stream, ended, failed in rows
-    ]
+        found.append(RouteFailures(name, stream, int(ended), int(failed), tier))
+    return found
 
 
 def _as_seen(kind: Kind, routes: list[RouteFailures], operator: bool) -> list[RouteFailures]:
@@ -428,10 +428,8 @@ def _as_seen(kind: Kind, routes: list[RouteFailures], operator: bool) -> list[Ro
     merged: dict[tuple[str, str], RouteFailures] = {}
     for route in routes:
         name = route.config
-        if route.tier is not None and not names_config(route.tier, operator):
+        if name != NONE_CHOSEN and not names_config(route.tier, operator):
             name = kind.platform_service
-        elif route.tier is None and route.config != "none chosen":
-            name = kind.platform_service if not operator else route.config
         key = (name, route.stream)
         if key in merged:
             seen = merged[key]
