@@ -1,8 +1,10 @@
 import logging
 from logging.config import fileConfig
 
+import sqlalchemy as sa
 from alembic import context
 from flask import current_app
+from sqlalchemy import inspect
 
 # this is the Alembic Config object, which provides
 # access to the values within the .ini file in use.
@@ -13,6 +15,64 @@ config = context.config
 # Keep the application's loggers alive when migrations run inside it (tests, run command).
 fileConfig(config.config_file_name, disable_existing_loggers=False)
 logger = logging.getLogger("alembic.env")
+
+
+# The revision ids before the files were renumbered into apply order, and the ids they have
+# now. A database upgraded before then holds an old id in alembic_version; it is translated
+# once, before Alembic reads it. The new ids ("r0001", ...) share no string with the old
+# ones ("0001", ...), whose numbers do not follow the apply order (old 0016 came after old
+# 0041), so a translated row is never translated again and no old id is mistaken for a new.
+OLD_TO_NEW = {
+    "0001": "r0001",
+    "0002": "r0002",
+    "0003": "r0003",
+    "0004": "r0004",
+    "0005": "r0005",
+    "0006": "r0006",
+    "0007": "r0007",
+    "0008": "r0008",
+    "0009": "r0009",
+    "0010": "r0010",
+    "0011": "r0011",
+    "0012": "r0012",
+    "0013": "r0013",
+    "0014": "r0014",
+    "0015": "r0015",
+    "0030": "r0016",
+    "0031": "r0017",
+    "0040": "r0018",
+    "0041": "r0019",
+    "0016": "r0020",
+    "0042": "r0021",
+    "0043": "r0022",
+    "0044": "r0023",
+    "0045": "r0024",
+    "0046": "r0025",
+    "0047": "r0026",
+    "0048": "r0027",
+    "0049": "r0028",
+    "0050": "r0029",
+    "0051": "r0030",
+    "0052": "r0031",
+}
+
+
+def translate_old_revision_ids(connection, version_table="alembic_version", schema=None):
+    """Rewrite an old revision id in the version table to its new id, in a transaction of
+    its own: it then holds even when nothing is left to apply or a later migration fails
+    (the new id names the same schema)."""
+    with connection.begin():
+        if not inspect(connection).has_table(version_table, schema=schema):
+            return
+        table = sa.table(version_table, sa.column("version_num"), schema=schema)
+        for old in connection.scalars(sa.select(table.c.version_num)).all():
+            new = OLD_TO_NEW.get(old)
+            if new is None:
+                continue
+            connection.execute(
+                table.update().where(table.c.version_num == old).values(version_num=new)
+            )
+            logger.info("Translated revision %s of the old numbering to %s", old, new)
 
 
 def get_engine():
@@ -100,6 +160,11 @@ def run_migrations_online():
     connectable = get_engine()
 
     with connectable.connect() as connection:
+        translate_old_revision_ids(
+            connection,
+            conf_args.get("version_table", "alembic_version"),
+            conf_args.get("version_table_schema"),
+        )
         context.configure(connection=connection, target_metadata=get_metadata(), **conf_args)
 
         with context.begin_transaction():

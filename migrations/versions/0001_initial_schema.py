@@ -1,6 +1,6 @@
 """Initial schema: tenants, users, keys, configs, templates, send records, quotas, dead letters
 
-Revision ID: 0001
+Revision ID: r0001
 Revises: 
 Create Date: 2026-11-30 08:43:03.104377
 
@@ -12,7 +12,7 @@ from portal.models.base import now_default
 
 
 # revision identifiers, used by Alembic.
-revision = '0001'
+revision = 'r0001'
 down_revision = None
 branch_labels = None
 depends_on = None

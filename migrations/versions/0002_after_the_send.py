@@ -1,7 +1,7 @@
 """After the send: suppression list, delivery events, bounce mailboxes, uncertain and cancelled records
 
-Revision ID: 0002
-Revises: 0001
+Revision ID: r0002
+Revises: r0001
 Create Date: 2026-11-30 09:44:46.638484
 
 """
@@ -12,8 +12,8 @@ from portal.models.base import now_default
 
 
 # revision identifiers, used by Alembic.
-revision = '0002'
-down_revision = '0001'
+revision = 'r0002'
+down_revision = 'r0001'
 branch_labels = None
 depends_on = None
 

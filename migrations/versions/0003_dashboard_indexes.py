@@ -1,15 +1,15 @@
 """Dashboard indexes: per-tenant status counts and the last 24 hours, without table scans
 
-Revision ID: 0003
-Revises: 0002
+Revision ID: r0003
+Revises: r0002
 Create Date: 2026-11-30 10:30:00
 
 """
 from alembic import op
 
 # revision identifiers, used by Alembic.
-revision = '0003'
-down_revision = '0002'
+revision = 'r0003'
+down_revision = 'r0002'
 branch_labels = None
 depends_on = None
 

@@ -6,16 +6,16 @@ autovacuum visits, the scan reads through them (bench/scan.py: 140-177 index pag
 whatever the table's size, and cleaning the indexes each time keeps it at 1.15-1.28.
 PostgreSQL only; SQLite has no autovacuum.
 
-Revision ID: 0004
-Revises: 0003
+Revision ID: r0004
+Revises: r0003
 Create Date: 2026-11-30 10:50:00
 
 """
 from alembic import op
 
 # revision identifiers, used by Alembic.
-revision = '0004'
-down_revision = '0003'
+revision = 'r0004'
+down_revision = 'r0003'
 branch_labels = None
 depends_on = None
 

@@ -2,8 +2,8 @@
 
 A run that cannot connect, log in or open the folder was only logged; the portal now shows it.
 
-Revision ID: 0005
-Revises: 0004
+Revision ID: r0005
+Revises: r0004
 Create Date: 2026-12-01 09:00:00
 
 """
@@ -11,8 +11,8 @@ from alembic import op
 import sqlalchemy as sa
 
 # revision identifiers, used by Alembic.
-revision = '0005'
-down_revision = '0004'
+revision = 'r0005'
+down_revision = 'r0004'
 branch_labels = None
 depends_on = None
 

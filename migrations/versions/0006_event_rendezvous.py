@@ -11,16 +11,16 @@ The Sent write takes the lock in its WHERE, before its row lock: a webhook holdi
 may update the same record (a resend under the same Message-ID), and the other order could
 deadlock. SQLite needs neither: its writes never overlap.
 
-Revision ID: 0006
-Revises: 0005
+Revision ID: r0006
+Revises: r0005
 Create Date: 2026-12-02 09:00:00
 
 """
 from alembic import op
 
 # revision identifiers, used by Alembic.
-revision = '0006'
-down_revision = '0005'
+revision = 'r0006'
+down_revision = 'r0005'
 branch_labels = None
 depends_on = None
 

@@ -9,8 +9,8 @@ log and the database's sign-in throttle
 - ``audit_event``: one row per audited action, in the action's transaction.
 - ``login_throttle``: sign-in attempts per window when Redis cannot be reached.
 
-Revision ID: 0007
-Revises: 0006
+Revision ID: r0007
+Revises: r0006
 Create Date: 2026-12-01 17:00:00
 
 """
@@ -20,8 +20,8 @@ import sqlalchemy as sa
 from portal.models.base import now_default
 
 # revision identifiers, used by Alembic.
-revision = '0007'
-down_revision = '0006'
+revision = 'r0007'
+down_revision = 'r0006'
 branch_labels = None
 depends_on = None
 

@@ -6,8 +6,8 @@ the code, the part and the limit. Nothing is changed: a listed template keeps se
 within twice the limits (beyond that it fails at send, before any parse, with
 TEMPLATE_NOT_RESOLVABLE), and must be brought within them when it is next saved.
 
-Revision ID: 0008
-Revises: 0007
+Revision ID: r0008
+Revises: r0007
 Create Date: 2026-12-01 18:00:00
 
 """
@@ -19,8 +19,8 @@ from alembic import op
 from portal.messaging.templating import configured_limits, limit_problems
 
 # revision identifiers, used by Alembic.
-revision = '0008'
-down_revision = '0007'
+revision = 'r0008'
+down_revision = 'r0007'
 branch_labels = None
 depends_on = None
 

@@ -4,8 +4,8 @@ The stuck-send sweep's last run is written to ``chore_run`` as well as being sch
 Redis, so a delivery worker can see from the database alone that the sweep is overdue (Redis
 down) and run it itself.
 
-Revision ID: 0009
-Revises: 0008
+Revision ID: r0009
+Revises: r0008
 Create Date: 2026-12-01 18:00:00
 
 """
@@ -14,8 +14,8 @@ from alembic import op
 import sqlalchemy as sa
 
 # revision identifiers, used by Alembic.
-revision = '0009'
-down_revision = '0008'
+revision = 'r0009'
+down_revision = 'r0008'
 branch_labels = None
 depends_on = None
 

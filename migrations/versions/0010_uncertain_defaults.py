@@ -6,8 +6,8 @@ uncertain_policy 'hold' (Uncertain, never resent, a person decides). Keyed provi
 servers keep theirs. The downgrade cannot tell which rows were 'retry' before, so it leaves
 them as they are.
 
-Revision ID: 0010
-Revises: 0009
+Revision ID: r0010
+Revises: r0009
 Create Date: 2026-12-01 18:00:00
 
 """
@@ -16,8 +16,8 @@ import sqlalchemy as sa
 from alembic import op
 
 # revision identifiers, used by Alembic.
-revision = '0010'
-down_revision = '0009'
+revision = 'r0010'
+down_revision = 'r0009'
 branch_labels = None
 depends_on = None
 

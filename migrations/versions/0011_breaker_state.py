@@ -3,8 +3,8 @@
 Redis holds the live breaker state; this table mirrors each change of state (opened, a probe
 failed, closed) for the portal and the metrics, and holds the whole state while Redis is away.
 
-Revision ID: 0011
-Revises: 0010
+Revision ID: r0011
+Revises: r0010
 Create Date: 2026-12-01 18:30:00
 
 """
@@ -13,8 +13,8 @@ from alembic import op
 import sqlalchemy as sa
 
 # revision identifiers, used by Alembic.
-revision = '0011'
-down_revision = '0010'
+revision = 'r0011'
+down_revision = 'r0010'
 branch_labels = None
 depends_on = None
 

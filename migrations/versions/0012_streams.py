@@ -7,8 +7,8 @@ rewritten). The fair claim walks two partial indexes: Pending per stream, tenant
 A record leaving Pending or Retry adds no entry to either, so the status changes of the
 delivery loop (Sending, Sent, Failed) touch no more indexes than before.
 
-Revision ID: 0012
-Revises: 0011
+Revision ID: r0012
+Revises: r0011
 Create Date: 2026-12-01 18:30:00
 
 """
@@ -16,8 +16,8 @@ import sqlalchemy as sa
 from alembic import op
 
 # revision identifiers, used by Alembic.
-revision = '0012'
-down_revision = '0011'
+revision = 'r0012'
+down_revision = 'r0011'
 branch_labels = None
 depends_on = None
 

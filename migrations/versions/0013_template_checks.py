@@ -7,8 +7,8 @@ live callers keep working; templates created from now on are strict (the model's
 They also get ``sample_variables`` (the editor's samples, kept with the template). A
 column with a constant default is only a catalogue change on PostgreSQL.
 
-Revision ID: 0013
-Revises: 0012
+Revision ID: r0013
+Revises: r0012
 Create Date: 2026-12-01 19:30:00
 
 """
@@ -16,8 +16,8 @@ import sqlalchemy as sa
 from alembic import op
 
 # revision identifiers, used by Alembic.
-revision = '0013'
-down_revision = '0012'
+revision = 'r0013'
+down_revision = 'r0012'
 branch_labels = None
 depends_on = None
 

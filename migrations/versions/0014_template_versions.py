@@ -7,8 +7,8 @@ template gets one version, numbered with its current ``version``, holding what i
 version they were prepared with; null before preparation) and ``is_test`` (a test send from
 the editor). Both record columns are catalogue-only changes on PostgreSQL.
 
-Revision ID: 0014
-Revises: 0013
+Revision ID: r0014
+Revises: r0013
 Create Date: 2026-12-01 19:35:00
 
 """
@@ -22,8 +22,8 @@ from alembic import op
 from portal.models.base import now_default
 
 # revision identifiers, used by Alembic.
-revision = '0014'
-down_revision = '0013'
+revision = 'r0014'
+down_revision = 'r0013'
 branch_labels = None
 depends_on = None
 

@@ -15,8 +15,8 @@ Event names: ``<channel>.<new status>`` (Pending is ``queued``) or, when a deliv
 changes, ``<channel>.<outcome>`` alone (a bounce that turns Sent into Failed is ``bounced``);
 ``mail.read`` when a read receipt first sets ``read_at``.
 
-Revision ID: 0015
-Revises: 0014
+Revision ID: r0015
+Revises: r0014
 Create Date: 2026-12-01 19:30:00
 
 """
@@ -26,8 +26,8 @@ from alembic import op
 from portal.models.base import now_default
 
 # revision identifiers, used by Alembic.
-revision = '0015'
-down_revision = '0014'
+revision = 'r0015'
+down_revision = 'r0014'
 branch_labels = None
 depends_on = None
 

@@ -36,7 +36,7 @@ class SendAttempt(Base):
     __tablename__ = "send_attempt"
     __table_args__ = (
         Index("idx_send_attempt_record", "channel", "record_id", "number"),
-        # A server's recent attempts, newest last (``health.states``; migration 0051).
+        # A server's recent attempts, newest last (``health.states``; migration 0030).
         Index("idx_send_attempt_config", "channel", "config_id", "finished_at"),
     )
 

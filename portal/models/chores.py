@@ -27,7 +27,7 @@ class ChoreRun(Base):
 class ConfigEpoch(Base):
     """One row (id 1): a value that changes with every change to the configs a delivery
     worker reads at each send (servers, providers, routes, bindings; PostgreSQL triggers of
-    migration 0030). Workers cache those configs while it stays the same."""
+    migration 0016). Workers cache those configs while it stays the same."""
 
     __tablename__ = "config_epoch"
 

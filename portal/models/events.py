@@ -146,7 +146,7 @@ class ReceivedMail(Base):
     __tablename__ = "received_mail"
     __table_args__ = (
         UniqueConstraint("config_id", "dedup_key", name="uq_received_mail_dedup"),
-        # Retention and erasure delete a record's bounce mails with it (migration 0031).
+        # Retention and erasure delete a record's bounce mails with it (migration 0017).
         Index("idx_received_mail_record", "record_id"),
     )
 

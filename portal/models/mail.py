@@ -132,7 +132,7 @@ class MailSendRecord(SendRecordMixin, Base):
         decision_index("mail_send"),
         UniqueConstraint("tenant_id", "business_key", name="uq_mail_send_business_key"),
         # Ids are never reused (Message-IDs and idempotency keys are built from them), also on
-        # SQLite after retention purged the newest records (migration 0031).
+        # SQLite after retention purged the newest records (migration 0017).
         {"postgresql_with": SCAN_TABLE_STORAGE, "sqlite_autoincrement": True},
     )
 
@@ -173,7 +173,7 @@ class MailSendRecipient(Base):
     __tablename__ = "mail_send_recipient"
     __table_args__ = (
         # varchar_pattern_ops: equality as before, and an address prefix (``carol@``, LIKE
-        # 'carol@%') as a range of this index whatever the collation (migration 0048).
+        # 'carol@%') as a range of this index whatever the collation (migration 0027).
         Index(
             "idx_mail_recipient_search",
             "tenant_id",

@@ -83,7 +83,7 @@ def fair_indexes(prefix: str) -> tuple[Index, Index, Index]:
             sqlite_where=text("status = 'Retry'"),
         ),
         # Retry per stream, tenant and due time: the one-record claim walks the tenants with
-        # retries in turn, reading each one's earliest (migration 0041).
+        # retries in turn, reading each one's earliest (migration 0019).
         Index(
             f"idx_{prefix}_retry_fair",
             "stream",
@@ -118,7 +118,7 @@ class SendRecordMixin:
     deferral_count: Mapped[int] = mapped_column(Integer, default=0, server_default=text("0"))
     next_retry_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     # The server or provider whose open breaker the record waits for (SERVER_UNAVAILABLE), set
-    # when it starts waiting: its close makes the record due (breaker.release; migration 0050).
+    # when it starts waiting: its close makes the record due (breaker.release; migration 0029).
     waiting_config_id: Mapped[int | None] = mapped_column(BigId)
     error_code: Mapped[str | None] = mapped_column(String(100))
     error_message: Mapped[str | None] = mapped_column(Text)

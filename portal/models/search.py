@@ -1,6 +1,6 @@
 """Search side tables: what the search box looks in besides the recipient table.
 
-``mail_send_subject`` is insert-only (triggers on mail_send_record write it, migration 0046),
+``mail_send_subject`` is insert-only (triggers on mail_send_record write it, migration 0025),
 so its trigram index costs nothing when a record's status changes; the record tables
 themselves get no search index.
 """
@@ -42,7 +42,7 @@ class RecipientToken(Base):
     """
 
     __tablename__ = "recipient_token"
-    # Retention and "forget this recipient" find an address's tokens (migration 0047).
+    # Retention and "forget this recipient" find an address's tokens (migration 0026).
     __table_args__ = (Index("idx_recipient_token_address", "tenant_id", "channel", "address"),)
 
     token: Mapped[str] = mapped_column(String(64), primary_key=True)

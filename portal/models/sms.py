@@ -181,7 +181,7 @@ class SmsSendRecord(SendRecordMixin, Base):
         decision_index("sms_send"),
         UniqueConstraint("tenant_id", "business_key", name="uq_sms_send_business_key"),
         # Ids are never reused (Message-IDs and idempotency keys are built from them), also on
-        # SQLite after retention purged the newest records (migration 0031).
+        # SQLite after retention purged the newest records (migration 0017).
         {"postgresql_with": SCAN_TABLE_STORAGE, "sqlite_autoincrement": True},
     )
 

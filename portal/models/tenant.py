@@ -99,7 +99,7 @@ class AppUser(Base):
     role: Mapped[str] = mapped_column(String(32))
     is_active: Mapped[bool] = mapped_column(Boolean, default=True, server_default=text("true"))
     last_login_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
-    # New inbox notices of the user's tier are mailed to them too (migration 0016).
+    # New inbox notices of the user's tier are mailed to them too (migration 0020).
     notices_by_mail: Mapped[bool] = mapped_column(
         Boolean, default=False, server_default=text("false")
     )

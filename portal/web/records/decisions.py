@@ -7,7 +7,7 @@ resolved: its status says it was not sent, yet it may have been. Mail and SMS to
 row links to its record page, where Resolve (or a Retry that warns first) applies.
 
 The list and the count walk one partial index per record table (``idx_*_needs_decision``,
-migration 0040), which holds only these records, newest first, with a keyset cursor per
+migration 0018), which holds only these records, newest first, with a keyset cursor per
 channel (``channel`` and ``before``); across every tenant the same walk runs under
 ``tenant_scope``. Their cost follows the records listed, not the tenant's other failures.
 """

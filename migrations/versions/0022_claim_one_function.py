@@ -24,16 +24,16 @@ on from. Per stream, in order, until one is found:
 - Between the two: the one whose tenant comes first in the turn after ``cur``, then the one
   due longer. The other stays locked until the caller's transaction ends (a moment).
 
-Revision ID: 0043
-Revises: 0042
+Revision ID: r0022
+Revises: r0021
 Create Date: 2026-12-01 22:55:00
 
 """
 from alembic import op
 
 # revision identifiers, used by Alembic.
-revision = '0043'
-down_revision = '0042'
+revision = 'r0022'
+down_revision = 'r0021'
 branch_labels = None
 depends_on = None
 
@@ -115,7 +115,7 @@ def function_sql(table: str) -> str:
 
 def upgrade():
     if op.get_bind().dialect.name != "postgresql":
-        return  # SQLite: one writer at a time, and its claim is plain SQL (portal.messaging.scan)
+        return  # SQLite: one writer at a time, and its claim is plain SQL (portal.messaging.sending.claim)
     for table in TABLES:
         op.execute(function_sql(table))
 

@@ -4,16 +4,16 @@
 cancels, resolutions and dead-letter triage of one record without reading its tenant's whole
 audit log. Built CONCURRENTLY on PostgreSQL.
 
-Revision ID: 0045
-Revises: 0044
+Revision ID: r0024
+Revises: r0023
 Create Date: 2026-12-01 23:30:00
 
 """
 from alembic import op
 
 # revision identifiers, used by Alembic.
-revision = '0045'
-down_revision = '0044'
+revision = 'r0024'
+down_revision = 'r0023'
 branch_labels = None
 depends_on = None
 

@@ -9,16 +9,16 @@ the record tables get nothing). Built CONCURRENTLY on PostgreSQL.
 The tokens already left behind by earlier purges (an address of a tenant with no record of that
 channel any more) are deleted here once.
 
-Revision ID: 0047
-Revises: 0046
+Revision ID: r0026
+Revises: r0025
 Create Date: 2026-12-02 05:20:00
 
 """
 from alembic import op
 
 # revision identifiers, used by Alembic.
-revision = '0047'
-down_revision = '0046'
+revision = 'r0026'
+down_revision = 'r0025'
 branch_labels = None
 depends_on = None
 

@@ -12,8 +12,8 @@ and all of them when it closes (``breaker.release``). Nullable with no default, 
 rewrites nothing; no index: the releases read the Retry rows through the status index, once
 per probe and once per close. The claim is unchanged.
 
-Revision ID: 0050
-Revises: 0049
+Revision ID: r0029
+Revises: r0028
 Create Date: 2026-12-03 09:00:00
 
 """
@@ -21,8 +21,8 @@ import sqlalchemy as sa
 from alembic import op
 
 # revision identifiers, used by Alembic.
-revision = '0050'
-down_revision = '0049'
+revision = 'r0029'
+down_revision = 'r0028'
 branch_labels = None
 depends_on = None
 
@@ -32,7 +32,7 @@ RECORDS = ("mail_send_record", "sms_send_record")
 def upgrade():
     bigid = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
     # Plain ALTER TABLE ADD COLUMN on both dialects: a batch operation would make SQLite copy
-    # the tables, losing their AUTOINCREMENT and callback triggers (migration 0031).
+    # the tables, losing their AUTOINCREMENT and callback triggers (migration 0017).
     for table in RECORDS:
         op.add_column(table, sa.Column("waiting_config_id", bigid, nullable=True))
 

@@ -10,8 +10,8 @@ retry. The new value comes from a sequence, so an epoch never repeats, not even 
 is deleted and written again (the trigger upserts it). SQLite (the embedded single-machine
 default) has no triggers here: its workers read the configs at every send, as before.
 
-Revision ID: 0030
-Revises: 0015
+Revision ID: r0016
+Revises: r0015
 Create Date: 2026-12-01 19:30:00
 
 """
@@ -20,8 +20,8 @@ import sqlalchemy as sa
 from alembic import op
 
 # revision identifiers, used by Alembic.
-revision = '0030'
-down_revision = '0015'
+revision = 'r0016'
+down_revision = 'r0015'
 branch_labels = None
 depends_on = None
 

@@ -6,8 +6,8 @@ the provider message id), written by the statement that writes the attempt's out
 ``attempt_count`` and ``deferral_count`` on both record tables: constant defaults, so no
 table rewrite; no index on either (a status change touches no more indexes than before).
 
-Revision ID: 0044
-Revises: 0043
+Revision ID: r0023
+Revises: r0022
 Create Date: 2026-12-01 23:05:00
 
 """
@@ -17,8 +17,8 @@ from alembic import op
 from portal.models.base import now_default
 
 # revision identifiers, used by Alembic.
-revision = '0044'
-down_revision = '0043'
+revision = 'r0023'
+down_revision = 'r0022'
 branch_labels = None
 depends_on = None
 
@@ -52,7 +52,7 @@ def upgrade():
         "idx_send_attempt_record", "send_attempt", ["channel", "record_id", "number"]
     )
     # Plain ALTER TABLE ADD COLUMN on both dialects: a batch operation would make SQLite copy
-    # the tables, losing their AUTOINCREMENT and callback triggers (migration 0031).
+    # the tables, losing their AUTOINCREMENT and callback triggers (migration 0017).
     for table in RECORDS:
         for column in ("attempt_count", "deferral_count"):
             op.add_column(

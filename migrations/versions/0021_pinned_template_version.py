@@ -4,8 +4,8 @@
 the version the preview rendered; preparation renders that version's content even when a later
 one was saved in between. Null for every other record (nullable, no default: no table rewrite).
 
-Revision ID: 0042
-Revises: 0016
+Revision ID: r0021
+Revises: r0020
 Create Date: 2026-12-01 22:40:00
 
 """
@@ -13,8 +13,8 @@ import sqlalchemy as sa
 from alembic import op
 
 # revision identifiers, used by Alembic.
-revision = '0042'
-down_revision = '0016'
+revision = 'r0021'
+down_revision = 'r0020'
 branch_labels = None
 depends_on = None
 
@@ -23,7 +23,7 @@ RECORDS = ("mail_send_record", "sms_send_record")
 
 def upgrade():
     # Plain ALTER TABLE on both dialects: a batch operation may make SQLite copy the tables,
-    # losing their AUTOINCREMENT and callback triggers (migration 0031).
+    # losing their AUTOINCREMENT and callback triggers (migration 0017).
     for table in RECORDS:
         op.add_column(table, sa.Column("pinned_template_version", sa.Integer(), nullable=True))
 

@@ -12,8 +12,8 @@ shown server's last answer and the failures since, walking back from the newest 
 one statement per page whatever the table's size. Its cost is one more index entry per
 attempt (the attempt row already has one).
 
-Revision ID: 0051
-Revises: 0050
+Revision ID: r0030
+Revises: r0029
 Create Date: 2026-12-04 10:00:00
 
 """
@@ -21,8 +21,8 @@ import sqlalchemy as sa
 from alembic import op
 
 # revision identifiers, used by Alembic.
-revision = '0051'
-down_revision = '0050'
+revision = 'r0030'
+down_revision = 'r0029'
 branch_labels = None
 depends_on = None
 

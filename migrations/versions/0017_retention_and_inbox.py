@@ -11,8 +11,8 @@
 - ``notification`` (one row per occurrence, deduplicated by key within a tier) and
   ``notification_read`` (who has read it).
 
-Revision ID: 0031
-Revises: 0030
+Revision ID: r0017
+Revises: r0016
 Create Date: 2026-12-01 20:00:00
 
 """
@@ -25,8 +25,8 @@ from alembic import op
 from portal.models.base import now_default
 
 # revision identifiers, used by Alembic.
-revision = '0031'
-down_revision = '0030'
+revision = 'r0017'
+down_revision = 'r0016'
 branch_labels = None
 depends_on = None
 

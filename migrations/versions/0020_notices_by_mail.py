@@ -3,8 +3,8 @@
 ``app_user.notices_by_mail``: the user also gets each new notice of their tier by mail, sent
 through our own delivery path on the platform tier. A constant default: no table rewrite.
 
-Revision ID: 0016
-Revises: 0041
+Revision ID: r0020
+Revises: r0019
 Create Date: 2026-12-01 20:50:00
 
 """
@@ -12,8 +12,8 @@ import sqlalchemy as sa
 from alembic import op
 
 # revision identifiers, used by Alembic.
-revision = '0016'
-down_revision = '0041'
+revision = 'r0020'
+down_revision = 'r0019'
 branch_labels = None
 depends_on = None
 

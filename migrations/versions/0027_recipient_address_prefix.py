@@ -9,16 +9,16 @@ operator class has equality), and now also ``address LIKE 'carol@%'`` as a range
 whatever the database's collation. Same table (insert-only), same number of indexes; built
 CONCURRENTLY under a new name, then swapped. SQLite has no operator classes: nothing to do.
 
-Revision ID: 0048
-Revises: 0047
+Revision ID: r0027
+Revises: r0026
 Create Date: 2026-12-02 05:40:00
 
 """
 from alembic import op
 
 # revision identifiers, used by Alembic.
-revision = '0048'
-down_revision = '0047'
+revision = 'r0027'
+down_revision = 'r0026'
 branch_labels = None
 depends_on = None
 

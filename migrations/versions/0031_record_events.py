@@ -6,8 +6,8 @@ without a send, a sweep of an unprepared record; one row each, written by the tr
 that changes the record. ``idx_record_event_record`` (channel, record_id, id): the record
 page reads one record's rows along it. A successful send writes no row here.
 
-Revision ID: 0052
-Revises: 0051
+Revision ID: r0031
+Revises: r0030
 Create Date: 2026-12-04 12:00:00
 
 """
@@ -18,8 +18,8 @@ from alembic import op
 from portal.models.base import now_default
 
 # revision identifiers, used by Alembic.
-revision = "0052"
-down_revision = "0051"
+revision = "r0031"
+down_revision = "r0030"
 branch_labels = None
 depends_on = None
 

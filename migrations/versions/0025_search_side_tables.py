@@ -14,8 +14,8 @@
 Columns are added with plain ALTER TABLE: a batch operation would make SQLite copy the
 record tables, losing AUTOINCREMENT and the callback triggers.
 
-Revision ID: 0046
-Revises: 0045
+Revision ID: r0025
+Revises: r0024
 Create Date: 2026-12-01 23:40:00
 
 """
@@ -25,8 +25,8 @@ from alembic import op
 from portal.models.base import now_default
 
 # revision identifiers, used by Alembic.
-revision = '0046'
-down_revision = '0045'
+revision = 'r0025'
+down_revision = 'r0024'
 branch_labels = None
 depends_on = None
 

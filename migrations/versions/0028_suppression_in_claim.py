@@ -18,16 +18,16 @@ the answer only when every recipient is written so that this is its normal form 
 surrounding blanks or angle brackets: ``suppression.normalise`` then only lower-cases it), and
 looks the rest up as before. One index probe of ``idx_suppression_lookup`` per key.
 
-Revision ID: 0049
-Revises: 0048
+Revision ID: r0028
+Revises: r0027
 Create Date: 2026-12-02 08:45:00
 
 """
 from alembic import op
 
 # revision identifiers, used by Alembic.
-revision = '0049'
-down_revision = '0048'
+revision = 'r0028'
+down_revision = 'r0027'
 branch_labels = None
 depends_on = None
 

@@ -7,8 +7,8 @@ This partial index holds only the rows that need a decision, so the status chang
 delivery loop (Sending, Sent, Retry, Failed without an ambiguous attempt) never touch it.
 Built CONCURRENTLY on PostgreSQL, so a live table is not locked against writes.
 
-Revision ID: 0040
-Revises: 0031
+Revision ID: r0018
+Revises: r0017
 Create Date: 2026-12-01 20:10:00
 
 """
@@ -17,8 +17,8 @@ import sqlalchemy as sa
 from alembic import op
 
 # revision identifiers, used by Alembic.
-revision = '0040'
-down_revision = '0031'
+revision = 'r0018'
+down_revision = 'r0017'
 branch_labels = None
 depends_on = None
 

@@ -7,8 +7,8 @@ back after an outage) no longer keeps another tenant's retries waiting behind it
 record gets an entry only when it moves to Retry, as with idx_*_retry_due. Built CONCURRENTLY
 on PostgreSQL.
 
-Revision ID: 0041
-Revises: 0040
+Revision ID: r0019
+Revises: r0018
 Create Date: 2026-12-01 20:40:00
 
 """
@@ -17,8 +17,8 @@ import sqlalchemy as sa
 from alembic import op
 
 # revision identifiers, used by Alembic.
-revision = '0041'
-down_revision = '0040'
+revision = 'r0019'
+down_revision = 'r0018'
 branch_labels = None
 depends_on = None
 
