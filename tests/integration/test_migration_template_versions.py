@@ -22,7 +22,7 @@ def test_existing_templates_stay_lenient_and_get_a_first_version(throwaway_pg_ur
     attachment = {"name": "a.txt", "contentType": "text/plain", "content": "aGk="}
     try:
         with app.app_context():
-            downgrade(revision="0012")
+            downgrade(revision="r0012")
             with db.engine.begin() as connection:
                 tenant = connection.execute(
                     text("INSERT INTO tenant (slug, name) VALUES ('t', 'T') RETURNING id")

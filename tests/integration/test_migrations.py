@@ -97,7 +97,7 @@ def test_what_autogenerate_cannot_see_is_there_too(any_app: Flask) -> None:
                 )
                 wanted = {f"{k}={v}" for k, v in SCAN_TABLE_STORAGE.items()}
                 assert set(options) == wanted, table
-            # 0048: an address prefix walks this btree (operator classes are not compared).
+            # 0027: an address prefix walks this btree (operator classes are not compared).
             definition = connection.scalar(
                 text("SELECT indexdef FROM pg_indexes WHERE indexname = :i"),
                 {"i": "idx_mail_recipient_search"},
@@ -180,13 +180,13 @@ def test_new_tenant_on_sqlite_gets_id_1_also_after_downgrade_and_upgrade(tmp_pat
 
 
 def _tokens_left_behind_go(app: Flask) -> None:
-    """0047: the recipient tokens earlier purges left behind (no record of their channel to
+    """0026: the recipient tokens earlier purges left behind (no record of their channel to
     their address in their tenant any more) are deleted; the others stay."""
     with app.app_context():
-        downgrade(revision="0046")
+        downgrade(revision="r0025")
         with db.engine.begin() as connection:
             tenant = connection.execute(
-                text("INSERT INTO tenant (slug, name) VALUES ('t47', 'T47') RETURNING id")
+                text("INSERT INTO tenant (slug, name) VALUES ('t26', 'T26') RETURNING id")
             ).scalar_one()
             record = connection.execute(
                 text(
@@ -233,7 +233,7 @@ def _tokens_left_behind_go(app: Flask) -> None:
         db.session.remove()
 
 
-def test_0047_deletes_tokens_left_behind_on_postgresql(throwaway_pg_url: str) -> None:
+def test_0026_deletes_tokens_left_behind_on_postgresql(throwaway_pg_url: str) -> None:
     app = make_app(throwaway_pg_url)
     try:
         _tokens_left_behind_go(app)
@@ -241,7 +241,7 @@ def test_0047_deletes_tokens_left_behind_on_postgresql(throwaway_pg_url: str) ->
         _dispose(app)
 
 
-def test_0047_deletes_tokens_left_behind_on_sqlite(tmp_path: Path) -> None:
+def test_0026_deletes_tokens_left_behind_on_sqlite(tmp_path: Path) -> None:
     app = make_app(f"sqlite:///{tmp_path / 'tokens.db'}")
     try:
         _tokens_left_behind_go(app)
