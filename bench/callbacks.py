@@ -31,7 +31,7 @@ import psycopg
 import smtp as sm
 
 from portal.extensions import db
-from portal.messaging import callbacks
+from portal.messaging.after_send import callbacks
 from portal.models import CallbackEndpoint
 
 DB_NAME = "postroom_bench_callbacks"

@@ -2,16 +2,16 @@
 PostgreSQL with 1,000,000 history rows (mostly Sent) and a backlog of Pending records to drain.
 
 ours       what a busy pool worker runs for a record, minus the send, inside direct.holding
-           (one connection while there is work): portal.messaging.outcomes.record_sent with a
-           Claimed(...) inside scan.claiming_next, which writes the record Sent, its attempt's
+           (one connection while there is work): messaging.sending.outcomes.record_sent with a
+           Claimed(...) inside claim.claiming_next, which writes the record Sent, its attempt's
            row and claims the next one (fair order; detached MailSendRecord
            objects) in one statement;
-           scan.claim_due (k=1) only when that found nothing. The engine is the product's
+           claim.claim_due (k=1) only when that found nothing. The engine is the product's
            (create_app, engine_options), logging as worker.py sets it (JSON lines at INFO,
            into /dev/null here).
 raw1       the baseline: bare psycopg, one statement per record on our own table:
            the Sent write and the next claim (oldest Pending first) as data-modifying CTEs.
-raw1-fair  raw1 with the product's fair pick SQL (scan.fair_pick_sql): what the fair order
+raw1-fair  raw1 with the product's fair pick SQL (claim.fair_pick_sql): what the fair order
            (streams, tenants in turn, Retry merged) costs in SQL alone.
 raw1-oldest raw1 with the pick before fair claiming: the oldest due record, Pending or Retry, of
            any tenant or stream (two index probes merged by due time). raw1-fair/raw1-oldest
@@ -44,9 +44,9 @@ import psycopg
 from sqlalchemy import Engine, event, text
 
 from portal.extensions import db
-from portal.messaging import scan
-from portal.messaging.outcomes import Attempt, Claimed, record_sent
-from portal.messaging.scan import claim_due, claiming_next
+from portal.messaging.sending import claim
+from portal.messaging.sending.claim import claim_due, claiming_next
+from portal.messaging.sending.outcomes import Attempt, Claimed, record_sent
 from portal.models import Channel, MailSendRecord
 from portal.models.direct import holding
 
@@ -222,7 +222,7 @@ RAW1_OLDEST_PICK = (
 def raw1_fair_body(dsn: str) -> Body:
     """``raw1`` with the product's fair pick (tenants in turn, streams, Retry merged):
     what fairness costs in SQL alone."""
-    pick = scan.fair_pick_sql("mail_send_record", 1, scan.ALL_STREAMS, after_sent=True)
+    pick = claim.fair_pick_sql("mail_send_record", 1, claim.ALL_STREAMS, after_sent=True)
     return raw1_body(dsn, pick)
 
 

@@ -27,7 +27,7 @@ import psycopg
 
 from portal.delivery.service import DeliveryService
 from portal.extensions import db
-from portal.messaging import acceptance
+from portal.messaging.records import acceptance
 from portal.tenancy import tenant_context
 
 DB_NAME = "postroom_bench_fairness"

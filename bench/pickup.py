@@ -1,7 +1,7 @@
 """Pick-up latency: from the commit that makes a record due to the claim that takes it, p50 and
 p99, with NOTIFY and with polling only.
 
-One record is accepted at a time (portal.messaging.acceptance.send_mail + commit, as the API
+One record is accepted at a time (portal.messaging.records.acceptance.send_mail + commit, as the API
 does: NOTIFY at commit), the clock read as the commit returns; the record's first_claimed_at
 (written by the claim, database clock, same host clock) minus that is the latency. The next
 record is accepted once the previous one is Sent and a random pause has passed (up to 50 ms
@@ -32,8 +32,8 @@ from sqlalchemy.orm import Session
 from portal import create_app
 from portal.delivery.service import DeliveryService
 from portal.extensions import db
-from portal.messaging import acceptance
-from portal.messaging.acceptance import NOTIFY_CHANNEL
+from portal.messaging.records import acceptance
+from portal.messaging.records.acceptance import NOTIFY_CHANNEL
 from portal.tenancy import tenant_context
 
 DB_NAME = "postroom_bench_pickup"

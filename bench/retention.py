@@ -5,7 +5,7 @@ claim rate during the purge is reported as a ratio of the rate without it (goal 
 Phases, on one database:
   before   claim slices, no purge (the reference rate)
   during   slices alternating (ABBA) between the purge running and paused: the purge
-           (portal.messaging.retention.purge in another thread: batches of 1,000 under SKIP
+           (portal.messaging.records.retention.purge in another thread: batches of 1,000 under SKIP
            LOCKED, one short transaction each, resting as long as each batch took) may start
            a batch only in the "running" slices; the ratio is running / paused
   after    the same slices once the purge is done, before any VACUUM: the dead rows are still
@@ -29,7 +29,7 @@ import claim as cl
 import psycopg
 
 from portal.extensions import db
-from portal.messaging import retention
+from portal.messaging.records import retention
 
 DB_NAME = "postroom_bench_retention"
 GOAL = 0.8

@@ -1,4 +1,4 @@
-"""Scan latency: the two queries of portal.messaging.scan.scan_due (Pending by updated_time, due
+"""Scan latency: the two queries of messaging.sending.claim.scan_due (Pending by updated_time, due
 Retry by next_retry_at; n = 4, a worker's own scan), exactly as SQLAlchemy sends them, run as
 server-side prepared statements (psycopg prepare=True) under each plan_cache_mode (auto,
 force_custom_plan, force_generic_plan).
@@ -46,7 +46,7 @@ from sqlalchemy import create_engine, event, text
 from sqlalchemy.orm import Session
 
 from portal.extensions import db
-from portal.messaging.scan import scan_due
+from portal.messaging.sending.claim import scan_due
 from portal.models import MailSendRecord
 
 GOAL = 1.5

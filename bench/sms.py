@@ -6,7 +6,7 @@ provider  tests/support/sms_provider.py's FakeSmsProvider (the JSON gateway: che
           signature, records the idempotency key, answers 200 {"id"}), in a process of its
           own; HTTP/1.1 keep-alive, one thread per connection, TCP_NODELAY (without it each
           answer waits 40 ms for a delayed ACK).
-ours      N Pending SMS records accepted (portal.messaging.acceptance, not timed), then
+ours      N Pending SMS records accepted (portal.messaging.records.acceptance, not timed), then
           portal.delivery.service.DeliveryService with W SMS workers (the product's engine,
           LISTEN/NOTIFY, logging as worker.py sets it, mail pool off) in P child processes of
           W/P workers each (as P `python worker.py` would run), until all N are Sent: claim,
@@ -261,7 +261,7 @@ def tenant_with_provider(app: Any, url: str) -> int:
 def accept(app: Any, tenant_id: int, n: int) -> tuple[int, int]:
     """``n`` Pending SMS records through acceptance (batches of 500); the id range."""
     from portal.extensions import db
-    from portal.messaging import acceptance
+    from portal.messaging.records import acceptance
     from portal.tenancy import tenant_context
 
     settings = app.config["SETTINGS"]
@@ -348,8 +348,8 @@ def run_bare(
     shape: Shape,
     meter: budget.Meter | None = None,
 ) -> Run:
-    from portal.messaging.transports.sms import http_json
-    from portal.messaging.transports.sms.result import idempotency_key
+    from portal.messaging.sending.transports.sms import http_json
+    from portal.messaging.sending.transports.sms.result import idempotency_key
     from tests.support.sms_provider import GATEWAY_SECRET
 
     lo, hi = accept(app, tenant_id, n)
@@ -431,9 +431,9 @@ def breakdown(app: Any, dsn: str, tenant_id: int, n: int) -> None:
     from sqlalchemy import event
 
     from portal.extensions import db
-    from portal.messaging.backoff import BackoffPolicy
-    from portal.messaging.pipeline import SmsContext, process_sms
-    from portal.messaging.scan import claim_due
+    from portal.messaging.sending.backoff import BackoffPolicy
+    from portal.messaging.sending.claim import claim_due
+    from portal.messaging.sending.pipeline import SmsContext, process_sms
     from portal.models import SmsSendRecord
 
     accept(app, tenant_id, n)

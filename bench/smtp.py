@@ -1,7 +1,7 @@
 """End-to-end mail: accepted records delivered over SMTP to a local aiosmtpd sink
 (scripts/smtp_sink.py's SinkHandler), ours vs a bare smtplib loop, same sink, same run.
 
-ours  N Pending records accepted (portal.messaging.acceptance, not timed), then
+ours  N Pending records accepted (portal.messaging.records.acceptance, not timed), then
       portal.delivery.service.DeliveryService with T mail workers (the product's engine, a poll
       interval of 0.5 s, LISTEN/NOTIFY, logging as worker.py sets it) until all N are Sent:
       claim, preparation (server choice, quota charge, write-back), SMTP over a reused
@@ -42,7 +42,8 @@ import psycopg
 
 from portal.delivery.service import DeliveryService
 from portal.extensions import db
-from portal.messaging import acceptance, outcomes
+from portal.messaging.records import acceptance
+from portal.messaging.sending import outcomes
 from portal.models import Channel
 from portal.tenancy import tenant_context
 
@@ -275,9 +276,9 @@ def breakdown(app: Any, sink: c.Sink, tenant_id: int, n: int) -> None:
 
     from sqlalchemy import event
 
-    from portal.messaging.backoff import BackoffPolicy
-    from portal.messaging.pipeline import MailContext, process_mail
-    from portal.messaging.scan import claim_due
+    from portal.messaging.sending.backoff import BackoffPolicy
+    from portal.messaging.sending.claim import claim_due
+    from portal.messaging.sending.pipeline import MailContext, process_mail
     from portal.models import MailSendRecord
 
     accept(app, tenant_id, n)

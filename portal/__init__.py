@@ -14,7 +14,7 @@ from sqlalchemy.engine import Engine
 
 from portal.config import INSTANCE_DIR, Settings
 from portal.extensions import csrf, db, migrate
-from portal.messaging import templating
+from portal.messaging.templating import rendering as templating
 from portal.models import secretbox
 
 log = logging.getLogger(__name__)

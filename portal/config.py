@@ -123,7 +123,7 @@ class Settings:
     breaker_failures: int = 5
     breaker_probe_min_s: float = 10.0
     breaker_probe_max_s: float = 300.0
-    # A server's or provider's health (``portal.messaging.health``) looks this far back: "Up"
+    # A server's or provider's health (``messaging.sending.health``) looks this far back: "Up"
     # needs an answer within it, "Failing" a failure to reach it within it.
     health_window_s: float = 1800.0
     # While transactional work is due, broadcast takes at most this share of a pool's workers.
@@ -175,7 +175,7 @@ class Settings:
     # said), the retry schedule's unit (5 s: 5 s, 30 s, 2 min, ...) and its window (24 h).
     callback_concurrency: int = 4
     callback_allow_private: bool = False
-    # Outbound connections a tier's configuration causes (portal.messaging.outbound): whether
+    # Outbound connections a tier's configuration causes (messaging.sending.outbound): whether
     # the platform tier's and tenants' configs may reach private and reserved addresses, and
     # the Test buttons' timeout and caps (per tier and in total across processes, per process).
     outbound_platform_allow_private: bool = True

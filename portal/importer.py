@@ -25,8 +25,8 @@ from sqlalchemy import func, inspect, select
 from sqlalchemy.orm import Session
 
 from portal.config import Settings
-from portal.messaging.search import country_code
-from portal.messaging.validation import text_problem
+from portal.messaging.records.search import country_code
+from portal.messaging.records.validation import text_problem
 from portal.models import (
     ApiKey,
     ApiScope,
@@ -493,7 +493,7 @@ class _Importer:
         row.priority = 100 if priority is None else priority
 
     def _mailTemplates(self, e: _Entry) -> None:
-        from portal.messaging.templating import TemplateRenderError, compile_check
+        from portal.messaging.templating.rendering import TemplateRenderError, compile_check
 
         tenant_id = self.tenant_id(e)
         row = self._upsert(
@@ -530,7 +530,7 @@ class _Importer:
     def _template_version(self, e: _Entry, row: MailTemplate | SmsTemplate) -> None:
         """strictVariables (omitted: the stored value; a new template: on), then a new
         version only when the content changed."""
-        from portal.messaging import template_versions
+        from portal.messaging.templating import versions as template_versions
 
         row.strict_variables = e.flag("strictVariables", self.stored(row, "strict_variables"), True)
         if self.stored(row, "id") is None:
@@ -544,7 +544,7 @@ class _Importer:
 
     def _dry_run_note(self, e: _Entry, row: MailTemplate | SmsTemplate) -> None:
         """No dry run stops an import, but its counts are printed."""
-        from portal.messaging import template_dry_run
+        from portal.messaging.templating import dry_run as template_dry_run
 
         check = template_dry_run.run(
             self.session,
@@ -564,7 +564,7 @@ class _Importer:
         )
 
     def _smsTemplates(self, e: _Entry) -> None:
-        from portal.messaging.templating import TemplateRenderError, compile_check
+        from portal.messaging.templating.rendering import TemplateRenderError, compile_check
 
         tenant_id = self.tenant_id(e)
         row = self._upsert(
@@ -625,7 +625,7 @@ class _Importer:
     def _callbacks(self, e: _Entry) -> None:
         """A status-callback endpoint; without ``secret`` a new one gets a generated secret,
         printed once in the report (an existing one keeps its own)."""
-        from portal.messaging import callbacks
+        from portal.messaging.after_send import callbacks
 
         tenant_id = self.tenant_id(e)
         name = e.req("name", 200)

@@ -114,7 +114,7 @@ class ServerUpCollector(Collector):
         self.engine = engine
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        from portal.messaging import health
+        from portal.messaging.sending import health
         from portal.models import Channel, MailSendServerConfig, SmsProviderConfig
 
         up = GaugeMetricFamily(

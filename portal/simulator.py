@@ -2,7 +2,7 @@
 
 People learn a delivery service by watching it fail. The demo's SMTP sink
 (``scripts/smtp_sink.py``) and the ``test`` SMS provider
-(``portal.messaging.transports.sms.test``) answer these recipients as this table says; the
+(``portal.messaging.sending.transports.sms.test``) answer these recipients as this table says; the
 template editor's Send test lists them. Any other recipient is accepted as before.
 
 The mail addresses live under ``simulator.postroom.example`` (``.example`` is reserved, RFC 2606:

@@ -276,8 +276,8 @@ def _clean(app: Flask) -> None:
     # The process's caches are keyed by row id and version. Deleting every row makes SQLite
     # hand the same ids out again (the product never deletes a template, and PostgreSQL never
     # reuses an id), so a test must not meet the last test's template under its id.
-    from portal.messaging import template_checks
-    from portal.messaging.configcache import CONFIGS
+    from portal.messaging.sending.configcache import CONFIGS
+    from portal.messaging.templating import checks as template_checks
 
     template_checks.forget()
     CONFIGS.clear()

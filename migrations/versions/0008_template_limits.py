@@ -16,7 +16,7 @@ import logging
 import sqlalchemy as sa
 from alembic import op
 
-from portal.messaging.templating import configured_limits, limit_problems
+from portal.messaging.templating.rendering import configured_limits, limit_problems
 
 # revision identifiers, used by Alembic.
 revision = 'r0008'

@@ -2,7 +2,7 @@
 
 ``recipient_token`` holds a recipient's address in clear. Retention deleted the records and
 left the token rows behind; now each purge batch deletes the tokens of the addresses it took
-the last record of (portal.messaging.retention). It finds them by address:
+the last record of (portal.messaging.records.retention). It finds them by address:
 ``idx_recipient_token_address (tenant_id, channel, address)`` on the token table (insert-only;
 the record tables get nothing). Built CONCURRENTLY on PostgreSQL.
 

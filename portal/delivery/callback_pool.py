@@ -16,7 +16,7 @@ import time
 from sqlalchemy import Engine
 
 from portal.config import Settings
-from portal.messaging import callbacks
+from portal.messaging.after_send import callbacks
 
 log = logging.getLogger("portal.callbacks")
 

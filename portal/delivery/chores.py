@@ -136,7 +136,7 @@ def _engine_and_settings() -> tuple[Any, Settings]:
 
 def sweep_job() -> dict[str, Any]:
     """The stuck-send sweep, as an rq job."""
-    from portal.messaging.sweeper import sweep_stuck_sends
+    from portal.messaging.sending.sweeper import sweep_stuck_sends
 
     engine, settings = _engine_and_settings()
     report = sweep_stuck_sends(engine, settings)
@@ -150,7 +150,7 @@ def sweep_job() -> dict[str, Any]:
 
 def fetch_mail_job() -> dict[str, Any]:
     """Read every enabled bounce mailbox once, as an rq job (at most 100 messages a mailbox)."""
-    from portal.messaging.receiving.fetch import fetch_all
+    from portal.messaging.after_send.receiving.fetch import fetch_all
 
     engine, _settings = _engine_and_settings()
     report = fetch_all(engine)
@@ -165,7 +165,7 @@ def fetch_mail_job() -> dict[str, Any]:
 
 def match_events_job() -> dict[str, Any]:
     """Apply waiting delivery events whose record now has their provider id, as an rq job."""
-    from portal.messaging.events import match_waiting
+    from portal.messaging.after_send.events import match_waiting
 
     engine, _settings = _engine_and_settings()
     report = match_waiting(engine)
@@ -174,7 +174,7 @@ def match_events_job() -> dict[str, Any]:
 
 def retention_job() -> dict[str, int]:
     """The retention chore, as an rq job."""
-    from portal.messaging.retention import purge
+    from portal.messaging.records.retention import purge
 
     engine, settings = _engine_and_settings()
     return purge(engine, settings).as_dict()
@@ -182,7 +182,7 @@ def retention_job() -> dict[str, int]:
 
 def notices_job() -> int:
     """The inbox scan, as an rq job: the number of new notices."""
-    from portal.messaging.notices import scan
+    from portal.messaging.after_send.inbox import scan
 
     engine, settings = _engine_and_settings()
     return scan(engine, settings.health_window_s)

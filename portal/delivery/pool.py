@@ -30,7 +30,7 @@ from typing import Any, Protocol
 
 from sqlalchemy import Engine
 
-from portal.messaging.scan import (
+from portal.messaging.sending.claim import (
     ALL_STREAMS,
     TRANSACTIONAL_ONLY,
     RouteGate,

@@ -13,9 +13,9 @@ from portal.config import Settings
 from portal.delivery.callback_pool import CallbackPool
 from portal.delivery.pool import ChannelPool, ChannelSpec
 from portal.delivery.wakeups import Listener
-from portal.messaging.backoff import BackoffPolicy
-from portal.messaging.pipeline import MailContext, SmsContext, process_mail, process_sms
-from portal.messaging.sweeper import sweep_if_overdue
+from portal.messaging.sending.backoff import BackoffPolicy
+from portal.messaging.sending.pipeline import MailContext, SmsContext, process_mail, process_sms
+from portal.messaging.sending.sweeper import sweep_if_overdue
 from portal.models import Channel, MailSendRecord, SmsSendRecord
 
 log = logging.getLogger("portal.delivery")

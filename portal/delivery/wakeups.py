@@ -13,7 +13,7 @@ from collections.abc import Mapping
 import psycopg
 from sqlalchemy import Engine, make_url
 
-from portal.messaging.acceptance import NOTIFY_CHANNEL
+from portal.messaging.records.acceptance import NOTIFY_CHANNEL
 
 log = logging.getLogger("portal.delivery")
 

@@ -1,7 +1,7 @@
 """Status callbacks: a tenant's endpoints and the deliveries owed to them.
 
 A ``callback_delivery`` row is written by the database itself, in the statement that changes a
-record's status (triggers of migration 0015, ``portal.messaging.callbacks.TRIGGERS``): one row
+record's status (triggers of migration 0015, ``messaging.after_send.callbacks.TRIGGERS``): one row
 per (event, enabled endpoint subscribed to it), none when the tenant has no endpoint. The rows
 are a queue like the send records: a pool claims due ones, posts them and writes the outcome.
 """

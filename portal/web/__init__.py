@@ -118,7 +118,7 @@ def register_blueprints(app: Flask) -> None:
 
 
 def _context(app: Flask) -> None:
-    from portal.messaging.uncertain import resolvable
+    from portal.messaging.records.uncertain import resolvable
     from portal.web.access import Permission, can, shown_actor
 
     @app.context_processor

@@ -22,7 +22,7 @@ from flask import Response, abort, current_app, request, url_for
 
 from portal.config import Settings
 from portal.extensions import db
-from portal.messaging.validation import text_problem
+from portal.messaging.records.validation import text_problem
 from portal.models import Tenant
 from portal.web.access import viewed_tenant
 

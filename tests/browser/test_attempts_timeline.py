@@ -10,7 +10,7 @@ from flask import Flask
 from playwright.sync_api import Page, expect
 
 from portal.extensions import db
-from portal.messaging.backoff import BackoffPolicy
+from portal.messaging.sending.backoff import BackoffPolicy
 from tests.browser.conftest import screenshot, sign_in
 from tests.support.delivery import accept_mail, drain, mail_server
 from tests.support.smtp_server import ScriptedSmtpServer

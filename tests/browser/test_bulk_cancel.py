@@ -9,7 +9,7 @@ from typing import Any
 from playwright.sync_api import Page, expect
 
 from portal.extensions import db
-from portal.messaging.scan import claim
+from portal.messaging.sending.claim import claim
 from portal.models import MailSendRecord
 from tests.browser.conftest import screenshot, sign_in
 from tests.browser.test_records import mail, status_of

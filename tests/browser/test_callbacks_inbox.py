@@ -11,7 +11,7 @@ import pytest
 from playwright.sync_api import Page, expect
 
 from portal.extensions import db
-from portal.messaging import notices
+from portal.messaging.after_send import inbox
 from tests.browser.conftest import screenshot, sign_in
 from tests.support.callback_receiver import CallbackReceiver
 
@@ -47,9 +47,9 @@ def test_add_an_endpoint_and_send_a_test_event(
 
 
 def test_the_bell_counts_and_mark_read_clears(page: Page, acme_admin: dict[str, Any]) -> None:
-    notices.notify(
+    inbox.notify(
         db.session(),
-        notices.Notice(
+        inbox.Notice(
             acme_admin["tenant_id"], "quota", "q", "Mail quota 80 % used", None, "/quotas/"
         ),
     )

@@ -17,7 +17,7 @@ from sqlalchemy import select
 
 from portal import simulator
 from portal.extensions import db
-from portal.messaging.backoff import BackoffPolicy
+from portal.messaging.sending.backoff import BackoffPolicy
 from portal.models import MailSendRecord, SmsSendRecord
 from tests.browser.conftest import screenshot, sign_in
 from tests.support.delivery import accept_mail, drain, mail_server

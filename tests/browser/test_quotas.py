@@ -9,7 +9,7 @@ from typing import Any
 from playwright.sync_api import Page, expect
 
 from portal.extensions import db
-from portal.messaging.quota import current_month
+from portal.messaging.sending.quota import current_month
 from portal.models import ApiKey, TenantMessageQuota, TenantMessageUsage
 from tests.browser.conftest import screenshot, sign_in
 

@@ -13,7 +13,7 @@ import pytest
 from playwright.sync_api import Page, expect
 
 from portal.extensions import db
-from portal.messaging import suppression
+from portal.messaging.after_send import suppression
 from portal.models import (
     MailSendRecipient,
     MailSendRecord,

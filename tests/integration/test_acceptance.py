@@ -12,8 +12,8 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from portal.extensions import db
-from portal.messaging import acceptance
-from portal.messaging.validation import AcceptanceError, BusinessKeyConflict
+from portal.messaging.records import acceptance
+from portal.messaging.records.validation import AcceptanceError, BusinessKeyConflict
 from portal.models import (
     MailSendRecipient,
     MailSendRecord,

@@ -21,8 +21,8 @@ from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
 from portal.extensions import db
-from portal.messaging import acceptance, validation
-from portal.messaging.validation import AcceptanceError, BusinessKeyConflict
+from portal.messaging.records import acceptance, validation
+from portal.messaging.records.validation import AcceptanceError, BusinessKeyConflict
 from portal.models import (
     ApiKey,
     MailSendRecipient,

@@ -21,8 +21,8 @@ from sqlalchemy import func, select
 from werkzeug.serving import BaseWSGIServer, make_server
 
 from portal.extensions import db
-from portal.messaging import preparation
-from portal.messaging.classify import MarkerCode
+from portal.messaging.sending import preparation
+from portal.messaging.sending.classify import MarkerCode
 from portal.models import (
     MailSendRecord,
     MailTemplate,

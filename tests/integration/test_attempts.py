@@ -12,10 +12,12 @@ from flask import Flask
 from sqlalchemy import select, update
 
 from portal.extensions import db
-from portal.messaging import outcomes, retention, scan, suppression
-from portal.messaging.backoff import BackoffPolicy
-from portal.messaging.outcomes import Attempt, Claimed
-from portal.messaging.sweeper import sweep_stuck_sends
+from portal.messaging.after_send import suppression
+from portal.messaging.records import retention
+from portal.messaging.sending import claim, outcomes
+from portal.messaging.sending.backoff import BackoffPolicy
+from portal.messaging.sending.outcomes import Attempt, Claimed
+from portal.messaging.sending.sweeper import sweep_stuck_sends
 from portal.models import (
     Channel,
     DeadLetterMessage,
@@ -106,7 +108,7 @@ def test_a_deferral_adds_no_attempt_and_is_counted_on_the_record(
     app: Flask, smtp: ScriptedSmtpServer, acme: int
 ) -> None:
     rid = accept_mail(app, acme)
-    row = scan.claim_due(db.engine, MailSendRecord, 1)[0]
+    row = claim.claim_due(db.engine, MailSendRecord, 1)[0]
     claimed = Claimed(Channel.MAIL, row.id, row.version, row.tenant_id, row.retry_count)
     assert outcomes.defer(db.engine, claimed, "SERVER_UNAVAILABLE", "breaker open", 60)
     after = record(rid)
@@ -118,10 +120,10 @@ def test_the_sent_write_with_the_next_claim_writes_the_attempt_in_the_same_state
     app: Flask, acme: int
 ) -> None:
     first, second = accept_mail(app, acme), accept_mail(app, acme)
-    (held,) = scan.claim_due(db.engine, MailSendRecord, 1)
+    (held,) = claim.claim_due(db.engine, MailSendRecord, 1)
     claimed = Claimed(Channel.MAIL, held.id, held.version, held.tenant_id, held.retry_count)
     attempt = Attempt(datetime.now(UTC), 0.012, 7, "relay", "250", "2.0.0 Ok: queued as ABC")
-    with scan.claiming_next(MailSendRecord, lambda: True) as nxt:
+    with claim.claiming_next(MailSendRecord, lambda: True) as nxt:
         assert outcomes.record_sent(db.engine, claimed, "<m1@test>", attempt=attempt)
     assert nxt.ran
     assert [r.id for r in nxt.records] == [second]  # the next claim rode along
@@ -137,7 +139,7 @@ def test_the_sent_write_with_the_next_claim_writes_the_attempt_in_the_same_state
 
 def test_an_ambiguous_failure_is_an_ambiguous_attempt(app: Flask, acme: int) -> None:
     rid = accept_mail(app, acme)
-    (held,) = scan.claim_due(db.engine, MailSendRecord, 1)
+    (held,) = claim.claim_due(db.engine, MailSendRecord, 1)
     claimed = Claimed(Channel.MAIL, held.id, held.version, held.tenant_id, held.retry_count)
     attempt = Attempt(datetime.now(UTC), 30.0, 7, "relay", "TIMEOUT", "no reply after DATA")
     decision = outcomes.handle_failure(
@@ -163,7 +165,7 @@ def test_an_ambiguous_failure_is_an_ambiguous_attempt(app: Flask, acme: int) -> 
 
 def test_a_swept_attempt_is_a_row_without_a_worker(app: Flask, acme: int) -> None:
     rid = accept_mail(app, acme)
-    (held,) = scan.claim_due(db.engine, MailSendRecord, 1)
+    (held,) = claim.claim_due(db.engine, MailSendRecord, 1)
     settings = app.config["SETTINGS"]
     # Prepared, then its worker vanished mid-send long ago.
 
@@ -367,7 +369,7 @@ def test_ids_and_codes_the_database_would_refuse_are_kept_cleaned(app: Flask, ac
     # A provider's id with a NUL, and longer than the column: before, the Sent write failed
     # on it and the record was swept and sent again. Kept as a webhook's event would keep it.
     rid = accept_sms(app, acme)
-    (held,) = scan.claim_due(db.engine, SmsSendRecord, 1)
+    (held,) = claim.claim_due(db.engine, SmsSendRecord, 1)
     claimed = Claimed(Channel.SMS, held.id, held.version, held.tenant_id, held.retry_count)
     hostile = " SM\x00" + "x" * 300
     attempt = Attempt(datetime.now(UTC), 0.1, None, "gateway", "201", None)
@@ -380,7 +382,7 @@ def test_ids_and_codes_the_database_would_refuse_are_kept_cleaned(app: Flask, ac
     # A provider's code over the dead letter's column, with a NUL: the record still becomes a
     # dead letter (before, the whole write rolled back and the record was sent again).
     mid = accept_mail(app, acme)
-    (held_mail,) = scan.claim_due(db.engine, MailSendRecord, 1)
+    (held_mail,) = claim.claim_due(db.engine, MailSendRecord, 1)
     last = Claimed(Channel.MAIL, held_mail.id, held_mail.version, acme, held_mail.retry_count)
     code = "PROVIDER_" + "Z" * 150 + "\x00"
     none_left = BackoffPolicy(max_retries=0, base_s=0.02, quota_floor_s=0.05, retry_after_cap_s=1)

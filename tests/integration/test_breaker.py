@@ -21,11 +21,11 @@ from sqlalchemy import func, select
 
 from portal.config import Settings
 from portal.extensions import db
-from portal.messaging import breaker
-from portal.messaging.backoff import BackoffPolicy
-from portal.messaging.breaker import Breaker, Verdict
-from portal.messaging.pipeline import MailContext, SmsContext, process_mail, process_sms
-from portal.messaging.scan import claim_due
+from portal.messaging.sending import breaker
+from portal.messaging.sending.backoff import BackoffPolicy
+from portal.messaging.sending.breaker import Breaker, Verdict
+from portal.messaging.sending.claim import claim_due
+from portal.messaging.sending.pipeline import MailContext, SmsContext, process_mail, process_sms
 from portal.models import (
     BreakerState,
     Channel,

@@ -22,12 +22,12 @@ from sqlalchemy import func, select
 from portal.config import Settings
 from portal.delivery.pool import ChannelPool, ChannelSpec
 from portal.extensions import db
-from portal.messaging import breaker, pipeline
-from portal.messaging.backoff import BackoffPolicy
-from portal.messaging.breaker import Breaker, ServerDown, Verdict
-from portal.messaging.outcomes import Claimed
-from portal.messaging.pipeline import MailContext, process_mail
-from portal.messaging.scan import claim_due
+from portal.messaging.sending import breaker, pipeline
+from portal.messaging.sending.backoff import BackoffPolicy
+from portal.messaging.sending.breaker import Breaker, ServerDown, Verdict
+from portal.messaging.sending.claim import claim_due
+from portal.messaging.sending.outcomes import Claimed
+from portal.messaging.sending.pipeline import MailContext, process_mail
 from portal.models import Channel, MailSendRecord, SendStatus
 from tests.support.delivery import accept_mail, mail_server, tenant
 from tests.support.smtp_server import ScriptedSmtpServer

@@ -13,8 +13,8 @@ from flask import Flask
 from sqlalchemy import select, update
 
 from portal.extensions import db
-from portal.messaging.retry import retry_records
-from portal.messaging.scan import claim
+from portal.messaging.records.retry import retry_records
+from portal.messaging.sending.claim import claim
 from portal.models import MailSendRecord, SmsSendRecord
 from portal.models import tenant as tenant_model
 from portal.web.records import pages

@@ -13,8 +13,8 @@ from flask import Flask
 from sqlalchemy import select
 
 from portal.extensions import db
-from portal.messaging import suppression
-from portal.messaging.quota import current_month
+from portal.messaging.after_send import suppression
+from portal.messaging.sending.quota import current_month
 from portal.models import (
     AuditEvent,
     MailSendRecord,

@@ -18,7 +18,7 @@ from standardwebhooks import Webhook
 from portal.config import Settings
 from portal.delivery.callback_pool import CallbackPool
 from portal.extensions import db
-from portal.messaging import callbacks
+from portal.messaging.after_send import callbacks
 from portal.models import CallbackDelivery, CallbackEndpoint, MailSendRecord
 from tests.conftest import make_api_key
 from tests.support.callback_receiver import CallbackReceiver
@@ -368,7 +368,7 @@ def test_the_worker_pool_delivers(app: Flask, receiver: CallbackReceiver) -> Non
 
 
 def test_sms_status_changes_are_events_too(app: Flask) -> None:
-    from portal.messaging import acceptance
+    from portal.messaging.records import acceptance
     from portal.models import SmsSendRecord
     from portal.tenancy import tenant_context
 

@@ -10,8 +10,8 @@ from flask import Flask
 from sqlalchemy import update
 
 from portal.extensions import db
-from portal.messaging.retry import retry_records
-from portal.messaging.scan import claim
+from portal.messaging.records.retry import retry_records
+from portal.messaging.sending.claim import claim
 from portal.models import MailSendRecord
 from tests.conftest import make_api_key, make_tenant
 from tests.support.delivery import accept_mail, drain, mail_server, record

@@ -121,7 +121,7 @@ def expected_counts(data: Config) -> dict[str, int]:
         wanted[table] = len(data.get(section, []))
     wanted["tenant"] += 1  # the platform tier's row is always there
     # On PostgreSQL, writing servers, providers, routes or bindings sets the
-    # configuration epoch's one row (a trigger; migration 0030).
+    # configuration epoch's one row (a trigger; migration 0016).
     configs = ("mailServers", "smsProviders", "smsRoutes", "smsBindings")
     if db.engine.dialect.name == "postgresql" and any(data.get(k) for k in configs):
         wanted["config_epoch"] = 1

@@ -1,5 +1,5 @@
 """The configs a worker reads at every send, cached by the configuration epoch (see
-``portal.messaging.configcache``, migration 0030): read once while nothing changes, read
+``portal.messaging.sending.configcache``, migration 0016): read once while nothing changes, read
 afresh at the first send after any change, whoever made it (here plain SQL)."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from flask import Flask
 from sqlalchemy import text
 
 from portal.extensions import db
-from portal.messaging import pipeline, preparation
+from portal.messaging.sending import pipeline, preparation
 from tests.support.delivery import tenant
 from tests.support.sms import accept_sms, drain_sms, provider, sms_record
 from tests.support.sms_provider import FakeSmsProvider

@@ -7,7 +7,7 @@ import socket
 
 import pytest
 
-from portal.messaging.transports.smtp import (
+from portal.messaging.sending.transports.smtp import (
     Security,
     SmtpServer,
     connection_hint,

@@ -115,7 +115,7 @@ def test_an_ambiguous_record_that_ended_unsent_is_resolved_from_the_list_once(
 
 def test_the_count_and_the_list_read_only_the_records_that_need_a_decision(app: Flask) -> None:
     """A tenant with 5,000 plain failures and three records needing a decision: the count's
-    and the list's plans walk the partial index (migration 0040) and touch only those three,
+    and the list's plans walk the partial index (migration 0018) and touch only those three,
     not the failures (EXPLAIN ANALYZE of the statements the page runs)."""
     import json
 

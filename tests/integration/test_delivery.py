@@ -11,9 +11,9 @@ from flask import Flask
 from sqlalchemy import func, select
 
 from portal.extensions import db
-from portal.messaging.backoff import BackoffPolicy
-from portal.messaging.retry import retry_records
-from portal.messaging.validation import AcceptanceError
+from portal.messaging.records.retry import retry_records
+from portal.messaging.records.validation import AcceptanceError
+from portal.messaging.sending.backoff import BackoffPolicy
 from portal.models import (
     DeadLetterMessage,
     MailSendRecord,
@@ -432,8 +432,8 @@ def test_manual_retry_refuses_sent_and_sending_and_counts_as_a_retry(
 def test_a_lost_version_race_writes_nothing_and_logs_nothing(
     app: Flask, smtp: ScriptedSmtpServer, acme: int, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from portal.messaging import outcomes
-    from portal.messaging.outcomes import Claimed
+    from portal.messaging.sending import outcomes
+    from portal.messaging.sending.outcomes import Claimed
     from portal.models import Channel
 
     rid = accept_mail(app, acme)

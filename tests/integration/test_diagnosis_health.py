@@ -10,7 +10,7 @@ from flask import Flask
 from sqlalchemy import select
 
 from portal.extensions import db
-from portal.messaging import health
+from portal.messaging.sending import health
 from portal.models import BreakerState, Channel, MailSendRecord, MailSendServerConfig
 from tests.conftest import make_api_key
 from tests.integration.test_diagnosis_issue_cases import (

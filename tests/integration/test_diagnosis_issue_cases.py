@@ -17,8 +17,8 @@ from sqlalchemy import select
 
 from portal import simulator
 from portal.extensions import db
-from portal.messaging import suppression
-from portal.messaging.backoff import BackoffPolicy
+from portal.messaging.after_send import suppression
+from portal.messaging.sending.backoff import BackoffPolicy
 from portal.models import DeadLetterMessage, MailSendRecord, SmsSendRecord, TenantMessageQuota
 from portal.tenancy import PLATFORM_TENANT_ID
 from tests.integration.test_portal_records import HX, cheap_passwords, signed_in, user

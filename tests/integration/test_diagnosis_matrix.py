@@ -23,10 +23,10 @@ from flask import Flask
 from sqlalchemy import select, update
 
 from portal.extensions import db
-from portal.messaging import suppression
-from portal.messaging.classify import DeferralCode, ErrorCategory, MarkerCode, classify
-from portal.messaging.diagnosis import Reason
-from portal.messaging.quota import current_month
+from portal.messaging.after_send import suppression
+from portal.messaging.records.diagnosis import Reason
+from portal.messaging.sending.classify import DeferralCode, ErrorCategory, MarkerCode, classify
+from portal.messaging.sending.quota import current_month
 from portal.models import (
     BreakerState,
     MailSendRecipient,

@@ -19,9 +19,10 @@ from flask import Flask
 from sqlalchemy import select, update
 
 from portal.extensions import db
-from portal.messaging import diagnosis, suppression
-from portal.messaging.backoff import BackoffPolicy
-from portal.messaging.diagnosis import Reason
+from portal.messaging.after_send import suppression
+from portal.messaging.records import diagnosis
+from portal.messaging.records.diagnosis import Reason
+from portal.messaging.sending.backoff import BackoffPolicy
 from portal.models import (
     AuditEvent,
     Channel,

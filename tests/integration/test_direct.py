@@ -15,9 +15,10 @@ from sqlalchemy import create_engine, event, func, inspect, select, text, update
 from sqlalchemy.orm import Session
 
 from portal.extensions import db
-from portal.messaging import events, quota
-from portal.messaging.outcomes import Claimed, record_sent
-from portal.messaging.scan import claim_due, claiming_next
+from portal.messaging.after_send import events
+from portal.messaging.sending import quota
+from portal.messaging.sending.claim import claim_due, claiming_next
+from portal.messaging.sending.outcomes import Claimed, record_sent
 from portal.models import (
     Channel,
     DeliveryEvent,
@@ -539,7 +540,7 @@ def test_the_delivery_loop_statements_are_planned_once_not_at_every_execution(
                 )
                 plans = cursor.fetchall()
         assert len(smtp.messages) == runs
-    # The single-record claim calls the claim function (migration 0043); the poll's claim of
+    # The single-record claim calls the claim function (migration 0022); the poll's claim of
     # several walks its indexes FOR UPDATE SKIP LOCKED in the statement itself.
     claims = [p for p in plans if "postroom_claim_one" in p[0] or "SKIP LOCKED" in p[0]]
     assert claims, plans
@@ -565,7 +566,7 @@ def test_the_write_back_commits_without_waiting_for_the_disk_and_the_claim_waits
     benchmark) leave it behind too. So the claim is compared with a control, a write of ours
     known to wait for its flush, sampled the same way: the claim must not be behind more
     often than that (on a quiet server, about never)."""
-    from portal.messaging import preparation
+    from portal.messaging.sending import preparation
 
     acme_id = tenant("acme").id
     n = 10

@@ -9,7 +9,7 @@ from sqlalchemy import select, update
 
 from portal.delivery.chores import schedules
 from portal.extensions import db
-from portal.messaging import events
+from portal.messaging.after_send import events
 from portal.models import Channel, DeliveryEvent, MailSendRecord, SmsSendRecord
 from tests.conftest import make_tenant
 from tests.support.after_send import mail_config, mail_row, sms_config, sms_row

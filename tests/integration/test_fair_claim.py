@@ -20,10 +20,10 @@ from sqlalchemy import Engine, select, text
 
 from portal.delivery.pool import ChannelPool, ChannelSpec, broadcast_cap
 from portal.extensions import db
-from portal.messaging import acceptance
-from portal.messaging.outcomes import Claimed, record_sent
-from portal.messaging.scan import _CLAIMS, RouteGate, enter_route, gating_routes
-from portal.messaging.validation import AcceptanceError
+from portal.messaging.records import acceptance
+from portal.messaging.records.validation import AcceptanceError
+from portal.messaging.sending.claim import _CLAIMS, RouteGate, enter_route, gating_routes
+from portal.messaging.sending.outcomes import Claimed, record_sent
 from portal.models import Channel, MailSendRecord, MailTemplate, SmsSendRecord, SmsTemplate
 from portal.tenancy import tenant_context
 from tests.support.delivery import tenant
@@ -165,7 +165,7 @@ def test_due_retries_take_the_tenants_turn_too(app: Flask) -> None:
     """Claim by claim: A's 500 retries came due long ago, C's one just now, and B has none:
     C's retry is taken within the next two claims, not after A's 500 (idx_*_retry_fair); a
     tenant whose retries are all still to come is looked past."""
-    from portal.messaging.scan import claiming_next
+    from portal.messaging.sending.claim import claiming_next
 
     a, b, c = (tenant(slug).id for slug in ("acme", "globex", "initech"))
     _queue_retry(a, 500, age_s=300)
@@ -192,7 +192,7 @@ def test_tenants_take_turns_record_by_record(app: Flask) -> None:
         _queue(tenant_id, n)
     (record,) = _CLAIMS[MailSendRecord](db.engine, 1)
     taken = [record.tenant_id]
-    from portal.messaging.scan import claiming_next
+    from portal.messaging.sending.claim import claiming_next
 
     for _ in range(8):
         with claiming_next(MailSendRecord, lambda: True) as following:

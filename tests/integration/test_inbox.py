@@ -11,8 +11,8 @@ from flask import Flask
 from sqlalchemy import func, select, update
 
 from portal.extensions import db
-from portal.messaging import notices
-from portal.messaging.quota import current_month
+from portal.messaging.after_send import inbox
+from portal.messaging.sending.quota import current_month
 from portal.models import (
     AuditEvent,
     BreakerState,
@@ -54,8 +54,8 @@ def keys(tenant_id: int) -> list[str]:
 
 
 def scan_twice() -> None:
-    notices.scan(db.engine)
-    assert notices.scan(db.engine) == 0  # a second look at the same state writes nothing
+    inbox.scan(db.engine)
+    assert inbox.scan(db.engine) == 0  # a second look at the same state writes nothing
 
 
 def test_quota_thresholds_once_per_threshold_per_month(app: Flask, world: dict[str, Any]) -> None:
@@ -154,8 +154,8 @@ def test_callback_trouble_once(app: Flask, world: dict[str, Any]) -> None:
     db.session.add(endpoint)
     db.session.commit()
     for _ in range(3):
-        notices.callback_trouble(db.engine, endpoint.id, 1, paused=False)
-    notices.callback_trouble(db.engine, endpoint.id, None, paused=True)
+        inbox.callback_trouble(db.engine, endpoint.id, 1, paused=False)
+    inbox.callback_trouble(db.engine, endpoint.id, None, paused=True)
     assert sorted(
         db.session.scalars(select(Notification.kind).where(Notification.tenant_id == world["acme"]))
     ) == ["callback_dead", "callback_paused"]
@@ -164,10 +164,10 @@ def test_callback_trouble_once(app: Flask, world: dict[str, Any]) -> None:
 def test_the_bell_and_marking_read_are_per_user(app: Flask, world: dict[str, Any]) -> None:
     acme = world["acme"]
     for i in range(3):
-        notices.notify(
-            db.session(), notices.Notice(acme, "quota", f"k{i}", f"Notice {i}", None, "/quotas/")
+        inbox.notify(
+            db.session(), inbox.Notice(acme, "quota", f"k{i}", f"Notice {i}", None, "/quotas/")
         )
-    notices.notify(db.session(), notices.Notice(world["globex"], "quota", "g", "Globex only"))
+    inbox.notify(db.session(), inbox.Notice(world["globex"], "quota", "g", "Globex only"))
     db.session.commit()
     admin = Portal(app, "admin@acme.test")
     bell = admin.get("/inbox/bell").text
@@ -241,7 +241,7 @@ def test_notices_by_mail_once_and_never_about_themselves(app: Flask, world: dict
     # An address acceptance refuses (a reserved domain) keeps the notice in the inbox only.
     Portal(app, "admin@acme.test").post("/inbox/mail", {"on": "1"})
     for _ in range(2):
-        notices.notify(db.session(), notices.Notice(acme, "quota", "q1", "Quota at 80 %"))
+        inbox.notify(db.session(), inbox.Notice(acme, "quota", "q1", "Quota at 80 %"))
     db.session.commit()
     mails = db.session.scalars(
         select(MailSendRecord).where(MailSendRecord.business_key.startswith("notice:"))
@@ -266,6 +266,6 @@ def test_notices_by_mail_once_and_never_about_themselves(app: Flask, world: dict
         .values(status="Uncertain", updated_time=datetime.now(UTC))
     )
     db.session.commit()
-    notices.scan(db.engine)
+    inbox.scan(db.engine)
     assert keys(PLATFORM_TENANT_ID) == []
     assert admin.post("/inbox/mail", {"on": "0"}).status_code == 303

@@ -12,7 +12,7 @@ from sqlalchemy import func, select
 
 from portal.extensions import db
 from portal.importer import import_config
-from portal.messaging.retry import EXPIRED_REASON, retry_records
+from portal.messaging.records.retry import EXPIRED_REASON, retry_records
 from portal.models import SmsProviderConfig, SmsSendRecord
 from tests.conftest import make_api_key, make_tenant
 from tests.integration.test_portal_records import cheap_passwords, signed_in, sms, user

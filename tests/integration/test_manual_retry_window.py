@@ -19,10 +19,10 @@ from sqlalchemy import update
 
 from portal.config import Settings
 from portal.extensions import db
-from portal.messaging import suppression
-from portal.messaging.backoff import BackoffPolicy
-from portal.messaging.pipeline import MailContext, SmsContext, process_mail, process_sms
-from portal.messaging.scan import claim_due
+from portal.messaging.after_send import suppression
+from portal.messaging.sending.backoff import BackoffPolicy
+from portal.messaging.sending.claim import claim_due
+from portal.messaging.sending.pipeline import MailContext, SmsContext, process_mail, process_sms
 from portal.models import MailSendRecord, SmsSendRecord
 from tests.conftest import make_api_key
 from tests.integration.test_portal_records import cheap_passwords, signed_in, user

@@ -15,7 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import select
 
 from portal.extensions import db
-from portal.messaging.backoff import BackoffPolicy
+from portal.messaging.sending.backoff import BackoffPolicy
 from portal.models import MailSendRecord, MailTemplate
 from tests.support.delivery import accept_mail, drain, mail_server, tenant
 from tests.support.smtp_server import ScriptedSmtpServer

@@ -21,19 +21,19 @@ from hypothesis import strategies as st
 from sqlalchemy import select, text, update
 
 from portal.extensions import db
-from portal.messaging import acceptance
-from portal.messaging.backoff import BackoffPolicy
-from portal.messaging.pipeline import MailContext, process_mail
-from portal.messaging.retry import retry_records
-from portal.messaging.scan import claim_due
-from portal.messaging.sweeper import SWEEP_LOCK_KEY, sweep_if_overdue
-from portal.messaging.transports.smtp import (
+from portal.messaging.records import acceptance
+from portal.messaging.records.retry import retry_records
+from portal.messaging.records.validation import AcceptanceError
+from portal.messaging.sending.backoff import BackoffPolicy
+from portal.messaging.sending.claim import claim_due
+from portal.messaging.sending.pipeline import MailContext, process_mail
+from portal.messaging.sending.sweeper import SWEEP_LOCK_KEY, sweep_if_overdue
+from portal.messaging.sending.transports.smtp import (
     OutgoingMail,
     SendResult,
     SmtpConnectionPool,
     SmtpServer,
 )
-from portal.messaging.validation import AcceptanceError
 from portal.models import (
     ChoreRun,
     MailSendRecord,

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from sqlalchemy import select
 
 from portal.extensions import db
-from portal.messaging import quota
+from portal.messaging.sending import quota
 from portal.models import (
     Channel,
     MailSendRecord,

@@ -14,7 +14,7 @@ from flask import Flask
 from sqlalchemy import select
 
 from portal.extensions import db
-from portal.messaging.quota import current_month
+from portal.messaging.sending.quota import current_month
 from portal.models import (
     AuditEvent,
     DeadLetterMessage,

@@ -18,7 +18,7 @@ from flask import Flask
 from sqlalchemy import func, select
 
 from portal.extensions import db
-from portal.messaging.transports import sms
+from portal.messaging.sending.transports import sms
 from portal.models import MailReceiveConfig, MailSendServerConfig, SmsProviderConfig
 from portal.tenancy import PLATFORM_TENANT_ID
 from tests.conftest import make_tenant
@@ -245,7 +245,8 @@ def test_the_platform_tier_reaches_private_servers_while_the_setting_says_so(
 
 
 def test_the_callbacks_policy_is_the_same_function() -> None:
-    from portal.messaging import callbacks, outbound
+    from portal.messaging.after_send import callbacks
+    from portal.messaging.sending import outbound
 
     assert callbacks.forbidden is outbound.forbidden
     assert callbacks.Refused is outbound.Refused

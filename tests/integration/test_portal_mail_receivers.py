@@ -14,7 +14,7 @@ from flask import Flask
 from sqlalchemy import func, select
 
 from portal.extensions import db
-from portal.messaging.receiving.fetch import FetchLimits, fetch_all
+from portal.messaging.after_send.receiving.fetch import FetchLimits, fetch_all
 from portal.models import MailReceiveConfig, MailReceiveState, ReceivedMail
 from portal.tenancy import PLATFORM_TENANT_ID
 from tests.conftest import TEST_DATABASE_URL, make_tenant, settings_for_tests

@@ -11,7 +11,7 @@ from flask import Flask
 from sqlalchemy import func, select
 
 from portal.extensions import db
-from portal.messaging.quota import current_month
+from portal.messaging.sending.quota import current_month
 from portal.models import ApiKey, TenantMessageQuota, TenantMessageUsage
 from portal.models.tenant import hash_api_token
 from portal.tenancy import PLATFORM_TENANT_ID

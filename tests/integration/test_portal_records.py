@@ -15,8 +15,8 @@ from flask.testing import FlaskClient
 from sqlalchemy import select
 
 from portal.extensions import db
-from portal.messaging import diagnosis
-from portal.messaging.classify import CATEGORY_HELP, MARKER_HELP, ErrorCategory, MarkerCode
+from portal.messaging.records import diagnosis
+from portal.messaging.sending.classify import CATEGORY_HELP, MARKER_HELP, ErrorCategory, MarkerCode
 from portal.models import (
     AppUser,
     Channel,

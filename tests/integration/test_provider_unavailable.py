@@ -22,13 +22,13 @@ from sqlalchemy import func, select
 
 from portal.config import Settings
 from portal.extensions import db
-from portal.messaging import breaker
-from portal.messaging.backoff import BackoffPolicy
-from portal.messaging.breaker import Breaker
-from portal.messaging.classify import Reach, unavailable
-from portal.messaging.pipeline import SmsContext, process_sms
-from portal.messaging.scan import claim_due
-from portal.messaging.transports import sms as sms_transport
+from portal.messaging.sending import breaker
+from portal.messaging.sending.backoff import BackoffPolicy
+from portal.messaging.sending.breaker import Breaker
+from portal.messaging.sending.claim import claim_due
+from portal.messaging.sending.classify import Reach, unavailable
+from portal.messaging.sending.pipeline import SmsContext, process_sms
+from portal.messaging.sending.transports import sms as sms_transport
 from portal.models import BreakerState, MailSendRecord, SendStatus, SmsSendRecord
 from tests.support import sms as sms_support
 from tests.support.delivery import tenant
@@ -221,7 +221,7 @@ OUTGOING = sms_transport.OutgoingSms(1, "+447400123456", "Hello", "postroom-sms-
 @pytest.fixture(autouse=True)
 def _public_addresses(monkeypatch: pytest.MonkeyPatch) -> None:
     # The providers are httpx.MockTransport handlers: their hosts "resolve" to a public address.
-    from portal.messaging.transports.sms import _http
+    from portal.messaging.sending.transports.sms import _http
 
     monkeypatch.setattr(_http, "RESOLVER", lambda host, port: ["93.184.216.34"])
 

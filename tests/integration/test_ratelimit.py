@@ -24,9 +24,9 @@ from sqlalchemy import func, select, update
 
 from portal.delivery.children import die_with_parent
 from portal.extensions import db
-from portal.messaging import acceptance
-from portal.messaging.backoff import BackoffPolicy
-from portal.messaging.ratelimit import (
+from portal.messaging.records import acceptance
+from portal.messaging.sending.backoff import BackoffPolicy
+from portal.messaging.sending.ratelimit import (
     ADMIT_LUA,
     Admission,
     RateLimiter,

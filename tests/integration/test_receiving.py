@@ -26,8 +26,8 @@ from sqlalchemy import func, select
 
 from portal.delivery.chores import PREFIX, QUEUE, ensure_schedules
 from portal.extensions import db
-from portal.messaging import suppression
-from portal.messaging.receiving.fetch import (
+from portal.messaging.after_send import suppression
+from portal.messaging.after_send.receiving.fetch import (
     MAX_MESSAGE_BYTES,
     UNREADABLE_PASSWORD,
     FetchLimits,

@@ -9,8 +9,8 @@ import pytest
 from flask import Flask
 
 from portal.extensions import db
-from portal.messaging import suppression
-from portal.messaging.backoff import BackoffPolicy
+from portal.messaging.after_send import suppression
+from portal.messaging.sending.backoff import BackoffPolicy
 from portal.models import MailSendRecord
 from tests.support.delivery import accept_mail, drain, mail_server, tenant
 from tests.support.smtp_server import ScriptedSmtpServer

@@ -12,7 +12,8 @@ from sqlalchemy import func, select, update
 
 from portal.extensions import db
 from portal.importer import ConfigImportError, import_config
-from portal.messaging import retention, suppression
+from portal.messaging.after_send import suppression
+from portal.messaging.records import retention
 from portal.models import (
     CallbackDelivery,
     CallbackEndpoint,
@@ -245,7 +246,7 @@ def test_import_config_sets_retention(app: Flask) -> None:
 def test_a_forgotten_recipient_stays_suppressed_at_delivery(app: Flask) -> None:
     """The delivery path's own check finds a suppression kept only by hash: a later mail to
     the forgotten address ends Suppressed, not sent."""
-    from portal.messaging.preparation import suppressed_recipients
+    from portal.messaging.sending.preparation import suppressed_recipients
 
     acme = Tenant(slug="acme", name="Acme")
     db.session.add(acme)
@@ -268,7 +269,7 @@ def test_a_recipient_token_goes_with_the_last_record_to_its_address(any_app: Fla
     recipient's last record (mail or SMS) takes its token too, and the search then finds
     nothing; a recipient with a record left keeps its token, and so does the same address in a
     tenant whose records stay."""
-    from portal.messaging import search
+    from portal.messaging.records import search
     from portal.web.records.recipients import token_for
     from tests.integration.test_portal_records import mail as mail_row
     from tests.integration.test_portal_records import sms as sms_row

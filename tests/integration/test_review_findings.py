@@ -17,7 +17,7 @@ from flask import Flask
 from sqlalchemy import func, select
 
 from portal.extensions import db
-from portal.messaging.backoff import BackoffPolicy
+from portal.messaging.sending.backoff import BackoffPolicy
 from portal.models import AppUser, MailSendRecord
 from portal.tenancy import PLATFORM_TENANT_ID
 from tests.conftest import make_api_key

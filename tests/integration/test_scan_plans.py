@@ -28,7 +28,7 @@ from sqlalchemy.dialects import postgresql
 from sqlalchemy.orm import Session
 
 from portal.extensions import db
-from portal.messaging.scan import _CLAIMS, scan_due
+from portal.messaging.sending.claim import _CLAIMS, scan_due
 from portal.models import MailSendRecord, SendStatus, SmsSendRecord, db_now
 from tests.conftest import TEST_DATABASE_URL, make_app
 
@@ -362,12 +362,12 @@ def test_the_next_claim_in_the_sent_write_walks_the_fair_indexes_too(
     plans_engine: Engine, channel: str
 ) -> None:
     """The Sent write with the single-record claim it carries (``claim_statement``): the
-    claim function (migration 0043) takes the turn from the Sent write's CTE, so PostgreSQL
+    claim function (migration 0022) takes the turn from the Sent write's CTE, so PostgreSQL
     cannot lock a candidate before the Sent write has run (a claim that held a lock while
     its Sent write waited could deadlock with another worker). Each statement the function
     runs walks a fair index (Pending per stream and tenant; Retry per stream by due time and
     per tenant), locks with SKIP LOCKED, and reads no history."""
-    from portal.messaging import outcomes
+    from portal.messaging.sending import outcomes
     from portal.models import Channel
 
     model = CHANNELS[channel][0]

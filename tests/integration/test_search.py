@@ -13,7 +13,8 @@ from flask import Flask
 from sqlalchemy import select, update
 
 from portal.extensions import db
-from portal.messaging import search, suppression
+from portal.messaging.after_send import suppression
+from portal.messaging.records import search
 from portal.models import (
     DeliveryEvent,
     MailSendRecord,

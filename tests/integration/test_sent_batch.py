@@ -16,8 +16,9 @@ from flask import Flask
 from sqlalchemy import make_url, select, update
 
 from portal.extensions import db
-from portal.messaging import events, outcomes, scan
-from portal.messaging.outcomes import Attempt, Claimed
+from portal.messaging.after_send import events
+from portal.messaging.sending import claim, outcomes
+from portal.messaging.sending.outcomes import Attempt, Claimed
 from portal.models import Channel, MailSendRecord, SendAttempt, SmsSendRecord
 from tests.conftest import TEST_DATABASE_URL
 from tests.support.delivery import accept_mail, mail_server, record, tenant
@@ -42,7 +43,7 @@ def write(
         params["refused"] = refused
     if attempt is not None:
         params |= attempt.params()
-    request = scan.NextClaim(MailSendRecord, lambda: True) if wants_next else None
+    request = claim.NextClaim(MailSendRecord, lambda: True) if wants_next else None
     return outcomes._SentWrite(db.engine, claimed, params, request)
 
 
@@ -54,7 +55,7 @@ def test_one_statement_writes_each_record_as_its_own_write_would(
     db.session.commit()
     ids = [accept_mail(app, acme, to=[f"u{i}@example.com"]) for i in range(4)]
     later = [accept_mail(app, acme, to=[f"later{i}@example.com"]) for i in range(3)]
-    held = scan.claim_due(db.engine, MailSendRecord, 4)
+    held = claim.claim_due(db.engine, MailSendRecord, 4)
     assert sorted(r.id for r in held) == ids
     by_id = {r.id: r for r in held}
     # The records were prepared for the relay; an event for the third waits for its id.
@@ -141,17 +142,17 @@ def test_workers_writing_at_once_share_statements_and_each_record_is_written_onc
     engine = db.engine
 
     def worker() -> None:
-        (row,) = scan.claim_due(engine, MailSendRecord, 1) or (None,)
+        (row,) = claim.claim_due(engine, MailSendRecord, 1) or (None,)
         while row is not None:
             claimed = claimed_of(row, Channel.MAIL)
             attempt = Attempt(datetime.now(UTC), 0.001, None, "relay", "250", "ok")
-            with scan.claiming_next(MailSendRecord, lambda: True) as following:
+            with claim.claiming_next(MailSendRecord, lambda: True) as following:
                 assert outcomes.record_sent(engine, claimed, f"<{row.id}@t>", attempt=attempt)
             with lock:
                 done.append(row.id)
             row = following.records[0] if following.records else None
             if not following.ran:
-                (row,) = scan.claim_due(engine, MailSendRecord, 1) or (None,)
+                (row,) = claim.claim_due(engine, MailSendRecord, 1) or (None,)
 
     threads = [threading.Thread(target=worker) for _ in range(threads_n)]
     for thread in threads:
@@ -173,7 +174,7 @@ def test_the_statement_writes_sms_records_too(app: Flask) -> None:
     acme = tenant("acme").id
     db.session.commit()
     ids = [accept_sms(app, acme, phoneNumber=f"{UK[:-2]}{10 + i}") for i in range(3)]
-    held = scan.claim_due(db.engine, SmsSendRecord, 3)
+    held = claim.claim_due(db.engine, SmsSendRecord, 3)
     batch = [
         outcomes._SentWrite(
             db.engine,
@@ -198,7 +199,7 @@ def test_of_two_writes_of_one_record_in_a_batch_only_the_current_versions_counts
     acme = tenant("acme").id
     db.session.commit()
     rid = accept_mail(app, acme, to=["u@example.com"])
-    (held,) = scan.claim_due(db.engine, MailSendRecord, 1)
+    (held,) = claim.claim_due(db.engine, MailSendRecord, 1)
     current = claimed_of(held, Channel.MAIL)
     stale = Claimed(Channel.MAIL, rid, current.version - 1, acme, 0)
     batch = [write(stale, "<old@relay>"), write(current, "<new@relay>")]
@@ -217,7 +218,7 @@ def test_a_row_the_statement_refuses_fails_only_its_own_record(
     db.session.commit()
     ids = [accept_mail(app, acme, to=[f"u{i}@example.com"]) for i in range(3)]
     later = accept_mail(app, acme, to=["later@example.com"])
-    held = sorted(scan.claim_due(db.engine, MailSendRecord, 3), key=lambda r: r.id)
+    held = sorted(claim.claim_due(db.engine, MailSendRecord, 3), key=lambda r: r.id)
     c0, c1, c2 = (claimed_of(r, Channel.MAIL) for r in held)
     started = datetime(2026, 12, 2, 9, 30, tzinfo=UTC)
     bad = write(c1, "<m1@relay>", attempt=Attempt(started, 0.1, None, "relay", "250", "ok"))
@@ -241,7 +242,7 @@ def test_a_reply_with_a_nul_is_kept_with_a_replacement_character(
     server = mail_server(acme, smtp, name="relay")
     db.session.commit()
     rid = accept_mail(app, acme, to=["u@example.com"])
-    (held,) = scan.claim_due(db.engine, MailSendRecord, 1)
+    (held,) = claim.claim_due(db.engine, MailSendRecord, 1)
     claimed = claimed_of(held, Channel.MAIL)
     reply = "2.0.0 queued\x00 as X1"
     attempt = Attempt(datetime.now(UTC), 0.1, server.id, "relay\x00x", "250\x00", reply)
@@ -267,7 +268,7 @@ def test_a_write_stuck_at_the_database_holds_up_only_itself(
     acme = tenant("acme").id
     db.session.commit()
     ids = [accept_mail(app, acme, to=[f"u{i}@example.com"]) for i in range(3)]
-    held = sorted(scan.claim_due(db.engine, MailSendRecord, 3), key=lambda r: r.id)
+    held = sorted(claim.claim_due(db.engine, MailSendRecord, 3), key=lambda r: r.id)
     stuck, queued, later = (claimed_of(r, Channel.MAIL) for r in held)
     engine, wait_s = db.engine, 0.3
     commit = outcomes._committer(engine, Channel.MAIL)

@@ -22,11 +22,12 @@ from sqlalchemy import select
 
 from portal.config import Settings
 from portal.extensions import db
-from portal.messaging import breaker, health, notices
-from portal.messaging.backoff import BackoffPolicy
-from portal.messaging.breaker import Breaker
-from portal.messaging.pipeline import MailContext, process_mail
-from portal.messaging.scan import claim_due
+from portal.messaging.after_send import inbox
+from portal.messaging.sending import breaker, health
+from portal.messaging.sending.backoff import BackoffPolicy
+from portal.messaging.sending.breaker import Breaker
+from portal.messaging.sending.claim import claim_due
+from portal.messaging.sending.pipeline import MailContext, process_mail
 from portal.models import Channel, MailSendRecord, MailSendServerConfig, Notification
 from portal.tenancy import PLATFORM_TENANT_ID
 from tests.integration.test_portal_templates import Portal, user
@@ -114,10 +115,10 @@ def test_a_refusing_server_is_failing_everywhere_before_its_breaker_opens_with_o
         assert ">Up<" not in text, page
     assert "Mail server acme-smtp: Failing" in admin.get("/").text
 
-    notices.scan(db.engine)
+    inbox.scan(db.engine)
     send(app, ctx, acme, 3)  # more records fail in the same incident
-    notices.scan(db.engine)
-    notices.scan(db.engine)
+    inbox.scan(db.engine)
+    inbox.scan(db.engine)
     assert state(server).records == 7
     assert [n.title for n in incident_notices(acme)] == ["Mail server acme-smtp is failing"]
 
@@ -143,7 +144,7 @@ def test_a_recipients_own_refusal_is_an_answer_not_a_failing_server(
     text = Portal(app, "admin@acme.test").get("/mail-servers/").text
     assert ">Up<" in text
     assert "Failing" not in text
-    notices.scan(db.engine)
+    inbox.scan(db.engine)
     assert incident_notices(acme) == []
 
 
@@ -160,7 +161,7 @@ def test_a_send_that_goes_through_ends_the_incident_and_a_later_failure_opens_a_
     send(app, ctx, acme, 2)
     first = state(server)
     assert first.health is health.Health.FAILING
-    notices.scan(db.engine)
+    inbox.scan(db.engine)
 
     smtp.start()
     try:
@@ -168,7 +169,7 @@ def test_a_send_that_goes_through_ends_the_incident_and_a_later_failure_opens_a_
         time.sleep(1.1)  # the next incident starts in a later second
         assert state(server).health is health.Health.UP
         assert ">Up<" in Portal(app, "admin@acme.test").get("/mail-servers/").text
-        notices.scan(db.engine)
+        inbox.scan(db.engine)
         db.session.expire_all()
         ups = db.session.scalars(
             select(Notification.title).where(Notification.kind == "server_up")
@@ -183,7 +184,7 @@ def test_a_send_that_goes_through_ends_the_incident_and_a_later_failure_opens_a_
     assert first.since is not None
     assert second.since is not None
     assert second.since > first.since
-    notices.scan(db.engine)
+    inbox.scan(db.engine)
     assert len(incident_notices(acme)) == 2
 
 
@@ -203,7 +204,7 @@ def test_an_open_breaker_is_paused_by_the_breaker(
     admin = Portal(app, "admin@acme.test")
     assert "Paused by the breaker" in admin.get("/mail-servers/").text
     assert "Mail server acme-smtp: Paused by the breaker" in admin.get("/").text
-    notices.scan(db.engine)
+    inbox.scan(db.engine)
     assert len(incident_notices(acme)) == 1  # the breaker opening is the same incident
 
 
@@ -226,7 +227,7 @@ def test_operators_see_failing_platform_servers_and_tenants_only_that_the_servic
     assert "relay-7" not in tenant_view
     assert "connection refused" not in tenant_view
 
-    notices.scan(db.engine)
+    inbox.scan(db.engine)
     assert [n.title for n in incident_notices(PLATFORM_TENANT_ID)] == [
         "Mail server relay-7 is failing"
     ]

@@ -19,8 +19,8 @@ from flask import Flask
 
 from portal import simulator
 from portal.extensions import db
-from portal.messaging.backoff import BackoffPolicy
-from portal.messaging.pipeline import MailContext
+from portal.messaging.sending.backoff import BackoffPolicy
+from portal.messaging.sending.pipeline import MailContext
 from portal.models import MailTemplate, SendStatus, SmsTemplate
 from portal.simulator import Behaviour, Simulated
 from tests.integration.test_portal_templates import Portal, world

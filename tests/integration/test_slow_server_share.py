@@ -24,11 +24,11 @@ from sqlalchemy import func, select
 from portal.config import Settings
 from portal.delivery.pool import ChannelPool, ChannelSpec
 from portal.extensions import db
-from portal.messaging import breaker
-from portal.messaging.backoff import BackoffPolicy
-from portal.messaging.breaker import Breaker
-from portal.messaging.pipeline import MailContext, process_mail
-from portal.messaging.scan import RouteGate, slow_cap
+from portal.messaging.sending import breaker
+from portal.messaging.sending.backoff import BackoffPolicy
+from portal.messaging.sending.breaker import Breaker
+from portal.messaging.sending.claim import RouteGate, slow_cap
+from portal.messaging.sending.pipeline import MailContext, process_mail
 from portal.models import BreakerState, Channel, MailSendRecord, SendStatus
 from tests.support.delivery import accept_mail, mail_server, tenant
 from tests.support.smtp_server import ScriptedSmtpServer

@@ -18,9 +18,9 @@ from prometheus_client import REGISTRY
 from sqlalchemy import func, select, update
 
 from portal.extensions import db
-from portal.messaging.backoff import BackoffPolicy
-from portal.messaging.retry import retry_records
-from portal.messaging.validation import AcceptanceError
+from portal.messaging.records.retry import retry_records
+from portal.messaging.records.validation import AcceptanceError
+from portal.messaging.sending.backoff import BackoffPolicy
 from portal.models import (
     DeadLetterMessage,
     SmsProviderConfig,

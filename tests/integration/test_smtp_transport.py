@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from portal.messaging.transports.smtp import (
+from portal.messaging.sending.transports.smtp import (
     Attachment,
     OutgoingMail,
     Security,
@@ -21,7 +21,7 @@ from portal.messaging.transports.smtp import (
     SmtpServer,
     build_message,
 )
-from portal.messaging.transports.smtp import test_connection as check_connection
+from portal.messaging.sending.transports.smtp import test_connection as check_connection
 from tests.support.smtp_server import ScriptedSmtpServer
 
 pytestmark = pytest.mark.timeout(10)

@@ -12,7 +12,7 @@ from flask import Flask
 from sqlalchemy import select
 
 from portal.extensions import db
-from portal.messaging import suppression
+from portal.messaging.after_send import suppression
 from portal.models import Channel, Suppression, TenantMessageUsage
 from tests.conftest import make_tenant
 from tests.integration.test_portal_templates import Portal, user

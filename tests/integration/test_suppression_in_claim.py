@@ -1,4 +1,4 @@
-"""The suppression lookup rides on the claim (migration 0049): on PostgreSQL a claimed
+"""The suppression lookup rides on the claim (migration 0028): on PostgreSQL a claimed
 record carries its tenant's active suppressions of its recipients and the configuration epoch,
 and the attempt's check answers from them without a statement of its own, exactly as the
 lookup would have: case, a forgotten recipient's hashed row, another tenant's and removed rows,
@@ -13,10 +13,11 @@ from flask import Flask
 from sqlalchemy import update
 
 from portal.extensions import db
-from portal.messaging import scan, suppression
-from portal.messaging.backoff import BackoffPolicy
-from portal.messaging.pipeline import MailContext, process_mail
-from portal.messaging.preparation import suppressed_recipients
+from portal.messaging.after_send import suppression
+from portal.messaging.sending import claim
+from portal.messaging.sending.backoff import BackoffPolicy
+from portal.messaging.sending.pipeline import MailContext, process_mail
+from portal.messaging.sending.preparation import suppressed_recipients
 from portal.models import Channel, ConfigEpoch, MailSendRecord, SmsSendRecord, Suppression
 from tests.conftest import make_tenant
 from tests.support.delivery import accept_mail, mail_server
@@ -46,18 +47,18 @@ def _suppressions(acme: int, other: int) -> None:
 
 def _claim_all(model: Any) -> dict[int, Any]:
     claimed: dict[int, Any] = {}
-    while batch := scan.claim_due(db.engine, model, 5):
+    while batch := claim.claim_due(db.engine, model, 5):
         claimed |= {r.id: r for r in batch}
     return claimed
 
 
 def _looked_up_alone(record: Any) -> tuple[dict[str, str], int]:
     """The same check with what the claim read taken away: the lookup's own statement."""
-    saved = vars(record).pop(scan._LOOKED)
+    saved = vars(record).pop(claim._LOOKED)
     try:
         return suppressed_recipients(db.engine, record)
     finally:
-        vars(record)[scan._LOOKED] = saved
+        vars(record)[claim._LOOKED] = saved
 
 
 def test_a_claimed_record_answers_the_suppression_check_as_the_lookup_does(app: Flask) -> None:
@@ -83,7 +84,7 @@ def test_a_claimed_record_answers_the_suppression_check_as_the_lookup_does(app: 
     answers = {}
     for name, rid in cases.items():
         record = claimed[rid]
-        look = scan.looked(record)
+        look = claim.looked(record)
         assert look is not None, name
         assert look.epoch == epoch.epoch
         # No statement of its own: it cannot even reach a database.
@@ -114,7 +115,7 @@ def test_recipients_the_claim_cannot_normalise_are_looked_up_on_their_own(app: F
     suppression.suppress(db.session, acme, Channel.MAIL, "zoë@example.com", "manual")
     db.session.commit()
     (record,) = _claim_all(MailSendRecord).values()
-    assert scan.looked(record) is not None
+    assert claim.looked(record) is not None
     blocked, total = suppressed_recipients(db.engine, record)
     assert set(blocked) == {"bob@example.com", "zoë@example.com"}
     assert total == 3
@@ -147,15 +148,15 @@ def test_the_next_claim_in_the_sent_write_carries_it_too(app: Flask) -> None:
     with ScriptedSmtpServer() as smtp:
         mail_server(acme, smtp)
         first = accept_mail(app, acme, to=["carol@example.com"])
-        (record,) = scan.claim_due(db.engine, MailSendRecord, 1)
+        (record,) = claim.claim_due(db.engine, MailSendRecord, 1)
         second = accept_mail(app, acme, to=["bob@example.com"])
         # As a pool worker does: the Sent write of one record claims the next.
-        with scan.claiming_next(MailSendRecord, lambda: True) as following:
+        with claim.claiming_next(MailSendRecord, lambda: True) as following:
             process_mail(ctx, record)
         assert following.ran
         (after,) = following.records
         assert after.id == second
-        look = scan.looked(after)
+        look = claim.looked(after)
         assert look is not None
         assert look.suppressions is not None
         assert "bob@example.com" in look.suppressions

@@ -15,11 +15,12 @@ from sqlalchemy.orm import Session
 
 from portal.config import Settings
 from portal.extensions import db
-from portal.messaging import acceptance, outcomes, sweeper, validation
-from portal.messaging.backoff import BackoffPolicy
-from portal.messaging.outcomes import Claimed
-from portal.messaging.scan import claim_next
-from portal.messaging.sweeper import BATCH, SweepReport, sweep_stuck_sends
+from portal.messaging.records import acceptance, validation
+from portal.messaging.sending import outcomes, sweeper
+from portal.messaging.sending.backoff import BackoffPolicy
+from portal.messaging.sending.claim import claim_next
+from portal.messaging.sending.outcomes import Claimed
+from portal.messaging.sending.sweeper import BATCH, SweepReport, sweep_stuck_sends
 from portal.models import Channel, DeadLetterMessage, MailSendRecord, db_now
 from portal.tenancy import tenant_context
 from tests.support.delivery import tenant

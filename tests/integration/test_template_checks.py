@@ -14,8 +14,9 @@ from flask.testing import FlaskClient
 from sqlalchemy import update
 
 from portal.extensions import db
-from portal.messaging import template_checks, templating
-from portal.messaging.retry import retry_records
+from portal.messaging.records.retry import retry_records
+from portal.messaging.templating import checks as template_checks
+from portal.messaging.templating import rendering as templating
 from portal.models import MailSendRecord, MailTemplate, SmsTemplate
 from portal.tenancy import PLATFORM_TENANT_ID
 from tests.conftest import make_api_key, make_tenant

@@ -11,7 +11,7 @@ import pytest
 from flask import Flask
 
 from portal.extensions import db
-from portal.messaging import template_dry_run
+from portal.messaging.templating import dry_run as template_dry_run
 from portal.models import MailSendRecord, MailTemplate
 from tests.integration.test_portal_templates import Portal, mail_form, world
 

@@ -145,7 +145,7 @@ def test_connection_tests_are_capped_and_other_tenants_stay_fast(
 
 
 def test_the_per_tier_cap_answers_429_with_retry_after(app: Flask, blackhole: int) -> None:
-    from portal.messaging import outbound
+    from portal.messaging.sending import outbound
 
     settings = app.config["SETTINGS"].replace(outbound_test_per_process=10)
     with outbound.test_slot(settings, 5), outbound.test_slot(settings, 5):

@@ -12,11 +12,13 @@ from flask import Flask
 
 from portal import simulator
 from portal.extensions import db
-from portal.messaging import breaker, callbacks, events, uncertain
-from portal.messaging.backoff import BackoffPolicy
-from portal.messaging.breaker import Breaker
-from portal.messaging.pipeline import MailContext, process_mail
-from portal.messaging.scan import claim_due
+from portal.messaging.after_send import callbacks, events
+from portal.messaging.records import uncertain
+from portal.messaging.sending import breaker
+from portal.messaging.sending.backoff import BackoffPolicy
+from portal.messaging.sending.breaker import Breaker
+from portal.messaging.sending.claim import claim_due
+from portal.messaging.sending.pipeline import MailContext, process_mail
 from portal.models import (
     Channel,
     MailSendRecord,

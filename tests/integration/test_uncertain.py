@@ -12,9 +12,9 @@ from flask import Flask
 from sqlalchemy import select, text, update
 
 from portal.extensions import db
-from portal.messaging.scan import claim
-from portal.messaging.sweeper import sweep_stuck_sends
-from portal.messaging.uncertain import ResolveError, resolve_uncertain
+from portal.messaging.records.uncertain import ResolveError, resolve_uncertain
+from portal.messaging.sending.claim import claim
+from portal.messaging.sending.sweeper import sweep_stuck_sends
 from portal.models import Channel, SmsSendRecord
 from portal.tenancy import PLATFORM_TENANT_ID
 from tests.conftest import make_api_key, make_tenant
@@ -180,7 +180,7 @@ def test_the_portal_resolves_and_shows_the_timeline(app: Flask, uncertain: dict[
     from flask import render_template
     from flask_login import login_user
 
-    from portal.messaging.events import events_for
+    from portal.messaging.after_send.events import events_for
     from portal.models import AppUser
     from tests.integration.test_portal_templates import Portal, user
 

@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 from sqlalchemy import func, select
 
 from portal.extensions import db
-from portal.messaging import suppression
-from portal.messaging.outcomes import Claimed, record_sent
+from portal.messaging.after_send import suppression
+from portal.messaging.sending.outcomes import Claimed, record_sent
 from portal.models import Channel, DeliveryEvent, SendStatus
 from tests.conftest import make_tenant
 from tests.support.after_send import (

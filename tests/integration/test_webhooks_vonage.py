@@ -20,7 +20,7 @@ from flask.testing import FlaskClient
 from sqlalchemy import func, select
 
 from portal.extensions import db
-from portal.messaging import suppression
+from portal.messaging.after_send import suppression
 from portal.models import Channel, DeliveryEvent
 from portal.web.machine.webhooks import VONAGE_MAX_SKEW_S, vonage_signature
 from tests.conftest import make_tenant

@@ -19,7 +19,7 @@ from flask import Flask
 from sqlalchemy import func, select
 
 from portal.extensions import db
-from portal.messaging import acceptance, validation
+from portal.messaging.records import acceptance, validation
 from portal.models import MailSendRecord, TenantMessageQuota, TenantMessageUsage
 from portal.tenancy import tenant_context
 from tests.support.delivery import mail_server, tenant

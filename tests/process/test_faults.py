@@ -23,7 +23,7 @@ from flask import Flask
 from sqlalchemy import make_url, select
 
 from portal.extensions import db
-from portal.messaging.sweeper import sweep_stuck_sends
+from portal.messaging.sending.sweeper import sweep_stuck_sends
 from portal.models import MailSendRecord
 from tests.conftest import TEST_DATABASE_URL
 from tests.support.delivery import accept_mail, mail_server, tenant

@@ -27,7 +27,7 @@ from flask import Flask
 from sqlalchemy import select
 
 from portal.extensions import db
-from portal.messaging.sweeper import sweep_stuck_sends
+from portal.messaging.sending.sweeper import sweep_stuck_sends
 from portal.models import MailSendRecord
 from tests.process.test_concurrency import accept
 from tests.support.delivery import mail_server, tenant

@@ -33,7 +33,9 @@ from sqlalchemy import select, text
 from sqlalchemy.orm import Session
 
 from portal.extensions import db
-from portal.messaging import acceptance, cancel, events, retry, sweeper
+from portal.messaging.after_send import events
+from portal.messaging.records import acceptance, cancel, retry
+from portal.messaging.sending import sweeper
 from portal.models import Channel, MailSendRecord
 from portal.tenancy import tenant_context
 from tests.support.delivery import mail_server, tenant

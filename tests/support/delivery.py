@@ -14,10 +14,10 @@ from sqlalchemy.orm import Session
 
 from portal.config import Settings
 from portal.extensions import db
-from portal.messaging import acceptance
-from portal.messaging.backoff import BackoffPolicy
-from portal.messaging.pipeline import MailContext, process_mail
-from portal.messaging.scan import claim_due
+from portal.messaging.records import acceptance
+from portal.messaging.sending.backoff import BackoffPolicy
+from portal.messaging.sending.claim import claim_due
+from portal.messaging.sending.pipeline import MailContext, process_mail
 from portal.models import (
     MailSendRecord,
     MailSendServerConfig,

@@ -32,7 +32,7 @@ from werkzeug.exceptions import HTTPException
 from werkzeug.routing import Rule
 from werkzeug.test import TestResponse
 
-from portal.messaging import template_versions
+from portal.messaging.templating import versions as template_versions
 from portal.models import (
     ApiKey,
     AppUser,

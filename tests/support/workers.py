@@ -29,8 +29,8 @@ from sqlalchemy import Engine, text
 from portal.config import Settings
 from portal.delivery.children import die_with_parent
 from portal.extensions import db
-from portal.messaging import acceptance
-from portal.messaging.scan import claim
+from portal.messaging.records import acceptance
+from portal.messaging.sending.claim import claim
 from portal.models import MailSendRecord
 from portal.tenancy import tenant_context
 from tests.conftest import TEST_DATABASE_URL, TEST_REDIS_URL

@@ -7,14 +7,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from portal.messaging.transports.smtp import (
+from portal.messaging.records.validation import AcceptanceError, _email
+from portal.messaging.sending.transports.smtp import (
     OutgoingMail,
     message_bytes,
     needs_smtputf8,
     utf8_message_bytes,
     wire_address,
 )
-from portal.messaging.validation import AcceptanceError, _email
 from tests.support.sweeps import examples
 
 LOCAL = st.one_of(

@@ -8,7 +8,7 @@ import random
 import pytest
 
 from portal.config import Settings
-from portal.messaging.backoff import (
+from portal.messaging.sending.backoff import (
     BackoffPolicy,
     DeadLetter,
     Fail,
@@ -16,7 +16,7 @@ from portal.messaging.backoff import (
     RetryDecision,
     describe,
 )
-from portal.messaging.classify import ErrorCategory
+from portal.messaging.sending.classify import ErrorCategory
 
 NO_JITTER = BackoffPolicy(jitter=0.0)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from portal.messaging.classify import (
+from portal.messaging.sending.classify import (
     CATEGORY_HELP,
     CHANNEL_MARKER_HELP,
     MARKER_HELP,

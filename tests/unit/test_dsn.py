@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from portal.messaging.preparation import message_id_for
-from portal.messaging.receiving import bounces
-from portal.messaging.receiving.apply import OUR_MESSAGE_ID
-from portal.messaging.receiving.bounces import Kind, Severity, bounce_code, read
-from portal.messaging.receiving.fetch import MAX_MESSAGE_BYTES, dedup_key
-from portal.messaging.receiving.imap import Fetched
+from portal.messaging.after_send.receiving import bounces
+from portal.messaging.after_send.receiving.apply import OUR_MESSAGE_ID
+from portal.messaging.after_send.receiving.bounces import Kind, Severity, bounce_code, read
+from portal.messaging.after_send.receiving.fetch import MAX_MESSAGE_BYTES, dedup_key
+from portal.messaging.after_send.receiving.imap import Fetched
+from portal.messaging.sending.preparation import message_id_for
 
 DATA = Path(__file__).resolve().parent.parent / "data"
 ORIGINAL = "<mail-1234@acme-smtp.test>"

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from portal.messaging.group_commit import Entry, GroupCommit
+from portal.messaging.sending.group_commit import Entry, GroupCommit
 
 
 class Write(Entry):

@@ -9,8 +9,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from portal.messaging.transports import smtp
-from portal.messaging.transports.smtp import Attachment, OutgoingMail, build_message, message_bytes
+from portal.messaging.sending.transports import smtp
+from portal.messaging.sending.transports.smtp import (
+    Attachment,
+    OutgoingMail,
+    build_message,
+    message_bytes,
+)
 from tests.support.sweeps import examples
 
 HEADERS = (

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from portal.config import Settings
-from portal.messaging import outbound
+from portal.messaging.sending import outbound
 from portal.tenancy import PLATFORM_TENANT_ID
 
 REFUSED = [

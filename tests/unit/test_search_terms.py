@@ -1,11 +1,11 @@
-"""What the search box makes of what people type: ``portal.messaging.search``
+"""What the search box makes of what people type: ``portal.messaging.records.search``
 reads text into terms without touching the database."""
 
 from __future__ import annotations
 
 import pytest
 
-from portal.messaging import search
+from portal.messaging.records import search
 
 
 @pytest.mark.parametrize(

@@ -15,11 +15,11 @@ from urllib.parse import parse_qs
 import httpx
 import pytest
 
-from portal.messaging.backoff import BackoffPolicy, Fail, Retry
-from portal.messaging.classify import ErrorCategory, classify
-from portal.messaging.outcomes import deferral
-from portal.messaging.transports import sms
-from portal.messaging.transports.sms import _http, http_json, twilio, vonage
+from portal.messaging.sending.backoff import BackoffPolicy, Fail, Retry
+from portal.messaging.sending.classify import ErrorCategory, classify
+from portal.messaging.sending.outcomes import deferral
+from portal.messaging.sending.transports import sms
+from portal.messaging.sending.transports.sms import _http, http_json, twilio, vonage
 from portal.models import SmsProviderKind
 
 Handler = Callable[[httpx.Request], httpx.Response]

@@ -11,8 +11,8 @@ from dataclasses import replace
 import pytest
 
 from portal.config import Settings
-from portal.messaging import templating
-from portal.messaging.templating import (
+from portal.messaging.templating import rendering as templating
+from portal.messaging.templating.rendering import (
     DEFAULT_LIMITS,
     TemplateLimits,
     TemplateRenderError,

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from portal.config import Settings
-from portal.messaging.templating import (
+from portal.messaging.templating.rendering import (
     InvalidVariablesError,
     RenderedMail,
     TemplateLimits,
@@ -459,7 +459,7 @@ def test_the_parts_of_one_record_share_one_deadline() -> None:
     """A mail's subject, HTML and text render under one deadline (``one_deadline``): a
     record costs at most one deadline's CPU, not three."""
 
-    from portal.messaging.templating import one_deadline
+    from portal.messaging.templating.rendering import one_deadline
 
     limits = TemplateLimits(render_timeout_s=0.2)
     slow = "{% for a in (1..2000) %}{% for b in (1..2000) %}{{ b }}{% endfor %}{% endfor %}"

@@ -24,7 +24,7 @@ from sqlalchemy import func, select
 
 from portal.extensions import db
 from portal.importer import callback_endpoints_full
-from portal.messaging import callbacks
+from portal.messaging.after_send import callbacks
 from portal.models import AuditAction, CallbackDelivery, CallbackEndpoint, DeliveryStatus
 from portal.web.access import Permission, audit, requires, viewed_tenant
 from portal.web.forms import (

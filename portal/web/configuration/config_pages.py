@@ -29,7 +29,7 @@ from sqlalchemy import update as sql_update
 from sqlalchemy.exc import IntegrityError
 
 from portal.extensions import db
-from portal.messaging import health
+from portal.messaging.sending import health
 from portal.models import (
     AuditAction,
     Channel,

@@ -22,9 +22,9 @@ from flask.typing import ResponseReturnValue
 from sqlalchemy import func, select
 
 from portal.extensions import db
-from portal.messaging import outbound
-from portal.messaging.receiving.fetch import UNREADABLE_PASSWORD, plain_error
-from portal.messaging.receiving.imap import ImapError, MailboxAddress, ReadOnlyMailbox
+from portal.messaging.after_send.receiving.fetch import UNREADABLE_PASSWORD, plain_error
+from portal.messaging.after_send.receiving.imap import ImapError, MailboxAddress, ReadOnlyMailbox
+from portal.messaging.sending import outbound
 from portal.models import (
     AuditAction,
     MailReceiveConfig,

@@ -21,8 +21,8 @@ from flask import Blueprint, Response, render_template, request, url_for
 from flask.typing import ResponseReturnValue
 from markupsafe import escape
 
-from portal.messaging import outbound
-from portal.messaging.transports.smtp import (
+from portal.messaging.sending import outbound
+from portal.messaging.sending.transports.smtp import (
     Security,
     SmtpServer,
     connection_hint,

@@ -31,7 +31,9 @@ from flask.typing import ResponseReturnValue
 from werkzeug.exceptions import RequestEntityTooLarge
 
 from portal.extensions import db
-from portal.messaging import acceptance, template_versions, templating, validation
+from portal.messaging.records import acceptance, validation
+from portal.messaging.templating import rendering as templating
+from portal.messaging.templating import versions as template_versions
 from portal.models import Channel, MailTemplate
 from portal.redis_store import connect
 from portal.web.access import Permission, requires, user

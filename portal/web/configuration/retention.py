@@ -12,7 +12,8 @@ from flask import Blueprint, flash, redirect, render_template, request, url_for
 from flask.typing import ResponseReturnValue
 
 from portal.extensions import db
-from portal.messaging import retention, suppression
+from portal.messaging.after_send import suppression
+from portal.messaging.records import retention
 from portal.models import AuditAction, Channel, Tenant
 from portal.web.access import Permission, audit, requires
 from portal.web.forms import Form, settings, tier_name, viewed_tier

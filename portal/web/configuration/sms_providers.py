@@ -25,8 +25,8 @@ from sqlalchemy import select
 
 from portal.extensions import db
 from portal.importer import dedupes, default_uncertain_policy
-from portal.messaging import outbound
-from portal.messaging.transports.sms import CONFIG_ERROR, SmsResult, _http, twilio, vonage
+from portal.messaging.sending import outbound
+from portal.messaging.sending.transports.sms import CONFIG_ERROR, SmsResult, _http, twilio, vonage
 from portal.models import (
     AuditAction,
     SmsProviderConfig,

@@ -21,7 +21,8 @@ from flask.typing import ResponseReturnValue
 from sqlalchemy import select
 
 from portal.extensions import db
-from portal.messaging import acceptance, addresses, templating, validation
+from portal.messaging.records import acceptance, addresses, validation
+from portal.messaging.templating import rendering as templating
 from portal.models import Channel, SmsProviderConfig, SmsTemplate, SmsTemplateProviderBinding
 from portal.web.access import Permission, requires
 from portal.web.configuration import config_pages, sms_providers, template_pages

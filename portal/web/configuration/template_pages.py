@@ -37,7 +37,10 @@ from sqlalchemy.orm import Session
 from portal import simulator
 from portal.config import Settings
 from portal.extensions import db
-from portal.messaging import acceptance, template_dry_run, template_versions, templating, validation
+from portal.messaging.records import acceptance, validation
+from portal.messaging.templating import dry_run as template_dry_run
+from portal.messaging.templating import rendering as templating
+from portal.messaging.templating import versions as template_versions
 from portal.models import (
     AuditAction,
     Channel,

@@ -7,7 +7,7 @@ from flask import Blueprint, flash, redirect, render_template, request, url_for
 from flask.typing import ResponseReturnValue
 
 from portal.extensions import db
-from portal.messaging.search import country_code
+from portal.messaging.records.search import country_code
 from portal.models import AuditAction, Tenant
 from portal.web.access import Permission, audit, requires
 from portal.web.forms import Form, settings, tier_name, viewed_tier

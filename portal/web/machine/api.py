@@ -17,8 +17,8 @@ from markupsafe import escape
 from sqlalchemy import select
 
 from portal.extensions import csrf, db
-from portal.messaging import acceptance, cancel, uncertain, validation
-from portal.messaging.validation import AcceptanceError
+from portal.messaging.records import acceptance, cancel, uncertain, validation
+from portal.messaging.records.validation import AcceptanceError
 from portal.metrics import MESSAGE_ACCEPTED
 from portal.models import AuditAction, MailSendRecord, SendAttempt, SmsSendRecord
 from portal.models.tenant import ApiScope

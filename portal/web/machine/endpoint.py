@@ -30,7 +30,7 @@ from werkzeug.exceptions import RequestEntityTooLarge
 
 from portal.config import Settings
 from portal.extensions import connection_lost, csrf, db
-from portal.messaging import acceptance
+from portal.messaging.records import acceptance
 from portal.models import ApiKey, AuditAction, MailSendRecord, SmsSendRecord, Tenant
 from portal.models.tenant import ApiScope, hash_api_token
 from portal.tenancy import PLATFORM_TENANT_ID, new_trace_id, tenant_context

@@ -26,8 +26,8 @@ from flask import Response, g, jsonify, request
 from sqlalchemy import select
 
 from portal.extensions import db
-from portal.messaging import validation
-from portal.messaging.addresses import AddressError, email_address, parse_phone_number
+from portal.messaging.records import validation
+from portal.messaging.records.addresses import AddressError, email_address, parse_phone_number
 from portal.models import MailSendRecipient, MailSendRecord, SendStatus, SmsSendRecord
 from portal.models.record import Stream
 from portal.redis_store import connect

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any, cast
 
-from portal.messaging.diagnosis import Reason
-from portal.messaging.validation import MAX_BATCH, MAX_RECIPIENTS
+from portal.messaging.records.diagnosis import Reason
+from portal.messaging.records.validation import MAX_BATCH, MAX_RECIPIENTS
 
 _EMAIL_LIST = {
     "oneOf": [
@@ -379,7 +379,7 @@ _COMMON_RECORD = {
 }
 
 
-# Why a retry now would fail again: a record's diagnosis (portal.messaging.diagnosis.Reason).
+# Why a retry now would fail again: a record's diagnosis (messaging.records.diagnosis.Reason).
 _REASON: dict[str, Any] = {"type": "string", "enum": [r.value for r in Reason]}
 
 _DIAGNOSIS: dict[str, Any] = {

@@ -18,9 +18,16 @@ from flask import Blueprint, Response, current_app, g, jsonify, request
 from sqlalchemy import select
 
 from portal.extensions import csrf, db
-from portal.messaging import diagnosis, quota
-from portal.messaging.retry import EXPIRED_REASON, MAX_BULK, Model, new_expiry, retry_records
-from portal.messaging.validation import AcceptanceError
+from portal.messaging.records import diagnosis
+from portal.messaging.records.retry import (
+    EXPIRED_REASON,
+    MAX_BULK,
+    Model,
+    new_expiry,
+    retry_records,
+)
+from portal.messaging.records.validation import AcceptanceError
+from portal.messaging.sending import quota
 from portal.models import AuditAction, Channel, MailSendRecord, SmsSendRecord
 from portal.models.enums import RETRYABLE_BY_HAND
 from portal.models.tenant import ApiScope

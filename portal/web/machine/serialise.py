@@ -10,7 +10,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from portal.config import Settings
-from portal.messaging import diagnosis
+from portal.messaging.records import diagnosis
 from portal.models import (
     Channel,
     MailSendRecord,
@@ -168,7 +168,7 @@ def diagnosis_json(
     caller_tenant: int,
 ) -> dict[str, Any]:
     """``diagnosis`` of one record for its GET: ``{cause, wouldFailAgain: {value, reason,
-    why}, action, who}``, the record page's own answer (``portal.messaging.diagnosis``), with
+    why}, action, who}``, the record page's own answer (``messaging.records.diagnosis``), with
     the platform's servers named only to platform callers (``names_config``)."""
     channel = Channel.MAIL if isinstance(record, MailSendRecord) else Channel.SMS
     found = diagnosis.diagnose(

@@ -52,8 +52,8 @@ from sqlalchemy import select
 
 from portal.config import Settings
 from portal.extensions import csrf, db
-from portal.messaging import events
-from portal.messaging.events import EventType, ProviderEvent
+from portal.messaging.after_send import events
+from portal.messaging.after_send.events import EventType, ProviderEvent
 from portal.models import Channel, MailSendServerConfig, SmsProviderConfig, SmsProviderKind
 from portal.models.secretbox import SecretUnavailable
 from portal.tenancy import tenant_context

@@ -22,7 +22,7 @@ from flask.typing import ResponseReturnValue
 from sqlalchemy import ColumnElement, Select, bindparam, func, literal, select, text
 
 from portal.extensions import db
-from portal.messaging import health
+from portal.messaging.sending import health
 from portal.models import (
     Channel,
     DeadLetterMessage,

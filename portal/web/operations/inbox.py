@@ -11,7 +11,7 @@ from flask.typing import ResponseReturnValue
 from sqlalchemy import select
 
 from portal.extensions import db
-from portal.messaging.notices import unread_count
+from portal.messaging.after_send.inbox import unread_count
 from portal.models import Notification, NotificationRead, Role
 from portal.tenancy import PLATFORM_TENANT_ID
 from portal.web.access import Permission, requires, user

@@ -18,7 +18,7 @@ from sqlalchemy.exc import IntegrityError
 
 from portal.config import Settings
 from portal.extensions import db
-from portal.messaging.quota import current_month
+from portal.messaging.sending.quota import current_month
 from portal.models import (
     AuditAction,
     MailSendRecord,

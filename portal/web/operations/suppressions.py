@@ -24,7 +24,7 @@ from flask.typing import ResponseReturnValue
 from sqlalchemy import select
 
 from portal.extensions import db
-from portal.messaging import suppression
+from portal.messaging.after_send import suppression
 from portal.models import Channel, Suppression
 from portal.web.access import Permission, requires, user
 from portal.web.forms import Form, is_htmx, owned, tier_name, varies, viewed_tier

@@ -21,7 +21,7 @@ from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 
 from portal.extensions import db
-from portal.messaging import acceptance, validation
+from portal.messaging.records import acceptance, validation
 from portal.models import AppUser, AuditAction, AuditEvent, Role, Scope, db_now
 from portal.models.base import db_now_plus
 from portal.models.tenant import MAX_PASSWORD_CHARS, password_problem

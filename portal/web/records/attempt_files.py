@@ -19,9 +19,9 @@ from flask.typing import ResponseReturnValue
 from sqlalchemy import select
 
 from portal.extensions import db
-from portal.messaging.pipeline import frozen_mail, outgoing_mail
-from portal.messaging.preparation import SUPPRESSED
-from portal.messaging.transports.smtp import message_bytes
+from portal.messaging.sending.pipeline import frozen_mail, outgoing_mail
+from portal.messaging.sending.preparation import SUPPRESSED
+from portal.messaging.sending.transports.smtp import message_bytes
 from portal.models import MailSendServerConfig, SendAttempt
 from portal.tenancy import PLATFORM_TENANT_ID, names_config
 from portal.web.access import Permission, is_operator, requires, viewed_tenant

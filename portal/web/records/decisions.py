@@ -23,8 +23,8 @@ from sqlalchemy import ColumnElement, TextClause, func, literal, select, text
 from sqlalchemy.orm import load_only
 
 from portal.extensions import db
-from portal.messaging import diagnosis
-from portal.messaging.diagnosis import Diagnosis
+from portal.messaging.records import diagnosis
+from portal.messaging.records.diagnosis import Diagnosis
 from portal.models import Channel
 from portal.models.record import NEEDS_DECISION
 from portal.web.access import Permission, requires, viewed_tenant

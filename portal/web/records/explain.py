@@ -2,14 +2,14 @@
 family of its pill and panel.
 
 What happened, whether a retry would fail again, what to do and who can are the record's
-diagnosis (``portal.messaging.diagnosis``); this module only dresses them.
+diagnosis (``portal.messaging.records.diagnosis``); this module only dresses them.
 """
 
 from __future__ import annotations
 
 from enum import StrEnum
 
-from portal.messaging.diagnosis import Diagnosis
+from portal.messaging.records.diagnosis import Diagnosis
 from portal.models import Role, SendStatus
 
 

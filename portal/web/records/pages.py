@@ -35,9 +35,9 @@ from sqlalchemy.orm import load_only
 from werkzeug.datastructures import MultiDict
 
 from portal.extensions import db
-from portal.messaging import cancel, diagnosis
-from portal.messaging.diagnosis import REASON_LABEL, Diagnosis, Reason
-from portal.messaging.retry import (
+from portal.messaging.records import cancel, diagnosis
+from portal.messaging.records.diagnosis import REASON_LABEL, Diagnosis, Reason
+from portal.messaging.records.retry import (
     MAX_BULK,
     REFUSAL_REASONS,
     Model,
@@ -45,7 +45,7 @@ from portal.messaging.retry import (
     resend_as_new,
     retry_records,
 )
-from portal.messaging.validation import AcceptanceError
+from portal.messaging.records.validation import AcceptanceError
 from portal.models import (
     AuditAction,
     Channel,

@@ -25,8 +25,8 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import load_only
 
 from portal.extensions import db
-from portal.messaging import suppression
-from portal.messaging.addresses import AddressError, email_address
+from portal.messaging.after_send import suppression
+from portal.messaging.records.addresses import AddressError, email_address
 from portal.models import (
     Channel,
     DeliveryEvent,

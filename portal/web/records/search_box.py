@@ -1,4 +1,4 @@
-"""The search box as the viewer means it: ``portal.messaging.search`` read with the viewed
+"""The search box as the viewer means it: ``portal.messaging.records.search`` read with the viewed
 tenant's country and scoped to the viewed tenant. The results page (``search``) and each
 list's own box (``Kind.search`` of mail and SMS) both go through here, so the three boxes
 read the same text the same way.
@@ -13,7 +13,7 @@ from flask import current_app
 from sqlalchemy import ColumnElement, false, select
 
 from portal.extensions import db
-from portal.messaging import search
+from portal.messaging.records import search
 from portal.models import Channel, Tenant
 from portal.web.records.pages import Search, tenant_scope
 

@@ -21,7 +21,7 @@ from typing import Any
 from sqlalchemy import String, and_, cast, or_, select
 from sqlalchemy.orm import Session
 
-from portal.messaging.events import events_for
+from portal.messaging.after_send.events import events_for
 from portal.models import (
     AuditAction,
     AuditEvent,
