@@ -326,7 +326,7 @@ def add_retry(conn: psycopg.Connection[Any], n: int, tenant_id: int = 1) -> None
 # --- the raw limit: what the product does, as bare SQL -----------------------------------------
 
 # The same single-statement SKIP LOCKED claim and versioned completion that the product runs,
-# writing the same columns (scan.claim and outcomes.record_sent), with none of its Python.
+# writing the same columns (scan.claim and sent_write.record_sent), with none of its Python.
 RAW_CLAIM = (
     "UPDATE mail_send_record SET status = 'Sending', version = version + 1, "
     "updated_time = statement_timestamp(), "

@@ -2,7 +2,7 @@
 PostgreSQL with 1,000,000 history rows (mostly Sent) and a backlog of Pending records to drain.
 
 ours       what a busy pool worker runs for a record, minus the send, inside direct.holding
-           (one connection while there is work): messaging.sending.outcomes.record_sent with a
+           (one connection while there is work): messaging.sending.sent_write.record_sent with a
            Claimed(...) inside claim.claiming_next, which writes the record Sent, its attempt's
            row and claims the next one (fair order; detached MailSendRecord
            objects) in one statement;
@@ -46,7 +46,8 @@ from sqlalchemy import Engine, event, text
 from portal.extensions import db
 from portal.messaging.sending import claim
 from portal.messaging.sending.claim import claim_due, claiming_next
-from portal.messaging.sending.outcomes import Attempt, Claimed, record_sent
+from portal.messaging.sending.outcomes import Attempt, Claimed
+from portal.messaging.sending.sent_write import record_sent
 from portal.models import Channel, MailSendRecord
 from portal.models.direct import holding
 

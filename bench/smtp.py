@@ -43,7 +43,7 @@ import psycopg
 from portal.delivery.service import DeliveryService
 from portal.extensions import db
 from portal.messaging.records import acceptance
-from portal.messaging.sending import outcomes
+from portal.messaging.sending import sent_write
 from portal.models import Channel
 from portal.tenancy import tenant_context
 
@@ -90,7 +90,7 @@ def run_ours(
     with app.app_context():
         engine = db.engine
     service = DeliveryService(engine, settings)
-    writes = outcomes._committer(engine, Channel.MAIL)
+    writes = sent_write._committer(engine, Channel.MAIL)
     batches, written = writes.batches, writes.written
     count_sql = (
         "SELECT count(*) FILTER (WHERE status = 'Sent'), "

@@ -14,7 +14,7 @@ from sqlalchemy import select, update
 from portal.extensions import db
 from portal.messaging.after_send import suppression
 from portal.messaging.records import retention
-from portal.messaging.sending import claim, outcomes
+from portal.messaging.sending import claim, outcomes, sent_write
 from portal.messaging.sending.backoff import BackoffPolicy
 from portal.messaging.sending.outcomes import Attempt, Claimed
 from portal.messaging.sending.sweeper import sweep_stuck_sends
@@ -124,7 +124,7 @@ def test_the_sent_write_with_the_next_claim_writes_the_attempt_in_the_same_state
     claimed = Claimed(Channel.MAIL, held.id, held.version, held.tenant_id, held.retry_count)
     attempt = Attempt(datetime.now(UTC), 0.012, 7, "relay", "250", "2.0.0 Ok: queued as ABC")
     with claim.claiming_next(MailSendRecord, lambda: True) as nxt:
-        assert outcomes.record_sent(db.engine, claimed, "<m1@test>", attempt=attempt)
+        assert sent_write.record_sent(db.engine, claimed, "<m1@test>", attempt=attempt)
     assert nxt.ran
     assert [r.id for r in nxt.records] == [second]  # the next claim rode along
     (row,) = attempts("mail", first)
@@ -133,7 +133,7 @@ def test_the_sent_write_with_the_next_claim_writes_the_attempt_in_the_same_state
     assert row.message == "2.0.0 Ok: queued as ABC"
     # A Sent write that lost its race (version moved on) writes no attempt either.
     stale = Claimed(Channel.MAIL, second, 0, acme, 0)
-    assert not outcomes.record_sent(db.engine, stale, "<m2@test>", attempt=attempt)
+    assert not sent_write.record_sent(db.engine, stale, "<m2@test>", attempt=attempt)
     assert attempts("mail", second) == []
 
 
@@ -373,7 +373,7 @@ def test_ids_and_codes_the_database_would_refuse_are_kept_cleaned(app: Flask, ac
     claimed = Claimed(Channel.SMS, held.id, held.version, held.tenant_id, held.retry_count)
     hostile = " SM\x00" + "x" * 300
     attempt = Attempt(datetime.now(UTC), 0.1, None, "gateway", "201", None)
-    assert outcomes.record_sent(db.engine, claimed, hostile, attempt=attempt)
+    assert sent_write.record_sent(db.engine, claimed, hostile, attempt=attempt)
     expected = ("SM" + "x" * 300)[:200]
     assert sms_record(rid).provider_message_id == expected
     (row,) = attempts("sms", rid)

@@ -432,7 +432,7 @@ def test_manual_retry_refuses_sent_and_sending_and_counts_as_a_retry(
 def test_a_lost_version_race_writes_nothing_and_logs_nothing(
     app: Flask, smtp: ScriptedSmtpServer, acme: int, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from portal.messaging.sending import outcomes
+    from portal.messaging.sending import outcomes, sent_write
     from portal.messaging.sending.outcomes import Claimed
     from portal.models import Channel
 
@@ -440,7 +440,7 @@ def test_a_lost_version_race_writes_nothing_and_logs_nothing(
     stale = Claimed(Channel.MAIL, rid, version=7, tenant_id=acme, retry_count=0)
     with caplog.at_level(logging.DEBUG, logger="portal.delivery"):
         assert outcomes.handle_failure(db.engine, stale, "451", "x", policy=FAST) is None
-        assert outcomes.record_sent(db.engine, stale, "<id>") is False
+        assert sent_write.record_sent(db.engine, stale, "<id>") is False
     assert caplog.records == []
     row = record(rid)
     assert (row.status, row.version, row.error_code) == ("Pending", 0, None)

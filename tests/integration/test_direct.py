@@ -18,7 +18,8 @@ from portal.extensions import db
 from portal.messaging.after_send import events
 from portal.messaging.sending import quota
 from portal.messaging.sending.claim import claim_due, claiming_next
-from portal.messaging.sending.outcomes import Claimed, record_sent
+from portal.messaging.sending.outcomes import Claimed
+from portal.messaging.sending.sent_write import record_sent
 from portal.models import (
     Channel,
     DeliveryEvent,

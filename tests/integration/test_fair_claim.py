@@ -1,7 +1,7 @@
 """Fair claiming: streams, tenants in turn, the broadcast share.
 
 Order, not wall time: a pool of real worker threads runs a no-op attempt that writes each
-record Sent through ``outcomes.record_sent`` (so a busy worker's next claim rides on its Sent
+record Sent through ``sent_write.record_sent`` (so a busy worker's next claim rides on its Sent
 write, as in production) and notes the order records were taken in. The claim's cost is
 compared in buffers at one tenant and at 1,000 (EXPLAIN ANALYZE, rolled back).
 """
@@ -23,7 +23,8 @@ from portal.extensions import db
 from portal.messaging.records import acceptance
 from portal.messaging.records.validation import AcceptanceError
 from portal.messaging.sending.claim import _CLAIMS, RouteGate, enter_route, gating_routes
-from portal.messaging.sending.outcomes import Claimed, record_sent
+from portal.messaging.sending.outcomes import Claimed
+from portal.messaging.sending.sent_write import record_sent
 from portal.models import Channel, MailSendRecord, MailTemplate, SmsSendRecord, SmsTemplate
 from portal.tenancy import tenant_context
 from tests.support.delivery import tenant

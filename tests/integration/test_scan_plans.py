@@ -367,7 +367,7 @@ def test_the_next_claim_in_the_sent_write_walks_the_fair_indexes_too(
     its Sent write waited could deadlock with another worker). Each statement the function
     runs walks a fair index (Pending per stream and tenant; Retry per stream by due time and
     per tenant), locks with SKIP LOCKED, and reads no history."""
-    from portal.messaging.sending import outcomes
+    from portal.messaging.sending import outcomes, sent_write
     from portal.models import Channel
 
     model = CHANNELS[channel][0]
@@ -378,7 +378,7 @@ def test_the_next_claim_in_the_sent_write_walks_the_fair_indexes_too(
             .order_by(model.id)
             .limit(1)
         ).one()
-    direct = outcomes._SENT_AND_CLAIM[(Channel(channel), False, True)]  # with the attempt's row
+    direct = sent_write._SENT_AND_CLAIM[(Channel(channel), False, True)]  # with the attempt's row
     statement = compiled(direct.statement)
     table = model.__tablename__
     assert f"postroom_claim_one_{table}(coalesce((SELECT max(s.tenant_id) FROM sent s)" in (

@@ -17,7 +17,7 @@ from sqlalchemy import make_url, select, update
 
 from portal.extensions import db
 from portal.messaging.after_send import events
-from portal.messaging.sending import claim, outcomes
+from portal.messaging.sending import claim, outcomes, sent_write
 from portal.messaging.sending.outcomes import Attempt, Claimed
 from portal.models import Channel, MailSendRecord, SendAttempt, SmsSendRecord
 from tests.conftest import TEST_DATABASE_URL
@@ -37,14 +37,14 @@ def write(
     refused: dict[str, list[str]] | None = None,
     attempt: Attempt | None = None,
     wants_next: bool = False,
-) -> outcomes._SentWrite:
+) -> sent_write._SentWrite:
     params: dict[str, object] = {"rid": claimed.id, "ver": claimed.version, "pmid": pmid}
     if refused:
         params["refused"] = refused
     if attempt is not None:
         params |= attempt.params()
     request = claim.NextClaim(MailSendRecord, lambda: True) if wants_next else None
-    return outcomes._SentWrite(db.engine, claimed, params, request)
+    return sent_write._SentWrite(db.engine, claimed, params, request)
 
 
 def test_one_statement_writes_each_record_as_its_own_write_would(
@@ -81,7 +81,7 @@ def test_one_statement_writes_each_record_as_its_own_write_would(
         # Lost its race: the sweep moved it on meanwhile (its version is one behind).
         write(Claimed(Channel.MAIL, c3.id, c3.version - 1, acme, 0), "<m3@relay>"),
     ]
-    outcomes._flush_sent(batch)
+    sent_write._flush_sent(batch)
 
     assert [(w.count, w.error) for w in batch] == [(1, None), (1, None), (1, None), (0, None)]
     assert [w.rows for w in batch] == [[(False,)], [(False,)], [(True,)], []]
@@ -135,7 +135,7 @@ def test_workers_writing_at_once_share_statements_and_each_record_is_written_onc
     db.session.commit()
     total, threads_n = 120, 8
     ids = [accept_mail(app, acme, to=[f"u{i}@example.com"]) for i in range(total)]
-    commit = outcomes._committer(db.engine, Channel.MAIL)
+    commit = sent_write._committer(db.engine, Channel.MAIL)
     batches_before, written_before = commit.batches, commit.written
     done: list[int] = []
     lock = threading.Lock()
@@ -147,7 +147,7 @@ def test_workers_writing_at_once_share_statements_and_each_record_is_written_onc
             claimed = claimed_of(row, Channel.MAIL)
             attempt = Attempt(datetime.now(UTC), 0.001, None, "relay", "250", "ok")
             with claim.claiming_next(MailSendRecord, lambda: True) as following:
-                assert outcomes.record_sent(engine, claimed, f"<{row.id}@t>", attempt=attempt)
+                assert sent_write.record_sent(engine, claimed, f"<{row.id}@t>", attempt=attempt)
             with lock:
                 done.append(row.id)
             row = following.records[0] if following.records else None
@@ -169,14 +169,14 @@ def test_workers_writing_at_once_share_statements_and_each_record_is_written_onc
 
 
 def test_the_statement_writes_sms_records_too(app: Flask) -> None:
-    # SMS writes go alone (outcomes.SENT_BATCH_CHANNELS: measured slower grouped); the
+    # SMS writes go alone (sent_write.SENT_BATCH_CHANNELS: measured slower grouped); the
     # statement serves both channels, should that change.
     acme = tenant("acme").id
     db.session.commit()
     ids = [accept_sms(app, acme, phoneNumber=f"{UK[:-2]}{10 + i}") for i in range(3)]
     held = claim.claim_due(db.engine, SmsSendRecord, 3)
     batch = [
-        outcomes._SentWrite(
+        sent_write._SentWrite(
             db.engine,
             claimed_of(row, Channel.SMS),
             {"rid": row.id, "ver": row.version, "pmid": f"SM-{row.id}"},
@@ -184,7 +184,7 @@ def test_the_statement_writes_sms_records_too(app: Flask) -> None:
         )
         for row in held
     ]
-    outcomes._flush_sent(batch)
+    sent_write._flush_sent(batch)
     assert [w.count for w in batch] == [1, 1, 1]
     assert {(sms_record(i).status, sms_record(i).provider_message_id) for i in ids} == {
         ("Sent", f"SM-{i}") for i in ids
@@ -203,12 +203,12 @@ def test_of_two_writes_of_one_record_in_a_batch_only_the_current_versions_counts
     current = claimed_of(held, Channel.MAIL)
     stale = Claimed(Channel.MAIL, rid, current.version - 1, acme, 0)
     batch = [write(stale, "<old@relay>"), write(current, "<new@relay>")]
-    outcomes._flush_sent(batch)
+    sent_write._flush_sent(batch)
     assert [(w.count, w.error) for w in batch] == [(0, None), (1, None)]
     row = record(rid)
     assert (row.status, row.provider_message_id) == ("Sent", "<new@relay>")
     # And the lost race is not reported as a send.
-    assert not outcomes.record_sent(db.engine, stale, "<old@relay>")
+    assert not sent_write.record_sent(db.engine, stale, "<old@relay>")
 
 
 def test_a_row_the_statement_refuses_fails_only_its_own_record(
@@ -224,7 +224,7 @@ def test_a_row_the_statement_refuses_fails_only_its_own_record(
     bad = write(c1, "<m1@relay>", attempt=Attempt(started, 0.1, None, "relay", "250", "ok"))
     bad.params["a_message"] = "queued\x00"  # past Attempt.params: PostgreSQL refuses a NUL
     batch = [write(c0, "<m0@relay>"), bad, write(c2, "<m2@relay>", wants_next=True)]
-    outcomes._flush_sent(batch)
+    sent_write._flush_sent(batch)
 
     assert [w.count for w in batch] == [1, 0, 1]
     assert [w.error is None for w in batch] == [True, False, True]
@@ -247,7 +247,7 @@ def test_a_reply_with_a_nul_is_kept_with_a_replacement_character(
     reply = "2.0.0 queued\x00 as X1"
     attempt = Attempt(datetime.now(UTC), 0.1, server.id, "relay\x00x", "250\x00", reply)
     refused = {"x@example.com": [550, "no\x00 such user"]}
-    assert outcomes.record_sent(db.engine, claimed, "<m@relay>", refused=refused, attempt=attempt)
+    assert sent_write.record_sent(db.engine, claimed, "<m@relay>", refused=refused, attempt=attempt)
     row = record(rid)
     assert row.status == "Sent"
     assert row.refused_recipients == {"x@example.com": [550, "no\ufffd such user"]}
@@ -271,12 +271,12 @@ def test_a_write_stuck_at_the_database_holds_up_only_itself(
     held = sorted(claim.claim_due(db.engine, MailSendRecord, 3), key=lambda r: r.id)
     stuck, queued, later = (claimed_of(r, Channel.MAIL) for r in held)
     engine, wait_s = db.engine, 0.3
-    commit = outcomes._committer(engine, Channel.MAIL)
+    commit = sent_write._committer(engine, Channel.MAIL)
     withdrawn = commit.withdrawn
     results: dict[int, bool] = {}
 
     def send(claimed: Claimed) -> None:
-        results[claimed.id] = outcomes.record_sent(
+        results[claimed.id] = sent_write.record_sent(
             engine, claimed, f"<{claimed.id}@t>", batch_wait_s=wait_s
         )
 

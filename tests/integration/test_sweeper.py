@@ -16,7 +16,7 @@ from sqlalchemy.orm import Session
 from portal.config import Settings
 from portal.extensions import db
 from portal.messaging.records import acceptance, validation
-from portal.messaging.sending import outcomes, sweeper
+from portal.messaging.sending import outcomes, sent_write, sweeper
 from portal.messaging.sending.backoff import BackoffPolicy
 from portal.messaging.sending.claim import claim_next
 from portal.messaging.sending.outcomes import Claimed
@@ -294,7 +294,7 @@ def test_a_late_worker_loses_the_version_race_to_the_sweep(app: Flask) -> None:
     )
 
     # The worker comes back from its slow send and writes Sent with the version it claimed.
-    assert outcomes.record_sent(db.engine, stale, "<late@postroom>") is False
+    assert sent_write.record_sent(db.engine, stale, "<late@postroom>") is False
     # ... or a failure: the same, nothing happens.
     policy = BackoffPolicy.from_settings(settings(app))
     assert outcomes.handle_failure(db.engine, stale, "421", "try later", policy=policy) is None
@@ -320,7 +320,7 @@ def test_a_worker_that_finishes_between_the_sweeps_read_and_write_wins(app: Flas
     before = failed_metric("retry")
     # The sweep has read the record (id, version) while it was Sending; then the worker's
     # slow send returns and it writes Sent; then the sweep writes by the version it read.
-    assert outcomes.record_sent(db.engine, claimed, "<done@postroom>") is True
+    assert sent_write.record_sent(db.engine, claimed, "<done@postroom>") is True
     assert sweeper._transition(db.engine, claimed, settings(app)) is None
     row = record(held.id)
     assert (row.status, row.version, row.retry_count, row.error_code) == ("Sent", 2, 0, None)

@@ -12,7 +12,8 @@ from sqlalchemy import func, select
 
 from portal.extensions import db
 from portal.messaging.after_send import suppression
-from portal.messaging.sending.outcomes import Claimed, record_sent
+from portal.messaging.sending.outcomes import Claimed
+from portal.messaging.sending.sent_write import record_sent
 from portal.models import Channel, DeliveryEvent, SendStatus
 from tests.conftest import make_tenant
 from tests.support.after_send import (

@@ -7,7 +7,7 @@ permanent bounce also turns a Sent record into Failed with the bounce code (as t
 bounce path does) and, like a complaint, puts the recipient on the suppression list.
 
 An event that arrives before the record has its provider id is stored unmatched and applied
-by ``apply_retained`` when the id is written (``outcomes.record_sent``, ``resolve_uncertain``).
+by ``apply_retained`` when the id is written (``sent_write.record_sent``, ``resolve_uncertain``).
 
 Every function works in the caller's session and transaction and commits nothing.
 """

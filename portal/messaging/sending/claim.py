@@ -448,7 +448,7 @@ def claim_due(
 @dataclass
 class NextClaim:
     """A pool worker's request, while it works on a record, to claim its next one inside the
-    statement that writes this one Sent (PostgreSQL; ``outcomes.record_sent``): one round
+    statement that writes this one Sent (PostgreSQL; ``sent_write.record_sent``): one round
     trip and one commit fewer per record. ``wanted`` is asked just before (the worker may be
     stopping); ``ran`` says the claim was made (``records`` may then be empty: nothing due)."""
 

@@ -25,7 +25,7 @@ from sqlalchemy.orm import Session
 
 from portal.config import Settings
 from portal.messaging.after_send import suppression
-from portal.messaging.sending import breaker, claim, outbound, outcomes, ratelimit
+from portal.messaging.sending import breaker, claim, outbound, outcomes, ratelimit, sent_write
 from portal.messaging.sending.backoff import BackoffPolicy
 from portal.messaging.sending.breaker import Breaker, ServerDown, Verdict
 from portal.messaging.sending.classify import DeferralCode, MarkerCode
@@ -631,7 +631,7 @@ def _attempt(ctx: MailContext, record: MailSendRecord, holding: _Holding) -> Non
     refused = {k: list(v) for k, v in sent.refused.items()}
     # Suppressed recipients were left out; the record says so beside the server's refusals.
     refused |= {a: [SUPPRESSED, why] for a, why in skip.items()}
-    outcomes.record_sent(
+    sent_write.record_sent(
         ctx.engine,
         claimed,
         prepared.message_id,
@@ -804,7 +804,7 @@ def _attempt_sms(ctx: SmsContext, record: SmsSendRecord, holding: _Holding) -> N
         answer.message,
     )
     if answer.accepted:
-        outcomes.record_sent(
+        sent_write.record_sent(
             ctx.engine,
             claimed,
             answer.provider_message_id,
