@@ -3,13 +3,19 @@
 
 from __future__ import annotations
 
-from typing import Any, cast
+from typing import Any
 
-from portal.web.machine.openapi_schemas import COMMON_RECORD, schemas
+from portal.web.machine.openapi_schemas import COMMON_RECORD, STREAM_ENUM, schemas
+
+
+def _json(ref: str) -> dict[str, Any]:
+    """A JSON body of the schema ``ref``."""
+    return {"application/json": {"schema": {"$ref": ref}}}
+
 
 _ERROR_RESPONSE = {
     "description": "Rejected; nothing was written",
-    "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}},
+    "content": _json("#/components/schemas/Error"),
 }
 
 
@@ -24,7 +30,7 @@ _UNAVAILABLE_RESPONSE = {
         "businessKey, it returns that record (duplicate: true) instead of writing another."
     ),
     "headers": {"Retry-After": {"schema": {"type": "integer"}}},
-    "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}},
+    "content": _json("#/components/schemas/Error"),
 }
 
 
@@ -35,7 +41,7 @@ def _post(summary: str, body_ref: str, ok_ref: str) -> dict[str, Any]:
             "security": [{"apiKey": []}],
             "requestBody": {
                 "required": True,
-                "content": {"application/json": {"schema": {"$ref": body_ref}}},
+                "content": _json(body_ref),
             },
             "description": (
                 "Needs the send scope. A request that could never be sent (an empty subject "
@@ -45,7 +51,7 @@ def _post(summary: str, body_ref: str, ok_ref: str) -> dict[str, Any]:
             "responses": {
                 "202": {
                     "description": "Accepted: written as Pending, delivered in the background",
-                    "content": {"application/json": {"schema": {"$ref": ok_ref}}},
+                    "content": _json(ok_ref),
                 },
                 **_errors("400", "401", "403", "409", "413", "415", "422"),
                 "503": _UNAVAILABLE_RESPONSE,
@@ -64,7 +70,7 @@ def _get(summary: str, ok_ref: str) -> dict[str, Any]:
             "responses": {
                 "200": {
                     "description": "The record",
-                    "content": {"application/json": {"schema": {"$ref": ok_ref}}},
+                    "content": _json(ok_ref),
                 },
                 **_errors("401", "403", "404", "422"),
             },
@@ -106,9 +112,7 @@ def _list(noun: str, record_ref: str) -> dict[str, Any]:
                     + " starting with this (at least 3 characters).",
                     {"type": "string", "minLength": 3, "maxLength": 320},
                 ),
-                _query(
-                    "status", "Only records in this status.", cast(Any, COMMON_RECORD["status"])
-                ),
+                _query("status", "Only records in this status.", COMMON_RECORD["status"]),
                 _query(
                     "templateCode",
                     "Only records sent by this template code.",
@@ -126,7 +130,7 @@ def _list(noun: str, record_ref: str) -> dict[str, Any]:
                     "Changed at or after this time (to sync without status callbacks).",
                     stamp,
                 ),
-                _query("stream", "Only records of this stream.", _STREAM_ENUM),
+                _query("stream", "Only records of this stream.", STREAM_ENUM),
                 _query(
                     "limit",
                     "Records per page (default 50).",
@@ -164,8 +168,6 @@ def _list(noun: str, record_ref: str) -> dict[str, Any]:
     }
 
 
-_STREAM_ENUM: dict[str, Any] = {"type": "string", "enum": ["transactional", "broadcast"]}
-
 _TENANT_PARAM: dict[str, Any] = {
     "name": "tenantId",
     "in": "query",
@@ -200,7 +202,7 @@ def _action(
         "responses": {
             "200": {
                 "description": "Done",
-                "content": {"application/json": {"schema": {"$ref": ok_ref}}},
+                "content": _json(ok_ref),
             },
             **_errors(*errors),
         },
@@ -208,7 +210,7 @@ def _action(
     if body_ref is not None:
         operation["requestBody"] = {
             "required": True,
-            "content": {"application/json": {"schema": {"$ref": body_ref}}},
+            "content": _json(body_ref),
         }
     return {"post": operation}
 
@@ -266,7 +268,7 @@ def _retry_one(kind: str) -> dict[str, Any]:
     operation["post"]["description"] += _RETRY_TEXT
     operation["post"]["requestBody"] = {
         "required": False,
-        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/RetryBody"}}},
+        "content": _json("#/components/schemas/RetryBody"),
     }
     operation["post"]["parameters"] = [
         {
@@ -301,9 +303,7 @@ def _quota_usage() -> dict[str, Any]:
             "responses": {
                 "200": {
                     "description": "The usage",
-                    "content": {
-                        "application/json": {"schema": {"$ref": "#/components/schemas/Usage"}}
-                    },
+                    "content": _json("#/components/schemas/Usage"),
                 },
                 **_errors("401", "403", "404", "422"),
             },

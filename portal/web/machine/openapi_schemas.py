@@ -21,8 +21,11 @@ _EMAIL_LIST = {
 _NULLABLE_STR = {"type": "string", "nullable": True}
 _NULLABLE_TIME = {"type": "string", "format": "date-time", "nullable": True}
 _NULLABLE_INT = {"type": "integer", "nullable": True}
+_SCOPE = {"type": "string", "enum": ["TENANT", "PLATFORM"]}
+STREAM_ENUM: dict[str, Any] = {"type": "string", "enum": ["transactional", "broadcast"]}
+_IDS = {"type": "array", "maxItems": 1000, "items": {"type": "integer", "minimum": 1}}
 
-COMMON_RECORD = {
+COMMON_RECORD: dict[str, Any] = {
     "id": {"type": "integer"},
     "status": {
         "type": "string",
@@ -38,8 +41,8 @@ COMMON_RECORD = {
             "Uncertain",
         ],
     },
-    "scope": {"type": "string", "enum": ["TENANT", "PLATFORM"]},
-    "stream": {"type": "string", "enum": ["transactional", "broadcast"]},
+    "scope": _SCOPE,
+    "stream": STREAM_ENUM,
     "retryCount": {"type": "integer"},
     "nextRetryAt": _NULLABLE_TIME,
     "errorCode": _NULLABLE_STR,
@@ -164,9 +167,7 @@ _MAIL_BODY = (
     "only (422, naming the first given): leave both out, or null, to use the template's body."
 )
 
-_STREAM = {
-    "type": "string",
-    "enum": ["transactional", "broadcast"],
+_STREAM = STREAM_ENUM | {
     "description": (
         "The message stream. Transactional work (one person's receipt, a password reset) is "
         "claimed first; broadcast (newsletters, campaigns) never takes every worker while "
@@ -174,6 +175,37 @@ _STREAM = {
         "named, else transactional. Any other value is refused (422, field stream)."
     ),
 }
+
+# What a mail and an SMS request both take, after their own fields.
+_SEND_OPTIONS = {
+    "scope": _SCOPE,
+    "businessKey": {"type": "string", "minLength": 1, "maxLength": 200},
+    "expiresAt": {"type": "string", "format": "date-time"},
+    "stream": _STREAM,
+    "metadata": _METADATA,
+}
+
+
+def _batch(request_ref: str) -> dict[str, Any]:
+    """Up to MAX_BATCH requests, accepted all or none."""
+    return {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["items"],
+        "properties": {
+            "items": {
+                "type": "array",
+                "minItems": 1,
+                "maxItems": MAX_BATCH,
+                "items": {"$ref": request_ref},
+            }
+        },
+    }
+
+
+def _complete(properties: dict[str, Any]) -> dict[str, Any]:
+    """An object whose every property is always there."""
+    return {"type": "object", "required": list(properties), "properties": properties}
 
 
 def schemas() -> dict[str, Any]:
@@ -206,11 +238,7 @@ def schemas() -> dict[str, Any]:
                 "variables": {"type": "object"},
                 "serverId": {"type": "integer", "minimum": 1},
                 "priority": {"type": "integer", "minimum": 1, "maximum": 5},
-                "scope": {"type": "string", "enum": ["TENANT", "PLATFORM"]},
-                "businessKey": {"type": "string", "minLength": 1, "maxLength": 200},
-                "expiresAt": {"type": "string", "format": "date-time"},
-                "stream": _STREAM,
-                "metadata": _METADATA,
+                **_SEND_OPTIONS,
                 "attachments": {
                     "type": "array",
                     "maxItems": 20,
@@ -245,44 +273,12 @@ def schemas() -> dict[str, Any]:
                 },
                 "templateCode": {"type": "string", "maxLength": 100},
                 "variables": {"type": "object"},
-                "scope": {"type": "string", "enum": ["TENANT", "PLATFORM"]},
-                "businessKey": {"type": "string", "minLength": 1, "maxLength": 200},
-                "expiresAt": {"type": "string", "format": "date-time"},
-                "stream": _STREAM,
-                "metadata": _METADATA,
+                **_SEND_OPTIONS,
             },
         },
-        "MailBatch": {
-            "type": "object",
-            "additionalProperties": False,
-            "required": ["items"],
-            "properties": {
-                "items": {
-                    "type": "array",
-                    "minItems": 1,
-                    "maxItems": MAX_BATCH,
-                    "items": {"$ref": "#/components/schemas/MailRequest"},
-                }
-            },
-        },
-        "SmsBatch": {
-            "type": "object",
-            "additionalProperties": False,
-            "required": ["items"],
-            "properties": {
-                "items": {
-                    "type": "array",
-                    "minItems": 1,
-                    "maxItems": MAX_BATCH,
-                    "items": {"$ref": "#/components/schemas/SmsRequest"},
-                }
-            },
-        },
-        "Accepted": {
-            "type": "object",
-            "required": ["id", "duplicate"],
-            "properties": {"id": {"type": "integer"}, "duplicate": {"type": "boolean"}},
-        },
+        "MailBatch": _batch("#/components/schemas/MailRequest"),
+        "SmsBatch": _batch("#/components/schemas/SmsRequest"),
+        "Accepted": _complete({"id": {"type": "integer"}, "duplicate": {"type": "boolean"}}),
         "BatchAccepted": {
             "type": "object",
             "required": ["items"],
@@ -296,13 +292,7 @@ def schemas() -> dict[str, Any]:
         "Ids": {
             "type": "object",
             "required": ["ids"],
-            "properties": {
-                "ids": {
-                    "type": "array",
-                    "maxItems": 1000,
-                    "items": {"type": "integer", "minimum": 1},
-                }
-            },
+            "properties": {"ids": _IDS},
         },
         "RetryBody": {
             "type": "object",
@@ -318,11 +308,7 @@ def schemas() -> dict[str, Any]:
             "type": "object",
             "required": ["ids"],
             "properties": {
-                "ids": {
-                    "type": "array",
-                    "maxItems": 1000,
-                    "items": {"type": "integer", "minimum": 1},
-                },
+                "ids": _IDS,
                 "expiresAt": {
                     "type": "string",
                     "format": "date-time",
@@ -331,14 +317,12 @@ def schemas() -> dict[str, Any]:
                 },
             },
         },
-        "Cancelled": {
-            "type": "object",
-            "required": ["id", "status"],
-            "properties": {
+        "Cancelled": _complete(
+            {
                 "id": {"type": "integer"},
                 "status": {"type": "string", "enum": ["Cancelled"]},
-            },
-        },
+            }
+        ),
         "Skipped": {
             "type": "array",
             "description": "The ids not acted on, each with the reason",
@@ -348,35 +332,29 @@ def schemas() -> dict[str, Any]:
                 "properties": {"id": {"type": "integer"}, "reason": {"type": "string"}},
             },
         },
-        "BulkCancelled": {
-            "type": "object",
-            "required": ["cancelled", "cancelledIds", "skipped"],
-            "properties": {
+        "BulkCancelled": _complete(
+            {
                 "cancelled": {"type": "integer"},
                 "cancelledIds": {"type": "array", "items": {"type": "integer"}},
                 "skipped": {"$ref": "#/components/schemas/Skipped"},
-            },
-        },
-        "Retried": {
-            "type": "object",
-            "required": ["id", "status", "requeued", "wouldFailAgain"],
-            "properties": {
+            }
+        ),
+        "Retried": _complete(
+            {
                 "id": {"type": "integer"},
                 "status": {"type": "string", "enum": ["Retry"]},
                 "requeued": {"type": "integer"},
                 "wouldFailAgain": {"$ref": "#/components/schemas/WouldFailAgain"},
-            },
-        },
-        "BulkRetried": {
-            "type": "object",
-            "required": ["requeued", "requeuedIds", "skipped", "wouldFailAgain"],
-            "properties": {
+            }
+        ),
+        "BulkRetried": _complete(
+            {
                 "requeued": {"type": "integer"},
                 "requeuedIds": {"type": "array", "items": {"type": "integer"}},
                 "skipped": {"$ref": "#/components/schemas/Skipped"},
                 "wouldFailAgain": {"$ref": "#/components/schemas/WouldFailAgain"},
-            },
-        },
+            }
+        ),
         "WouldFailAgain": {
             "type": "array",
             "description": "Of the records requeued, those whose cause is still there, "
@@ -397,24 +375,20 @@ def schemas() -> dict[str, Any]:
             },
         },
         "Diagnosis": _DIAGNOSIS,
-        "Usage": {
-            "type": "object",
-            "required": ["tenantId", "month", "mail", "sms"],
-            "properties": {
+        "Usage": _complete(
+            {
                 "tenantId": {"type": "integer"},
                 "month": {"type": "string"},
                 "mail": {"$ref": "#/components/schemas/UsageOfChannel"},
                 "sms": {"$ref": "#/components/schemas/UsageOfChannel"},
-            },
-        },
-        "UsageOfChannel": {
-            "type": "object",
-            "required": ["used", "limit"],
-            "properties": {
+            }
+        ),
+        "UsageOfChannel": _complete(
+            {
                 "used": {"type": "integer"},
                 "limit": {"type": "integer", "nullable": True},
-            },
-        },
+            }
+        ),
         "Resolution": {
             "type": "object",
             "required": ["outcome"],
