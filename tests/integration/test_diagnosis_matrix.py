@@ -24,7 +24,7 @@ from sqlalchemy import select, update
 
 from portal.extensions import db
 from portal.messaging.after_send import suppression
-from portal.messaging.records.diagnosis import Reason
+from portal.messaging.records.diagnosis.reasons import Reason
 from portal.messaging.sending.classify import DeferralCode, ErrorCategory, MarkerCode, classify
 from portal.messaging.sending.quota import current_month
 from portal.models import (

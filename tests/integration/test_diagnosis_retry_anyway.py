@@ -21,7 +21,7 @@ from sqlalchemy import select, update
 from portal.extensions import db
 from portal.messaging.after_send import suppression
 from portal.messaging.records import diagnosis
-from portal.messaging.records.diagnosis import Reason
+from portal.messaging.records.diagnosis.reasons import Reason
 from portal.messaging.sending.backoff import BackoffPolicy
 from portal.models import (
     AuditEvent,

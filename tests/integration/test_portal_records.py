@@ -16,6 +16,7 @@ from sqlalchemy import select
 
 from portal.extensions import db
 from portal.messaging.records import diagnosis
+from portal.messaging.records.diagnosis import reasons
 from portal.messaging.sending.classify import CATEGORY_HELP, MARKER_HELP, ErrorCategory, MarkerCode
 from portal.models import (
     AppUser,
@@ -782,9 +783,9 @@ def diagnosed(model: Any, record_id: int) -> diagnosis.Diagnosis:
 
 def test_every_status_has_a_label_and_every_code_a_title() -> None:
     assert set(explain.STATUS_LOOK) == set(SendStatus)
-    assert set(diagnosis.MARKER_TITLE) == set(MarkerCode) == set(MARKER_HELP)
-    assert set(diagnosis.CATEGORY_TITLE) == set(ErrorCategory) == set(CATEGORY_HELP)
-    assert set(diagnosis.REASON_LABEL) == set(diagnosis.Reason)
+    assert set(reasons.MARKER_TITLE) == set(MarkerCode) == set(MARKER_HELP)
+    assert set(reasons.CATEGORY_TITLE) == set(ErrorCategory) == set(CATEGORY_HELP)
+    assert set(reasons.REASON_LABEL) == set(reasons.Reason)
     assert explain.label("Teleported") == "Teleported"
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from portal.messaging.records.diagnosis import Reason
+from portal.messaging.records.diagnosis.reasons import Reason
 from portal.messaging.records.validation import MAX_BATCH, MAX_RECIPIENTS
 
 _EMAIL_LIST = {
@@ -79,7 +79,7 @@ COMMON_RECORD: dict[str, Any] = {
 }
 
 
-# Why a retry now would fail again: a record's diagnosis (messaging.records.diagnosis.Reason).
+# Why a retry now would fail again: a record's diagnosis (``diagnosis.reasons.Reason``).
 _REASON: dict[str, Any] = {"type": "string", "enum": [r.value for r in Reason]}
 
 _DIAGNOSIS: dict[str, Any] = {

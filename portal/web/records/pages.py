@@ -36,7 +36,8 @@ from werkzeug.datastructures import MultiDict
 
 from portal.extensions import db
 from portal.messaging.records import cancel, diagnosis
-from portal.messaging.records.diagnosis import REASON_LABEL, Diagnosis, Reason
+from portal.messaging.records.diagnosis import Diagnosis
+from portal.messaging.records.diagnosis.reasons import REASON_LABEL, Reason
 from portal.messaging.records.retry import (
     MAX_BULK,
     REFUSAL_REASONS,
