@@ -159,16 +159,18 @@ _UNAUDITED = frozenset({"id", "tenant_id", "config_version", "created_time", "up
 
 
 def changed_fields(pages: Pages[C], row: C) -> list[str]:
-    """The labels of the fields the pending update changes (before the flush). A secret is
-    named ("Password"), never shown: its column only says that a new ciphertext was set."""
+    """The labels of the fields the pending update changes (before the flush), in the form's
+    order. A secret is named ("Password"), never shown: its column only says that a new
+    ciphertext was set."""
     state = inspect(row)
-    changed = []
+    names = []
     for column in state.mapper.column_attrs:
         if column.key in _UNAUDITED or not state.attrs[column.key].history.has_changes():
             continue
-        name = column.key.removesuffix("_encrypted")
-        changed.append(pages.labels.get(name, name.replace("_", " ").capitalize()))
-    return changed
+        names.append(column.key.removesuffix("_encrypted"))
+    order = {name: i for i, name in enumerate(pages.labels)}
+    names.sort(key=lambda name: order.get(name, len(order)))
+    return [pages.labels.get(name, name.replace("_", " ").capitalize()) for name in names]
 
 
 def save(pages: Pages[C], row: C, form: Form, changed: list[str] | None = None) -> bool:
