@@ -5,79 +5,40 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import (
-    JSON,
-    Boolean,
-    ForeignKey,
-    Index,
-    Integer,
-    String,
-    Text,
-    UniqueConstraint,
-    text,
-)
+from sqlalchemy import JSON, Boolean, ForeignKey, Index, Integer, String, Text, text
 from sqlalchemy.orm import Mapped, mapped_column
 
-from portal.models import secretbox
-from portal.models.base import Base, BigId, UTCDateTime, db_now
-from portal.models.enums import SmtpSecurity, UncertainPolicy
-from portal.models.record import (
-    SCAN_TABLE_STORAGE,
-    STREAM_DEFAULT,
-    SendRecordMixin,
-    Stream,
-    decision_index,
-    fair_indexes,
-)
+from portal.models.base import Base, BigId, UTCDateTime
+from portal.models.channels import Secret, SendConfigBase, TemplateBase, record_table_args
+from portal.models.enums import Channel, SmtpSecurity
+from portal.models.record import SendRecordMixin
 
 
-class MailTemplate(Base):
-    """A tenant-authored mail template (untrusted: rendered in the sandbox)."""
+class MailTemplate(TemplateBase, Base):
+    """A tenant-authored mail template: a subject and an HTML and/or a text body, and what a
+    send that uses it takes from it unless the send gives its own."""
 
     __tablename__ = "mail_template"
-    __table_args__ = (UniqueConstraint("tenant_id", "code"),)
+    channel = Channel.MAIL
+    noun = "mail template"
+    sources = ("subject", "html_body", "text_body")
 
-    id: Mapped[int] = mapped_column(BigId, primary_key=True)
-    tenant_id: Mapped[int] = mapped_column(ForeignKey("tenant.id"))
-    code: Mapped[str] = mapped_column(String(100))
-    name: Mapped[str] = mapped_column(String(200), default="")
     subject: Mapped[str] = mapped_column(Text, default="")
     html_body: Mapped[str | None] = mapped_column(Text)
     text_body: Mapped[str | None] = mapped_column(Text)
-    enabled: Mapped[bool] = mapped_column(Boolean, default=True, server_default=text("true"))
-    # The stream of a send that names this template and no stream of its own.
-    stream: Mapped[str] = mapped_column(
-        String(16), default=Stream.TRANSACTIONAL.value, server_default=text(STREAM_DEFAULT)
-    )
     priority: Mapped[int | None] = mapped_column(Integer)
     reply_to: Mapped[str | None] = mapped_column(String(320))
     preferred_server_id: Mapped[int | None] = mapped_column(
         ForeignKey("mail_send_server_config.id", ondelete="SET NULL")
     )
     attachments: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON)
-    # A strict template refuses, at acceptance, a send that lacks a variable it
-    # needs; on for new templates, off for those that existed before (migration 0013).
-    strict_variables: Mapped[bool] = mapped_column(
-        Boolean, default=True, server_default=text("false")
-    )
-    # The editor's sample variables (preview, Send test, a dry run with no records yet).
-    sample_variables: Mapped[dict[str, Any] | None] = mapped_column(JSON)
-    version: Mapped[int] = mapped_column(Integer, default=1, server_default=text("1"))
-    created_time: Mapped[datetime] = mapped_column(UTCDateTime, server_default=db_now())
-    updated_time: Mapped[datetime] = mapped_column(
-        UTCDateTime, server_default=db_now(), onupdate=db_now()
-    )
 
 
-class MailSendServerConfig(Base):
-    """An SMTP server a tier sends through; ``config_version`` is bumped by every save."""
+class MailSendServerConfig(SendConfigBase, Base):
+    """An SMTP server a tier sends through: where it is, how to log in, and whom mail is from."""
 
     __tablename__ = "mail_send_server_config"
-    __table_args__ = (UniqueConstraint("tenant_id", "name"),)
 
-    id: Mapped[int] = mapped_column(BigId, primary_key=True)
-    tenant_id: Mapped[int] = mapped_column(ForeignKey("tenant.id"), index=True)
-    name: Mapped[str] = mapped_column(String(200))
     host: Mapped[str] = mapped_column(String(255))
     port: Mapped[int] = mapped_column(Integer, default=587)
     security: Mapped[str] = mapped_column(String(16), default=SmtpSecurity.STARTTLS.value)
@@ -88,53 +49,15 @@ class MailSendServerConfig(Base):
     from_name: Mapped[str | None] = mapped_column(String(200))
     reply_to: Mapped[str | None] = mapped_column(String(320))
     read_receipt: Mapped[bool] = mapped_column(Boolean, default=False, server_default=text("false"))
-    is_default: Mapped[bool] = mapped_column(Boolean, default=False, server_default=text("false"))
-    enabled: Mapped[bool] = mapped_column(Boolean, default=True, server_default=text("true"))
-    daily_send_limit: Mapped[int | None] = mapped_column(Integer)
-    rate_limit_per_minute: Mapped[int | None] = mapped_column(Integer)
-    uncertain_policy: Mapped[str] = mapped_column(
-        String(16), default=UncertainPolicy.RETRY.value, server_default=text("'retry'")
-    )
-    config_version: Mapped[int] = mapped_column(Integer, default=1, server_default=text("1"))
-    created_time: Mapped[datetime] = mapped_column(UTCDateTime, server_default=db_now())
-    updated_time: Mapped[datetime] = mapped_column(
-        UTCDateTime, server_default=db_now(), onupdate=db_now()
-    )
 
-    @property
-    def password(self) -> str | None:
-        """The decrypted password (for the transport only; never rendered)."""
-        return secretbox.decrypt(self.password_encrypted) if self.password_encrypted else None
-
-    @password.setter
-    def password(self, value: str | None) -> None:
-        if value and self.password_encrypted:
-            try:
-                if secretbox.decrypt(self.password_encrypted) == value:
-                    return  # unchanged: a fresh ciphertext would look like a change
-            except secretbox.SecretUnavailable:
-                pass  # unreadable since SECRET_KEY changed: the new value replaces it
-        self.password_encrypted = secretbox.encrypt(value) if value else None
+    password = Secret()  # for the transport only; never rendered
 
 
 class MailSendRecord(SendRecordMixin, Base):
     """One mail: the caller's request, what preparation froze, and what happened."""
 
     __tablename__ = "mail_send_record"
-    __table_args__ = (
-        Index("idx_mail_send_status_updated", "status", "updated_time"),
-        Index("idx_mail_send_status_retry", "status", "next_retry_at"),
-        Index("idx_mail_send_tenant_created", "tenant_id", "id"),
-        # The dashboard: per-tenant status counts and the last 24 hours.
-        Index("idx_mail_send_tenant_status", "tenant_id", "status", "id"),
-        Index("idx_mail_send_created", "created_time"),
-        *fair_indexes("mail_send"),
-        decision_index("mail_send"),
-        UniqueConstraint("tenant_id", "business_key", name="uq_mail_send_business_key"),
-        # Ids are never reused (Message-IDs and idempotency keys are built from them), also on
-        # SQLite after retention purged the newest records (migration 0017).
-        {"postgresql_with": SCAN_TABLE_STORAGE, "sqlite_autoincrement": True},
-    )
+    __table_args__ = record_table_args("mail_send")
 
     # The caller's request.
     to_addrs: Mapped[list[str]] = mapped_column(JSON)
