@@ -17,7 +17,7 @@ from sqlalchemy import Select, func, select
 from sqlalchemy import update as sql_update
 
 from portal.extensions import db
-from portal.messaging.records.diagnosis import Diagnosis
+from portal.messaging.records.diagnosis import Diagnosis, refusal
 from portal.models import AuditAction, Channel, DeadLetterMessage, TriageStatus, db_now
 from portal.web.access import Permission, audit, can, requires, user, viewed_tenant
 from portal.web.forms import is_htmx
@@ -35,7 +35,6 @@ from portal.web.records.pages import (
     parse_id,
     parse_ids,
     pretty_json,
-    refusal,
     tenant_names,
     viewer_role,
 )

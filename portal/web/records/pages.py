@@ -36,11 +36,10 @@ from werkzeug.datastructures import MultiDict
 
 from portal.extensions import db
 from portal.messaging.records import cancel, diagnosis
-from portal.messaging.records.diagnosis import Diagnosis
+from portal.messaging.records.diagnosis import Diagnosis, refusal
 from portal.messaging.records.diagnosis.reasons import REASON_LABEL, Reason
 from portal.messaging.records.retry import (
     MAX_BULK,
-    REFUSAL_REASONS,
     Model,
     new_expiry,
     resend_as_new,
@@ -387,13 +386,6 @@ def find_record(kind: Kind, record_id: int, tenant: int | None) -> Any:
     if record is None:
         abort(404)
     return record
-
-
-def refusal(status: str) -> str | None:
-    """Why a record in ``status`` cannot be retried, or None when it can."""
-    if status in RETRYABLE:
-        return None
-    return REFUSAL_REASONS.get(status, f"its status {status} cannot be retried")
 
 
 def pretty_json(value: Any) -> str:

@@ -101,6 +101,7 @@ MAIL_COLUMNS = (
     "bounce_code",
 )
 SMS_COLUMNS = ("phone_number", "country_code", "content", "provider_config_id")
+_RETRYABLE = frozenset(s.value for s in RETRYABLE_BY_HAND)
 
 
 @dataclass(frozen=True)
@@ -174,7 +175,6 @@ def _diagnose(record: Record, reads: Reads, now: datetime, charged: dict[int, in
     except ValueError:
         status = None
     retryable = status in RETRYABLE_BY_HAND
-    refusal = None if retryable else _refusal(record.status)
     mine = {
         a: why
         for a in suppression.recipients(record)
@@ -194,24 +194,18 @@ def _diagnose(record: Record, reads: Reads, now: datetime, charged: dict[int, in
         action=action,
         who=who,
         retryable=retryable,
-        refusal=refusal,
+        refusal=None if retryable else refusal(record.status),
         ambiguous=bool(record.ambiguous_attempt),
         suppressed=mine,
         notes=notes,
     )
 
 
-def _refusal(status: str) -> str:
+def refusal(status: str) -> str | None:
+    """Why a record in ``status`` cannot be retried by a person, or None when it can."""
+    if status in _RETRYABLE:
+        return None
     return REFUSAL_REASONS.get(status, f"its status {status} cannot be retried")
-
-
-def reason_counts(diagnoses: Sequence[Diagnosis]) -> list[tuple[Reason, int]]:
-    """How many of ``diagnoses`` would fail again, per reason, the commonest first."""
-    counts: dict[Reason, int] = {}
-    for found in diagnoses:
-        if found.reason is not None:
-            counts[found.reason] = counts.get(found.reason, 0) + 1
-    return sorted(counts.items(), key=lambda item: (-item[1], item[0].value))
 
 
 def as_json(found: Diagnosis) -> dict[str, Any]:
