@@ -1,12 +1,13 @@
 """The flow the configuration pages share (mail servers, bounce mailboxes, SMS providers): the
-edit page, adding and saving a row with its name unique in the tier, deleting after a confirm
-page, the audit row of each change, and the answer of Test connection.
+list, the edit page, adding and saving a row with its name unique in the tier, deleting after a
+confirm page, the audit row of each change, and Test connection within the caps.
 
 Each module describes its row as a ``Pages``, as the template editor's channels describe
 themselves as a ``template_pages.Kind``; ``add_routes`` gives its blueprint the views that are
-the same for every row (new, create, edit, update), and the module keeps its own where the pages
-differ (the list, what blocks a deletion, how its connection is tested). Every edit page extends
-``templates/shared/config_edit.html``, every connection test page is
+the same for every row (index, new, create, edit, update, test, and for a server or provider
+delete), and the module keeps only what is its own: its fields, what its list and edit page
+show besides the rows, what deleting would do, and how its connection is tested. Every edit
+page extends ``templates/shared/config_edit.html``, every connection test page is
 ``templates/shared/config_test.html``.
 
 Deleting takes two steps and no JavaScript: the Delete button (a GET, or a POST without
@@ -18,18 +19,20 @@ that makes the change; an update's remark names the fields that changed, never a
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from flask import Blueprint, Response, flash, redirect, render_template, request, url_for
 from flask.typing import ResponseReturnValue
+from markupsafe import escape
 from sqlalchemy import ColumnElement, func, inspect, or_, select, true
 from sqlalchemy import update as sql_update
 from sqlalchemy.exc import IntegrityError
 
 from portal.extensions import db
-from portal.messaging.sending import health
+from portal.messaging.sending import health, outbound
 from portal.models import (
     AuditAction,
     Channel,
@@ -40,9 +43,19 @@ from portal.models import (
     SmsProviderConfig,
     SmsSendRecord,
 )
+from portal.models.secretbox import SecretUnavailable
 from portal.tenancy import PLATFORM_TENANT_ID
 from portal.web.access import Permission, audit, requires
-from portal.web.forms import Form, is_htmx, owned, settings, tier_name, varies, viewed_tier
+from portal.web.forms import (
+    Form,
+    form_data,
+    is_htmx,
+    owned,
+    settings,
+    tier_name,
+    varies,
+    viewed_tier,
+)
 
 C = TypeVar("C", MailSendServerConfig, MailReceiveConfig, SmsProviderConfig)
 # The kinds of row that carry sends, and so have a health.
@@ -66,13 +79,17 @@ class Pages(Generic[C]):
     add_title: str  # "Add a mail server": a new row's page
     labels: Mapping[str, str]
     read: Callable[[Form, C, int], bool]  # check the form and copy it onto the row, in a tier
+    listing: Callable[[int, Sequence[C]], dict[str, Any]]  # the list page's rows, and the rest
     context: Callable[[C | None], dict[str, Any]]  # what else the edit page shows
+    check: Callable[[C, int], dict[str, object]]  # Test connection's answer (may raise Busy)
     audit_type: str  # "mail_server": the audit rows' target_type
-    form_of: Callable[[C], Form]  # a saved row's form (secrets left blank)
     defaults: Mapping[str, str]  # a new row's form
     added_hint: str = ""  # what the message after adding adds
     on_save: Callable[[C], None] | None = None  # after the flush, before the commit
     test_title: str = "Connection test"  # the test page's heading
+    # What deleting a server or provider would do; None: the module has its own delete view.
+    deletion: Callable[[C], Deletion] | None = None
+    shown: Callable[[C], dict[str, object]] | None = None  # saved values the form shows its way
 
     @property
     def heading(self) -> str:
@@ -90,6 +107,15 @@ class Pages(Generic[C]):
     def called(self, row: C) -> str:
         """How an audit remark or a message names the row: "mail server 'relay'"."""
         return f"{self.noun} {row.name!r}"
+
+    def form_of(self, row: C) -> Form:
+        """A saved row's form: each labelled field that is a column of the row, as ``shown``
+        has it if it says (a secret is no column: it is kept encrypted, and never shown)."""
+        columns = inspect(self.model).column_attrs.keys()
+        values = {name: getattr(row, name) for name in self.labels if name in columns}
+        if self.shown is not None:
+            values |= self.shown(row)
+        return Form(form_data(**values), self.labels)
 
 
 def page(
@@ -126,6 +152,48 @@ def listed(pages: Pages[C], tier: int) -> Sequence[C]:
     return db.session.scalars(
         select(model).where(model.tenant_id == tier).order_by(model.name)
     ).all()
+
+
+# --- the fields -----------------------------------------------------------------------------
+
+# The fields of a server the service logs in to (a mail server, a bounce mailbox).
+SERVER_LABELS = {
+    "name": "Name",
+    "host": "Host",
+    "port": "Port",
+    "security": "Security",
+    "verify_tls": "Check the server's TLS certificate",
+    "username": "Username",
+    "password": "Password",
+}
+
+
+def check_host(
+    form: Form, tier: int, host: str | None, port: int, *, forbidden: str, example: str
+) -> None:
+    """A host is a name or an IP address (none of the ``forbidden`` characters) that the tier's
+    outbound policy lets the service connect to on ``port``; else an error of the form."""
+    if host is None:
+        return
+    if any(c.isspace() or c in forbidden for c in host):
+        form.fail("host", f"must be a host name or IP address, such as {example}")
+        return
+    allowed = outbound.allows_private(settings(), tier)
+    problem = outbound.host_problem(host, port, allow_private=allowed)
+    if problem:
+        form.fail("host", f"cannot be used: {problem}")
+
+
+def unreadable(row: object, *secrets: str) -> list[str]:
+    """The ``secrets`` stored on ``row`` that can no longer be decrypted (SECRET_KEY changed):
+    the edit page says so, and a new value replaces them."""
+    found = []
+    for name in secrets:
+        try:
+            getattr(row, name)  # decrypting is the check
+        except SecretUnavailable:
+            found.append(name)
+    return found
 
 
 def check_name(pages: Pages[C], form: Form, row: C, tier: int, name: str | None) -> None:
@@ -288,15 +356,45 @@ def connection(pages: Pages[C], row: C, **context: object) -> Response:
     return varies(Response(html))
 
 
+def busy_response(busy: outbound.Busy) -> Response:
+    """429 for a Test button pressed while too many connection tests run (the caps of
+    ``outbound.test_slot``), with when to try again. To the button's htmx request, the status
+    box it swaps (its id from ``HX-Target``), so the page says why nothing was tested."""
+    target = request.headers.get("HX-Target", "")
+    if re.fullmatch(r"connection-[0-9A-Za-z_-]{1,40}", target):
+        body = (
+            f'<div id="{target}" role="status" class="connection connection-bad">'
+            f"{escape(str(busy))}</div>"
+        )
+        response = Response(body, 429, mimetype="text/html")
+    else:
+        response = Response(str(busy), 429, mimetype="text/plain")
+    response.headers["Retry-After"] = str(busy.retry_after_s)
+    return response
+
+
 # --- the views every configuration row has ----------------------------------------------
 
 
 def add_routes(bp: Blueprint, pages: Pages[C]) -> None:
-    """The views that are the same for every kind of row: ``new`` (an empty form),
-    ``create``, ``edit`` (a saved row's form; secrets are never shown) and ``update`` (the next
-    send or fetch uses the new settings), at the URLs every row has."""
+    """The views that are the same for every kind of row, at the URLs every row has: ``index``
+    (the tier's rows), ``new`` (an empty form), ``create``, ``edit`` (a saved row's form;
+    secrets are never shown), ``update`` (the next send or fetch uses the new settings),
+    ``test`` (its connection), and for a server or provider ``delete``."""
     row_url = f"/<int:{pages.row_name}_id>"
+    row_key = f"{pages.row_name}_id"
     edit_config = requires(Permission.EDIT_CONFIG)
+
+    def index() -> str:
+        """The viewed tier's rows, by name."""
+        tier = viewed_tier()
+        rows = listed(pages, tier)
+        return render_template(
+            f"{pages.blueprint}/index.html",
+            tier_name=tier_name(tier),
+            health=health_of(pages, rows),
+            **pages.listing(tier, rows),
+        )
 
     def new() -> tuple[str, int]:
         """An empty form for a new row of the viewed tier."""
@@ -308,17 +406,41 @@ def add_routes(bp: Blueprint, pages: Pages[C]) -> None:
 
     def edit(**row_id: int) -> tuple[str, int]:
         """The row's form (secrets are never shown)."""
-        row = owned(pages.model, row_id[f"{pages.row_name}_id"], viewed_tier())
+        row = owned(pages.model, row_id[row_key], viewed_tier())
         return page(pages, row, pages.form_of(row))
 
     def update_view(**row_id: int) -> ResponseReturnValue:
         """Save the row; the next send or fetch through it uses the new settings."""
-        return update(pages, row_id[f"{pages.row_name}_id"])
+        return update(pages, row_id[row_key])
 
+    def test(**row_id: int) -> ResponseReturnValue:
+        """Test the saved row's connection: what it answered or the error, a few seconds at
+        most, and only as many at once as the caps allow (else 429)."""
+        tier = viewed_tier()
+        row = owned(pages.model, row_id[row_key], tier)
+        try:
+            context = pages.check(row, tier)
+        except outbound.Busy as busy:
+            return busy_response(busy)
+        return connection(pages, row, **context)
+
+    bp.add_url_rule("/", "index", edit_config(index), methods=["GET"])
     bp.add_url_rule("/new", "new", edit_config(new), methods=["GET"])
     bp.add_url_rule("/", "create", edit_config(create_view), methods=["POST"])
     bp.add_url_rule(f"{row_url}/edit", "edit", edit_config(edit), methods=["GET"])
     bp.add_url_rule(row_url, "update", edit_config(update_view), methods=["POST"])
+    bp.add_url_rule(f"{row_url}/test", "test", edit_config(test), methods=["POST"])
+    deletion = pages.deletion
+    if deletion is None:
+        return
+
+    def delete(**row_id: int) -> ResponseReturnValue:
+        """Say what deleting the row would do; with ``confirm=yes``, delete it. One that send
+        records use is never deleted (disable it instead)."""
+        row = owned(pages.model, row_id[row_key], viewed_tier())
+        return delete_unless_used(pages, row, deletion(row))
+
+    bp.add_url_rule(f"{row_url}/delete", "delete", edit_config(delete), methods=["GET", "POST"])
 
 
 # --- servers and providers: what their send records hold them to --------------------------
@@ -358,7 +480,7 @@ def use_of(
     return Use(used is not None, waiting or 0, whose)
 
 
-def delete_unless_used(pages: Pages[D], row: D, deletion: Deletion) -> ResponseReturnValue:
+def delete_unless_used(pages: Pages[C], row: C, deletion: Deletion) -> ResponseReturnValue:
     """Delete's two steps for a server or provider: the confirm page, then the deletion,
     unless send records use the row (``deletion.refused``): it is disabled instead."""
     if not confirmed():

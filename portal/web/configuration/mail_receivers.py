@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from flask import Blueprint, flash, redirect, render_template, request, url_for
+from flask import Blueprint, flash, redirect, request, url_for
 from flask.typing import ResponseReturnValue
 from sqlalchemy import func, select
 
@@ -35,19 +35,11 @@ from portal.models import (
 from portal.models.secretbox import SecretUnavailable
 from portal.web.access import Permission, audit, requires
 from portal.web.configuration import config_pages
-from portal.web.configuration.mail_servers import busy_response
-from portal.web.forms import Form, form_data, owned, settings, tier_name, viewed_tier
+from portal.web.forms import Form, owned, settings, viewed_tier
 
 bp = Blueprint("mail_receivers", __name__, url_prefix="/mail-receivers")
 
-LABELS = {
-    "name": "Name",
-    "host": "Host",
-    "port": "Port",
-    "security": "Security",
-    "verify_tls": "Check the server's TLS certificate",
-    "username": "Username",
-    "password": "Password",
+LABELS = config_pages.SERVER_LABELS | {
     "secret": "Password",  # the column's name, for the audit remark of a change
     "folder": "Folder",
     "enabled": "Enabled",
@@ -70,13 +62,9 @@ def _read(form: Form, box: MailReceiveConfig, tier: int) -> bool:
     username = form.text("username", required=True, max_len=320)
     password = form.text("password", max_len=500)
     folder = form.text("folder", max_len=200)
-    if host is not None and any(c.isspace() or c in "/@:" for c in host):
-        form.fail("host", "must be a host name or IP address, such as imap.example.com")
-    elif host is not None:
-        allowed = outbound.allows_private(settings(), tier)
-        problem = outbound.host_problem(host, port or 993, allow_private=allowed)
-        if problem:
-            form.fail("host", f"cannot be used: {problem}")
+    config_pages.check_host(
+        form, tier, host, port or 993, forbidden="/@:", example="imap.example.com"
+    )
     if not box.secret_encrypted and password is None and "password" not in form.errors:
         form.fail("password", "is required (the mailbox is read by logging in)")
     if form.flag("remove_password") and password is None:
@@ -103,22 +91,6 @@ def _read(form: Form, box: MailReceiveConfig, tier: int) -> bool:
     box.folder = folder or "INBOX"
     box.enabled = form.flag("enabled")
     return True
-
-
-def _form_of(box: MailReceiveConfig) -> Form:
-    return Form(
-        form_data(
-            name=box.name,
-            host=box.host,
-            port=box.port,
-            security=box.security,
-            verify_tls=box.verify_tls,
-            username=box.username,
-            folder=box.folder,
-            enabled=box.enabled,
-        ),
-        LABELS,
-    )
 
 
 # --- how far the fetch job has read ---------------------------------------------------------
@@ -236,44 +208,9 @@ def _context(box: MailReceiveConfig | None) -> dict[str, Any]:
     return {"security_options": SECURITY_OPTIONS, "reading": reading}
 
 
-PAGES = config_pages.Pages(
-    model=MailReceiveConfig,
-    blueprint="mail_receivers",
-    row_name="box",
-    noun="bounce mailbox",
-    title="Bounce mailboxes",
-    add_title="Add a bounce mailbox",
-    labels=LABELS,
-    read=_read,
-    context=_context,
-    audit_type="mail_receiver",
-    form_of=_form_of,
-    defaults={
-        "port": "993",
-        "security": SmtpSecurity.SSL.value,
-        "verify_tls": "on",
-        "folder": "INBOX",
-        "enabled": "on",
-    },
-    added_hint=" Test its connection below.",
-)
-
-
-@bp.get("/")
-@requires(Permission.EDIT_CONFIG)
-def index() -> str:
-    """The viewed tier's bounce mailboxes and how far each has been read."""
-    tier = viewed_tier()
-    boxes = config_pages.listed(PAGES, tier)
-    return render_template(
-        "mail_receivers/index.html",
-        boxes=boxes,
-        readings=readings(tier, boxes),
-        tier_name=tier_name(tier),
-    )
-
-
-config_pages.add_routes(bp, PAGES)
+def _listing(tier: int, boxes: Sequence[MailReceiveConfig]) -> dict[str, Any]:
+    """The list page: each mailbox and how far it has been read."""
+    return {"boxes": boxes, "readings": readings(tier, boxes)}
 
 
 @bp.post("/<int:box_id>/enabled")
@@ -427,22 +364,37 @@ def check_connection(address: MailboxAddress) -> ConnectionResult:
     )
 
 
-@bp.post("/<int:box_id>/test")
-@requires(Permission.EDIT_CONFIG)
-def test(box_id: int) -> ResponseReturnValue:
-    """Log in to the saved mailbox and open its folder read-only: its count or the error (a
-    few seconds at most, and only as many at once as the caps allow)."""
-    tier = viewed_tier()
-    box = owned(MailReceiveConfig, box_id, tier)
+def _check(box: MailReceiveConfig, tier: int) -> dict[str, object]:
+    """Log in to the saved mailbox and open its folder read-only: its count or the error."""
     timeout = min(TEST_TIMEOUT_S, settings().outbound_test_timeout_s)
     address = mailbox_address(box, timeout)
     db.session.close()  # no database connection held while the IMAP server answers
     if isinstance(address, str):
-        result = ConnectionResult(address)
-    else:
-        try:
-            with outbound.test_slot(settings(), tier):
-                result = check_connection(address)
-        except outbound.Busy as busy:
-            return busy_response(busy)
-    return config_pages.connection(PAGES, box, result=result)
+        return {"result": ConnectionResult(address)}
+    with outbound.test_slot(settings(), tier):
+        return {"result": check_connection(address)}
+
+
+PAGES = config_pages.Pages(
+    model=MailReceiveConfig,
+    blueprint="mail_receivers",
+    row_name="box",
+    noun="bounce mailbox",
+    title="Bounce mailboxes",
+    add_title="Add a bounce mailbox",
+    labels=LABELS,
+    read=_read,
+    listing=_listing,
+    context=_context,
+    check=_check,
+    audit_type="mail_receiver",
+    defaults={
+        "port": "993",
+        "security": SmtpSecurity.SSL.value,
+        "verify_tls": "on",
+        "folder": "INBOX",
+        "enabled": "on",
+    },
+    added_hint=" Test its connection below.",
+)
+config_pages.add_routes(bp, PAGES)

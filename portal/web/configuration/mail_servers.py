@@ -14,12 +14,10 @@ says so when the stored password can no longer be decrypted (a new one replaces 
 
 from __future__ import annotations
 
-import re
+from collections.abc import Sequence
 from typing import Any
 
-from flask import Blueprint, Response, render_template, request, url_for
-from flask.typing import ResponseReturnValue
-from markupsafe import escape
+from flask import Blueprint, url_for
 
 from portal.messaging.sending import outbound
 from portal.messaging.sending.transports.smtp import (
@@ -29,37 +27,16 @@ from portal.messaging.sending.transports.smtp import (
     shown_error,
     test_connection,
 )
-from portal.models import (
-    MailSendRecord,
-    MailSendServerConfig,
-    SmtpSecurity,
-    UncertainPolicy,
-)
+from portal.models import MailSendRecord, MailSendServerConfig, SmtpSecurity, UncertainPolicy
 from portal.models.secretbox import SecretUnavailable
 from portal.tenancy import PLATFORM_TENANT_ID
-from portal.web.access import Permission, requires
 from portal.web.configuration import config_pages
-from portal.web.forms import (
-    Form,
-    form_data,
-    owned,
-    replace_secret,
-    settings,
-    tier_name,
-    viewed_tier,
-)
+from portal.web.forms import Form, replace_secret, settings
 from portal.web.machine.webhooks import GENERIC, SIGNATURE_HEADER, mail_webhook_secret
 
 bp = Blueprint("mail_servers", __name__, url_prefix="/mail-servers")
 
-LABELS = {
-    "name": "Name",
-    "host": "Host",
-    "port": "Port",
-    "security": "Security",
-    "verify_tls": "Check the server's TLS certificate",
-    "username": "Username",
-    "password": "Password",
+LABELS = config_pages.SERVER_LABELS | {
     "from_address": "From address",
     "from_name": "From name",
     "reply_to": "Reply-To",
@@ -95,13 +72,9 @@ def _read(form: Form, server: MailSendServerConfig, tier: int) -> bool:
     daily = form.number("daily_send_limit")
     per_minute = form.number("rate_limit_per_minute")
     policy = form.choice("uncertain_policy", [p.value for p in UncertainPolicy], "retry")
-    if host is not None and any(c.isspace() or c in "/@" for c in host):
-        form.fail("host", "must be a host name or IP address, such as smtp.example.com")
-    elif host is not None:
-        allowed = outbound.allows_private(settings(), tier)
-        problem = outbound.host_problem(host, port or 587, allow_private=allowed)
-        if problem:
-            form.fail("host", f"cannot be used: {problem}")
+    config_pages.check_host(
+        form, tier, host, port or 587, forbidden="/@", example="smtp.example.com"
+    )
     if not from_address and not username and not {"from_address", "username"} & set(form.errors):
         form.fail("from_address", "or a username is required (the sender is one of them)")
     config_pages.check_name(PAGES, form, server, tier, name)
@@ -129,29 +102,6 @@ def _read(form: Form, server: MailSendServerConfig, tier: int) -> bool:
     return True
 
 
-def _form_of(server: MailSendServerConfig) -> Form:
-    return Form(
-        form_data(
-            name=server.name,
-            host=server.host,
-            port=server.port,
-            security=server.security,
-            verify_tls=server.verify_tls,
-            username=server.username,
-            from_address=server.from_address,
-            from_name=server.from_name,
-            reply_to=server.reply_to,
-            read_receipt=server.read_receipt,
-            is_default=server.is_default,
-            enabled=server.enabled,
-            daily_send_limit=server.daily_send_limit,
-            rate_limit_per_minute=server.rate_limit_per_minute,
-            uncertain_policy=server.uncertain_policy,
-        ),
-        LABELS,
-    )
-
-
 def webhook_of(server: MailSendServerConfig) -> dict[str, str]:
     """Where the server's delivery events are posted, and the secret that signs them
     (for templates/shared/_webhook.html).
@@ -177,13 +127,8 @@ def webhook_of(server: MailSendServerConfig) -> dict[str, str]:
     }
 
 
-def unreadable(server: MailSendServerConfig) -> list[str]:
-    """The form's secrets that are stored but cannot be decrypted (SECRET_KEY changed)."""
-    try:
-        _ = server.password  # decrypting is the check
-    except SecretUnavailable:
-        return ["password"]
-    return []
+def _listing(tier: int, servers: Sequence[MailSendServerConfig]) -> dict[str, Any]:
+    return {"servers": servers}
 
 
 def _context(server: MailSendServerConfig | None) -> dict[str, Any]:
@@ -192,43 +137,8 @@ def _context(server: MailSendServerConfig | None) -> dict[str, Any]:
         "security_options": SECURITY_OPTIONS,
         "uncertain_options": UNCERTAIN_OPTIONS,
         "webhook": webhook_of(server) if server is not None else None,
-        "unreadable": unreadable(server) if server is not None else [],
+        "unreadable": config_pages.unreadable(server, "password") if server is not None else [],
     }
-
-
-PAGES = config_pages.Pages(
-    model=MailSendServerConfig,
-    blueprint="mail_servers",
-    row_name="server",
-    noun="mail server",
-    title="Mail servers",
-    add_title="Add a mail server",
-    labels=LABELS,
-    read=_read,
-    context=_context,
-    audit_type="mail_server",
-    form_of=_form_of,
-    defaults={"port": "587", "security": "starttls", "verify_tls": "on", "enabled": "on"},
-    added_hint=" Test its connection below.",
-    on_save=config_pages.take_default,
-)
-
-
-@bp.get("/")
-@requires(Permission.EDIT_CONFIG)
-def index() -> str:
-    """The viewed tier's mail servers."""
-    tier = viewed_tier()
-    servers = config_pages.listed(PAGES, tier)
-    return render_template(
-        "mail_servers/index.html",
-        servers=servers,
-        tier_name=tier_name(tier),
-        health=config_pages.health_of(PAGES, servers),
-    )
-
-
-config_pages.add_routes(bp, PAGES)
 
 
 def _deletion(server: MailSendServerConfig) -> config_pages.Deletion:
@@ -291,67 +201,52 @@ def _deletion(server: MailSendServerConfig) -> config_pages.Deletion:
     )
 
 
-@bp.route("/<int:server_id>/delete", methods=["GET", "POST"])
-@requires(Permission.EDIT_CONFIG)
-def delete(server_id: int) -> ResponseReturnValue:
-    """Say what deleting the server would do; with ``confirm=yes``, delete it. A server that
-    records use is never deleted (disable it instead)."""
-    server = owned(MailSendServerConfig, server_id, viewed_tier())
-    return config_pages.delete_unless_used(PAGES, server, _deletion(server))
-
-
-def busy_response(busy: outbound.Busy) -> Response:
-    """429 for a Test button pressed while too many connection tests run (the caps of
-    ``outbound.test_slot``), with when to try again. To the button's htmx request, the status
-    box it swaps (its id from ``HX-Target``), so the page says why nothing was tested."""
-    target = request.headers.get("HX-Target", "")
-    if re.fullmatch(r"connection-[0-9A-Za-z_-]{1,40}", target):
-        body = (
-            f'<div id="{target}" role="status" class="connection connection-bad">'
-            f"{escape(str(busy))}</div>"
-        )
-        response = Response(body, 429, mimetype="text/html")
-    else:
-        response = Response(str(busy), 429, mimetype="text/plain")
-    response.headers["Retry-After"] = str(busy.retry_after_s)
-    return response
-
-
-@bp.post("/<int:server_id>/test")
-@requires(Permission.EDIT_CONFIG)
-def test(server_id: int) -> ResponseReturnValue:
-    """Connect to the saved server, say hello, log in and quit: latency or the error (never the
-    server's own words), at most a few seconds, and only as many at once as the caps allow."""
-    tier = viewed_tier()
-    server = owned(MailSendServerConfig, server_id, tier)
+def _check(server: MailSendServerConfig, tier: int) -> dict[str, object]:
+    """Connect to the saved server, say hello, log in and quit: the latency or the error (never
+    the server's own words), with a hint at the setting to look at."""
     timeout = min(settings().smtp_connect_timeout_s, settings().outbound_test_timeout_s)
-    error: str | None
-    hint: str | None = None
     try:
         password = server.password
     except SecretUnavailable:
-        latency, error = 0.0, "The stored password cannot be decrypted: enter it again and save."
-    else:
-        tested = SmtpServer(
-            key=f"test:{server.id}:{server.config_version}",
-            host=server.host,
-            port=server.port,
-            security=Security(server.security),
-            username=server.username,
-            password=password,
-            connect_timeout_s=timeout,
-            read_timeout_s=timeout,
-            verify_tls=server.verify_tls,
-            allow_private=outbound.allows_private(settings(), server.tenant_id),
-        )
-        try:
-            with outbound.test_slot(settings(), tier):
-                latency, error = test_connection(tested)
-        except outbound.Busy as busy:
-            return busy_response(busy)
-        if error is not None:
-            hint = connection_hint(tested, error)  # the raw error names no setting
-            error = shown_error(error)
-    return config_pages.connection(
-        PAGES, server, latency_ms=round(latency * 1000), error=error, hint=hint
+        unreadable = "The stored password cannot be decrypted: enter it again and save."
+        return {"latency_ms": 0, "error": unreadable, "hint": None}
+    tested = SmtpServer(
+        key=f"test:{server.id}:{server.config_version}",
+        host=server.host,
+        port=server.port,
+        security=Security(server.security),
+        username=server.username,
+        password=password,
+        connect_timeout_s=timeout,
+        read_timeout_s=timeout,
+        verify_tls=server.verify_tls,
+        allow_private=outbound.allows_private(settings(), server.tenant_id),
     )
+    with outbound.test_slot(settings(), tier):
+        latency, error = test_connection(tested)
+    hint = None
+    if error is not None:
+        hint = connection_hint(tested, error)  # the raw error names no setting
+        error = shown_error(error)
+    return {"latency_ms": round(latency * 1000), "error": error, "hint": hint}
+
+
+PAGES = config_pages.Pages(
+    model=MailSendServerConfig,
+    blueprint="mail_servers",
+    row_name="server",
+    noun="mail server",
+    title="Mail servers",
+    add_title="Add a mail server",
+    labels=LABELS,
+    read=_read,
+    listing=_listing,
+    context=_context,
+    check=_check,
+    audit_type="mail_server",
+    defaults={"port": "587", "security": "starttls", "verify_tls": "on", "enabled": "on"},
+    added_hint=" Test its connection below.",
+    on_save=config_pages.take_default,
+    deletion=_deletion,
+)
+config_pages.add_routes(bp, PAGES)

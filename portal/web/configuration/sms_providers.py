@@ -15,11 +15,12 @@ back to the default provider.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from typing import Any
 from urllib.parse import quote
 
 import httpx
-from flask import Blueprint, abort, flash, redirect, render_template, request, url_for
+from flask import Blueprint, abort, flash, redirect, request, url_for
 from flask.typing import ResponseReturnValue
 from sqlalchemy import select
 
@@ -38,17 +39,7 @@ from portal.models import (
 from portal.models.secretbox import SecretUnavailable
 from portal.web.access import Permission, audit, requires
 from portal.web.configuration import config_pages
-from portal.web.configuration.mail_servers import busy_response
-from portal.web.forms import (
-    MAX_INT,
-    Form,
-    form_data,
-    owned,
-    replace_secret,
-    settings,
-    tier_name,
-    viewed_tier,
-)
+from portal.web.forms import MAX_INT, Form, owned, replace_secret, settings, viewed_tier
 from portal.web.machine.webhooks import SIGNATURE_HEADER
 
 bp = Blueprint("sms_providers", __name__, url_prefix="/sms-providers")
@@ -130,24 +121,10 @@ def _read(form: Form, provider: SmsProviderConfig, tier: int) -> bool:
     return True
 
 
-def _form_of(provider: SmsProviderConfig) -> Form:
+def _shown(provider: SmsProviderConfig) -> dict[str, object]:
+    """The retry window as the form takes it: whole seconds."""
     window = provider.retry_window_s
-    return Form(
-        form_data(
-            name=provider.name,
-            provider=provider.provider,
-            base_url=provider.base_url,
-            account_id=provider.account_id,
-            sender_id=provider.sender_id,
-            is_default=provider.is_default,
-            enabled=provider.enabled,
-            daily_send_limit=provider.daily_send_limit,
-            rate_limit_per_minute=provider.rate_limit_per_minute,
-            retry_window_s=int(window) if window is not None else None,
-            uncertain_policy=provider.uncertain_policy,
-        ),
-        LABELS,
-    )
+    return {"retry_window_s": int(window) if window is not None else None}
 
 
 def _routes(provider: SmsProviderConfig) -> list[SmsProviderRegion]:
@@ -232,38 +209,16 @@ def _context(provider: SmsProviderConfig | None) -> dict[str, Any]:
         "routes": _routes(provider) if provider is not None else [],
         "route_form": Form({"priority": "100"}, ROUTE_LABELS),
         "webhook": webhook_of(provider) if provider is not None else None,
-        "unreadable": [
-            name
-            for name in ("secret", "webhook_secret")
-            if provider is not None and stored_state(provider, name) == "unreadable"
-        ],
+        "unreadable": (
+            config_pages.unreadable(provider, "secret", "webhook_secret")
+            if provider is not None
+            else []
+        ),
     }
 
 
-PAGES = config_pages.Pages(
-    model=SmsProviderConfig,
-    blueprint="sms_providers",
-    row_name="provider",
-    noun="SMS provider",
-    title="SMS providers",
-    add_title="Add an SMS provider",
-    labels=LABELS,
-    read=_read,
-    context=_context,
-    audit_type="sms_provider",
-    form_of=_form_of,
-    defaults={"provider": "twilio", "enabled": "on"},
-    on_save=config_pages.take_default,
-    test_title="Credential check",
-)
-
-
-@bp.get("/")
-@requires(Permission.EDIT_CONFIG)
-def index() -> str:
-    """The viewed tier's SMS providers with their routes."""
-    tier = viewed_tier()
-    providers = config_pages.listed(PAGES, tier)
+def _listing(tier: int, providers: Sequence[SmsProviderConfig]) -> dict[str, Any]:
+    """The list page: each provider with the countries it routes."""
     countries: dict[int, list[str]] = {}
     for route in db.session.scalars(
         select(SmsProviderRegion)
@@ -271,19 +226,13 @@ def index() -> str:
         .order_by(SmsProviderRegion.priority, SmsProviderRegion.country_code)
     ):
         countries.setdefault(route.provider_id, []).append(route.country_code)
-    return render_template(
-        "sms_providers/index.html",
-        providers=providers,
-        countries=countries,
-        tier_name=tier_name(tier),
-        kinds=dict(KIND_OPTIONS),
-        dedupes=dedupes,
-        policy_text=POLICY_TEXT,
-        health=config_pages.health_of(PAGES, providers),
-    )
-
-
-config_pages.add_routes(bp, PAGES)
+    return {
+        "providers": providers,
+        "countries": countries,
+        "kinds": dict(KIND_OPTIONS),
+        "dedupes": dedupes,
+        "policy_text": POLICY_TEXT,
+    }
 
 
 def _deletion(provider: SmsProviderConfig) -> config_pages.Deletion:
@@ -336,15 +285,6 @@ def _deletion(provider: SmsProviderConfig) -> config_pages.Deletion:
     )
 
 
-@bp.route("/<int:provider_id>/delete", methods=["GET", "POST"])
-@requires(Permission.EDIT_CONFIG)
-def delete(provider_id: int) -> ResponseReturnValue:
-    """Say what deleting the provider would do; with ``confirm=yes``, delete it. A provider
-    that records use is never deleted (disable it instead)."""
-    provider = owned(SmsProviderConfig, provider_id, viewed_tier())
-    return config_pages.delete_unless_used(PAGES, provider, _deletion(provider))
-
-
 # --- routes by country -----------------------------------------------------------------------
 
 
@@ -366,7 +306,7 @@ def create_route(provider_id: int) -> ResponseReturnValue:
         if clash is not None:
             form.fail("country", f"{country} already has a route through this provider")
     if not form.ok or country is None:
-        return config_pages.page(PAGES, provider, _form_of(provider), 422, route_form=form)
+        return config_pages.page(PAGES, provider, PAGES.form_of(provider), 422, route_form=form)
     route = SmsProviderRegion(
         tenant_id=provider.tenant_id,
         provider_id=provider.id,
@@ -501,25 +441,39 @@ def check_credentials(
     return latency, None
 
 
-@bp.post("/<int:provider_id>/test")
-@requires(Permission.EDIT_CONFIG)
-def test(provider_id: int) -> ResponseReturnValue:
-    """Check the saved credentials where the provider offers a cheap way to (a few seconds at
-    most, and only as many at once as the caps allow)."""
-    tier = viewed_tier()
-    provider = owned(SmsProviderConfig, provider_id, tier)
+def _check(provider: SmsProviderConfig, tier: int) -> dict[str, object]:
+    """Check the saved credentials where the provider offers a cheap way to."""
     context: dict[str, object] = {"latency_ms": 0, "error": None}
     if provider.provider == SmsProviderKind.TEST.value:
         context["note"] = "The test provider accepts every message without any network."
     elif provider.provider in (SmsProviderKind.TWILIO.value, SmsProviderKind.VONAGE.value):
         timeout = min(settings().sms_connect_timeout_s, settings().outbound_test_timeout_s)
         allowed = outbound.allows_private(settings(), provider.tenant_id)
-        try:
-            with outbound.test_slot(settings(), tier):
-                latency, error = check_credentials(provider, timeout, allow_private=allowed)
-        except outbound.Busy as busy:
-            return busy_response(busy)
+        with outbound.test_slot(settings(), tier):
+            latency, error = check_credentials(provider, timeout, allow_private=allowed)
         context.update(latency_ms=round(latency * 1000), error=error)
     else:
         context["unavailable"] = True
-    return config_pages.connection(PAGES, provider, **context)
+    return context
+
+
+PAGES = config_pages.Pages(
+    model=SmsProviderConfig,
+    blueprint="sms_providers",
+    row_name="provider",
+    noun="SMS provider",
+    title="SMS providers",
+    add_title="Add an SMS provider",
+    labels=LABELS,
+    read=_read,
+    listing=_listing,
+    context=_context,
+    check=_check,
+    audit_type="sms_provider",
+    defaults={"provider": "twilio", "enabled": "on"},
+    on_save=config_pages.take_default,
+    test_title="Credential check",
+    deletion=_deletion,
+    shown=_shown,
+)
+config_pages.add_routes(bp, PAGES)
