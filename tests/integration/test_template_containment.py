@@ -17,7 +17,7 @@ from flask import Flask
 from sqlalchemy import select
 
 from portal.extensions import db
-from portal.messaging.templating.rendering import DEFAULT_LIMITS
+from portal.messaging.templating.limits import DEFAULT_LIMITS
 from portal.models import MailSendRecord, MailTemplate, SmsTemplate
 from tests.conftest import make_tenant
 from tests.integration.test_portal_templates import Portal, mail_form, user

@@ -11,10 +11,9 @@ from dataclasses import replace
 import pytest
 
 from portal.config import Settings
-from portal.messaging.templating import rendering as templating
+from portal.messaging.templating import limits, parsing, sandbox
+from portal.messaging.templating.limits import DEFAULT_LIMITS, TemplateLimits
 from portal.messaging.templating.rendering import (
-    DEFAULT_LIMITS,
-    TemplateLimits,
     TemplateRenderError,
     compile_check,
     limit_problems,
@@ -61,9 +60,9 @@ UNHURRIED = replace(DEFAULT_LIMITS, render_timeout_s=30.0)
 
 @pytest.fixture(autouse=True)
 def fresh_cache() -> Iterator[None]:
-    templating._parsed.clear()
+    parsing._parsed.clear()
     yield
-    templating._parsed.clear()
+    parsing._parsed.clear()
 
 
 # --- the worst case the limits allow ------------------------------------------------------------
@@ -76,11 +75,11 @@ def test_the_costliest_template_the_limits_allow_parses_and_renders_in_time(shap
     compile_check(source, html=True)  # it is allowed: it can be saved
 
     def parse() -> None:
-        templating._parsed.clear()  # every attempt parses
+        parsing._parsed.clear()  # every attempt parses
         compile_check(source, html=True)
 
     def parse_and_render() -> None:
-        templating._parsed.clear()
+        parsing._parsed.clear()
         variables = {"x": {"a": {"a": "y"}, "b": [1, 2, 3]}, "a": "b"}
         render(source, variables, html=True, limits=UNHURRIED)
 
@@ -95,13 +94,13 @@ def test_the_costliest_template_the_limits_allow_parses_and_renders_in_time(shap
 def test_a_template_saved_before_the_limits_sends_within_the_deadline_up_to_its_ceiling() -> None:
     # A saved template gets twice the limits at send time; at that ceiling it still parses
     # and renders within the render deadline, so it keeps working until it is next saved.
-    ceiling = templating._stored_ceiling(DEFAULT_LIMITS)
+    ceiling = limits.stored_ceiling(DEFAULT_LIMITS)
     for shape, source in costliest(ceiling).items():
         with pytest.raises(TemplateRenderError):
             compile_check(source, html=False)
 
         def send(source: str = source) -> None:
-            templating._parsed.clear()
+            parsing._parsed.clear()
             render(source, {"x": {}, "a": "b"}, html=False, limits=UNHURRIED)
 
         elapsed = cpu_best_of(send)
@@ -131,7 +130,7 @@ def test_the_issues_templates_are_refused_at_save_naming_the_limit(source: str) 
 )
 def test_the_issues_templates_fail_at_send_before_any_parse(source: str, expected: str) -> None:
     def send() -> None:
-        templating._parsed.clear()
+        parsing._parsed.clear()
         with pytest.raises(TemplateRenderError, match=expected):
             render(source, {}, html=True)
 
@@ -199,16 +198,16 @@ def test_a_batch_parses_its_template_once() -> None:
     source = costliest()["liquid assign lines"] + "{{ name }}"
     for n in range(50):
         assert render(source, {"name": f"n{n}"}, html=True).endswith(f"n{n}")
-    assert templating._parsed.parses == 1
+    assert parsing._parsed.parses == 1
     render(source + " ", {"name": "x"}, html=True)  # an edited template is a new entry
-    assert templating._parsed.parses == 2
+    assert parsing._parsed.parses == 2
 
 
 def test_a_broken_template_fails_every_record_without_parsing_again() -> None:
     for _ in range(5):
         with pytest.raises(TemplateRenderError, match="too many tags"):
             render(HOSTILE_ASSIGNS, {}, html=False)
-    assert templating._parsed.parses == 1
+    assert parsing._parsed.parses == 1
 
 
 def test_a_draft_is_held_to_the_limits_a_saved_template_to_its_ceiling() -> None:
@@ -234,25 +233,25 @@ def test_configure_makes_every_render_follow_the_settings() -> None:
     with pytest.raises(TemplateRenderError, match="output is too long"):
         render(big, {}, html=False)  # 2,000,000 characters: over the old fixed 1.1 M
     try:
-        templating.configure(settings)
-        assert templating.configured_limits() == TemplateLimits.from_settings(settings)
+        limits.configure(settings)
+        assert limits.configured_limits() == TemplateLimits.from_settings(settings)
         assert len(render(big, {}, html=False)) == 2_000_000
         with pytest.raises(TemplateRenderError, match="the limit is 100"):
             compile_check("x" * 101, html=False)
     finally:
-        templating._configured.clear()
-    assert templating.configured_limits() is DEFAULT_LIMITS
+        limits._configured.clear()
+    assert limits.configured_limits() is DEFAULT_LIMITS
 
 
 def test_the_render_deadline_counts_the_threads_cpu_not_the_wall_clock() -> None:
     """A render that waits (for the GIL behind a busy pool, on a loaded machine) is not the
     template's doing and must not fail it; one that burns CPU past the limit does."""
-    budget = templating._Budget(replace(DEFAULT_LIMITS, render_timeout_s=0.05))
+    budget = sandbox.Budget(replace(DEFAULT_LIMITS, render_timeout_s=0.05))
     time.sleep(0.15)  # three times the limit on the wall clock, almost no CPU
     for _ in range(16):  # the clock is read at the first tick and every 16th after
         budget.tick()
     started = time.thread_time()
     while time.thread_time() - started < 0.1:  # twice the limit in CPU
         pass
-    with pytest.raises(templating._LimitError, match="took too long to render"):
+    with pytest.raises(sandbox._LimitError, match="took too long to render"):
         budget.tick()  # the 17th: the clock is read

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from portal.messaging.templating.rendering import variable_needs
+from portal.messaging.templating.variables import variable_needs
 
 
 @pytest.mark.parametrize(

@@ -12,10 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from portal.config import Settings
+from portal.messaging.templating.limits import TemplateLimits
 from portal.messaging.templating.rendering import (
-    InvalidVariablesError,
     RenderedMail,
-    TemplateLimits,
     TemplateRenderError,
     compile_check,
     html_to_text,
@@ -24,6 +23,7 @@ from portal.messaging.templating.rendering import (
     validate_variables,
     variables_of,
 )
+from portal.messaging.templating.variables import InvalidVariablesError
 from tests.support.sweeps import examples
 from tests.support.timing import cpu_best_of
 
