@@ -57,11 +57,10 @@ from portal.messaging.templating.parsing import (
 )
 from portal.messaging.templating.sandbox import (
     Budget,
-    Buffer,
-    SandboxContext,
     SandboxEnvironment,
     environment,
     one_deadline,
+    run,
 )
 from portal.messaging.templating.variables import (
     VariableNeeds,
@@ -166,12 +165,9 @@ def _render(
 ) -> str:
     budget = Budget(env.limits)  # before parsing: the deadline covers the parse too
     template = parse(env, source, draft=draft)
-    context = SandboxContext(template, globals=template.make_globals(data), budget=budget)
-    buffer = Buffer(env.limits.output_max_chars, budget)
     try:
-        template.render_with_context(context, buffer)
+        return run(template, data, budget)
     except Exception as exc:
         # Any failure inside the engine is this template's failure: the caller marks the
         # record TEMPLATE_NOT_RESOLVABLE instead of the worker crashing on tenant input.
         raise to_render_error(exc, source, env.limits, env) from exc
-    return buffer.getvalue()

@@ -101,7 +101,7 @@ class Budget:
         self.tick(token)
 
 
-class Buffer(LimitedStringIO):
+class _Buffer(LimitedStringIO):
     """An output buffer that counts characters (not UTF-8 bytes) and charges the budget."""
 
     def __init__(self, limit: int, budget: Budget) -> None:
@@ -118,36 +118,20 @@ class Buffer(LimitedStringIO):
         return StringIO.write(self, s)
 
 
-class SandboxContext(RenderContext):
+class _SandboxContext(RenderContext):
     """A render context that enforces our budgets at every hook python-liquid offers."""
 
     __slots__ = ("_budget",)
     _budget: Budget
 
     def __init__(
-        self,
-        template: BoundTemplate,
-        *,
-        globals: Mapping[str, object] | None = None,
-        disabled_tags: list[str] | None = None,
-        copy_depth: int = 0,
-        parent_context: RenderContext | None = None,
-        loop_iteration_carry: int = 1,
-        local_namespace_size_carry: int = 0,
-        budget: Budget | None = None,
+        self, template: BoundTemplate, *, budget: Budget | None = None, **given: Any
     ) -> None:
-        super().__init__(
-            template,
-            globals=globals,
-            disabled_tags=disabled_tags,
-            copy_depth=copy_depth,
-            parent_context=parent_context,
-            loop_iteration_carry=loop_iteration_carry,
-            local_namespace_size_carry=local_namespace_size_carry,
-        )
+        super().__init__(template, **given)  # whatever python-liquid passes, as it passes it
         # A copied context (python-liquid copies for some tags) shares its parent's budget.
-        if budget is None and isinstance(parent_context, SandboxContext):
-            budget = parent_context._budget
+        parent = given.get("parent_context")
+        if budget is None and isinstance(parent, _SandboxContext):
+            budget = parent._budget
         if budget is None:
             raise TypeError("a sandboxed render context needs a budget")
         self._budget = budget
@@ -183,7 +167,7 @@ class SandboxContext(RenderContext):
     def get_buffer(self, buf: TextIO | None = None) -> StringIO:
         self._budget.tick()
         carry = buf.size if isinstance(buf, LimitedStringIO) else 0
-        return Buffer(self._budget.limits.output_max_chars - carry, self._budget)
+        return _Buffer(self._budget.limits.output_max_chars - carry, self._budget)
 
     def filter(self, name: str, token: Token | None) -> Callable[..., object]:
         func = super().filter(name, token)
@@ -288,6 +272,14 @@ class SandboxEnvironment(Environment):
             self.tags.pop(tag, None)
         self.add_filter("uniq", _fast_uniq(self.filters["uniq"]))
         self.add_filter("strip_html", strip_html)
+
+
+def run(template: BoundTemplate, data: Mapping[str, object], budget: Budget) -> str:
+    """Render a parsed template with ``data`` in the sandbox, charging ``budget``."""
+    context = _SandboxContext(template, globals=template.make_globals(data), budget=budget)
+    buffer = _Buffer(budget.limits.output_max_chars, budget)
+    template.render_with_context(context, buffer)
+    return buffer.getvalue()
 
 
 @functools.lru_cache(maxsize=16)
