@@ -18,6 +18,7 @@ from flask.typing import ResponseReturnValue
 from sqlalchemy import ColumnElement, and_, case, literal, or_, select
 
 from portal.extensions import db
+from portal.messaging.records.search import escape_like
 from portal.models import ApiKey, AppUser, AuditAction, AuditEvent
 from portal.models.audit import AUDIT_ACTION_TEXT
 from portal.tenancy import PLATFORM_TENANT_ID
@@ -28,7 +29,6 @@ from portal.web.records.pages import (
     ListFilters,
     day_end,
     day_start,
-    escape_like,
     parse_date,
     parse_id,
 )

@@ -250,20 +250,6 @@ def tenant_scope(column: Any, tenant: int | None) -> ColumnElement[bool]:
     return column == tenant  # type: ignore[no-any-return]
 
 
-def escape_like(text: str) -> str:
-    return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
-
-
-def window_floor(model: Model, tenant: int | None, before: int | None) -> int | None:
-    """The id SUBJECT_WINDOW records below ``before`` (None: fewer are left)."""
-    stmt = select(model.id)
-    if tenant is not None:
-        stmt = stmt.where(model.tenant_id == tenant)
-    if before is not None:
-        stmt = stmt.where(model.id < before)
-    return db.session.scalar(stmt.order_by(model.id.desc()).offset(SUBJECT_WINDOW - 1).limit(1))
-
-
 # What every list row needs, whatever the channel; the heavy columns (bodies) stay unloaded.
 COMMON_LIST_COLUMNS = (
     "id",
