@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
+from typing import Generic, TypeVar
 
 import httpx
 import psycopg
@@ -37,8 +38,9 @@ from portal.messaging.sending.preparation import (
     PreparationFailed,
     PreparedMail,
     PreparedSms,
-    prepare_mail,
-    prepare_sms,
+    build_mail,
+    built_sms,
+    prepare,
     rechoose_provider,
     rechoose_server,
     requeued_after_unusable_route,
@@ -408,8 +410,8 @@ def frozen_mail(record: MailSendRecord) -> PreparedMail:
         reply_to=record.final_reply_to,
         priority=record.final_priority,
         attachments=record.final_attachments,
-        server_id=record.server_config_id,
-        server_name="",
+        config_id=record.server_config_id,
+        config_name="",
         read_receipt=record.read_receipt,
         message_id=record.message_id_header,
     )
@@ -516,21 +518,54 @@ def _run(
 
 def process_mail(ctx: MailContext, record: MailSendRecord) -> None:
     """One attempt for a claimed mail record (status Sending, version as claimed)."""
-    _run(Channel.MAIL, ctx, record, lambda holding: _attempt(ctx, record, holding))
+    _run(Channel.MAIL, ctx, record, lambda holding: _attempt(_MAIL, ctx, record, holding))
 
 
-def _attempt(ctx: MailContext, record: MailSendRecord, holding: _Holding) -> None:
+def process_sms(ctx: SmsContext, record: SmsSendRecord) -> None:
+    """One attempt for a claimed SMS record (status Sending, version as claimed)."""
+    _run(Channel.SMS, ctx, record, lambda holding: _attempt(_SMS, ctx, record, holding))
+
+
+# --- one attempt, whatever its channel ---------------------------------------------------------
+
+Ctx = TypeVar("Ctx", MailContext, SmsContext)
+R = TypeVar("R", MailSendRecord, SmsSendRecord)
+P = TypeVar("P", PreparedMail, PreparedSms)
+C = TypeVar("C", MailSendServerConfig, SmsProviderConfig)
+T = TypeVar("T", SmtpServer, sms_transport.ProviderAccount)  # what the transport sends through
+
+
+@dataclass(frozen=True)
+class _Steps(Generic[Ctx, R, P, C, T]):
+    """Where an attempt differs per channel (one per channel, made at import: nothing is
+    chosen per record)."""
+
+    channel: Channel
+    build: Callable[[Engine, R, Settings], P]  # preparation's steps 1 to 4
+    replayed: Callable[[R], P]  # what an earlier attempt prepared
+    # The server or provider as it is now, what the transport needs of it, else why not.
+    route: Callable[[Ctx, P], tuple[C | None, T | None, str]]
+    rechoose: Callable[[Engine, R, Claimed, P], tuple[P, Claimed] | None]
+    window: Callable[[Ctx, C | None], float | None]  # the resend window (None: expiry only)
+    send: Callable[[Ctx, Claimed, R, P, C, T, dict[str, str]], None]  # and its outcome
+
+
+def _attempt(steps: _Steps[Ctx, R, P, C, T], ctx: Ctx, record: R, holding: _Holding) -> None:
+    """One attempt, in order (docs/ARCHITECTURE.md): the deadlines, the suppression list,
+    preparation on the first attempt, the server or provider as it is now (chosen again after
+    a manual retry of its failure), its gate and rate limits, then the send."""
     claimed = holding.claimed
-    if past_deadline(ctx.engine, claimed, record, ctx.settings.resend_window_s):
+    window = steps.window(ctx, None)
+    if past_deadline(ctx.engine, claimed, record, window):
         return
     skip = _suppressed(ctx.engine, claimed, record)
     if skip is None:
         return
-    gate = _gate(ctx, Channel.MAIL, record.id)
+    gate = _gate(ctx, steps.channel, record.id)
     gated = False
     if record.prepared_at is None:
         try:
-            result = prepare_mail(ctx.engine, record, claimed, ctx.settings, gate)
+            result = prepare(ctx.engine, record, claimed, ctx.settings, steps.build, gate)
         except PreparationFailed as failure:
             _failed(ctx, claimed, failure)
             return
@@ -543,53 +578,112 @@ def _attempt(ctx: MailContext, record: MailSendRecord, holding: _Holding) -> Non
         holding.claimed = claimed
         gated = True
     else:
-        prepared = frozen_mail(record)
-    config = prepared.server
-    problem = "the mail server this record was prepared for no longer exists"
-    if config is None:  # a retry: the server as it is now (a saved change applies)
-        server_id = prepared.server_id
-        config = CONFIGS.get(("server", server_id), lambda: _SERVER.first(ctx.engine, id=server_id))
-        if config is not None and not config.enabled:
-            problem = f"the mail server {config.name!r} this record was prepared for is disabled"
-        if (config is None or not config.enabled) and requeued_after_unusable_route(record):
-            # Pressed Retry after that failure: choose the server again, nothing else.
-            try:
-                chosen = rechoose_server(ctx.engine, record, claimed)
-            except PreparationFailed as failure:
-                _failed(ctx, claimed, failure)
-                return
-            if chosen is None:
-                return  # lost a version race
-            config, claimed = chosen
-            holding.claimed = claimed
-            gated = False
-            prepared = replace(
-                prepared,
-                server_id=config.id,
-                server_name=config.name,
-                read_receipt=config.read_receipt,
-            )
-    try:
-        usable = config is not None and config.enabled
-        server = (
-            CONFIGS.get(
-                ("smtp", config.id, config.config_version), lambda: _server(config, ctx.settings)
-            )
-            if config is not None and usable
-            else None
-        )
-    except SecretUnavailable as exc:
-        server = None
-        problem = str(exc)
-    if config is None or server is None:
+        prepared = steps.replayed(record)
+    config, target, problem = steps.route(ctx, prepared)
+    if (config is None or not config.enabled) and requeued_after_unusable_route(record):
+        # Pressed Retry after that failure: choose the server or provider again, nothing else.
+        try:
+            chosen = steps.rechoose(ctx.engine, record, claimed, prepared)
+        except PreparationFailed as failure:
+            _failed(ctx, claimed, failure)
+            return
+        if chosen is None:
+            return  # lost a version race
+        prepared, claimed = chosen
+        holding.claimed = claimed
+        gated = False
+        config, target, problem = steps.route(ctx, prepared)
+    if config is None or target is None:
         outcomes.handle_failure(
             ctx.engine, claimed, MarkerCode.CONFIG_NOT_RESOLVABLE.value, problem, policy=ctx.policy
         )
         return
     claimed = replace(claimed, provider=config.name)
     holding.claimed = claimed
+    own = steps.window(ctx, config)
+    if own != window and past_deadline(ctx.engine, claimed, record, own):
+        return  # past the provider's own resend window
     if not _cleared(ctx, claimed, record, None if gated else gate, config):
         return
+    steps.send(ctx, claimed, record, prepared, config, target, skip)
+
+
+def _send_failed(
+    ctx: MailContext | SmsContext,
+    claimed: Claimed,
+    config: MailSendServerConfig | SmsProviderConfig,
+    code: str | None,
+    message: str | None,
+    attempt: outcomes.Attempt,
+    *,
+    connection: bool,
+    answered: bool,
+    timed_out: bool,
+    ambiguous: bool,
+    retry_after_s: float | None = None,
+) -> None:
+    """A send that failed, either channel: tell the breaker and the route gate how
+    (``_observed``; ``connection``: the server could not be reached), then write the failure
+    with its attempt; an ambiguous one is held as Uncertain when the config says so."""
+    _observed(
+        ctx,
+        claimed,
+        config.id,
+        answered=answered,
+        down=f"{code} {message}" if connection else None,
+        timed_out=timed_out,
+    )
+    outcomes.handle_failure(
+        ctx.engine,
+        claimed,
+        code,
+        message,
+        policy=ctx.policy,
+        retry_after_s=retry_after_s,
+        ambiguous=ambiguous,
+        hold=config.uncertain_policy == UncertainPolicy.HOLD.value,
+        attempt=replace(attempt, unavailable=_unavailable(connection, answered)),
+    )
+
+
+# --- mail -------------------------------------------------------------------------------------
+
+
+def _mail_route(
+    ctx: MailContext, prepared: PreparedMail
+) -> tuple[MailSendServerConfig | None, SmtpServer | None, str]:
+    """The server a first attempt chose, or on a retry the one it froze as it is now (a saved
+    change applies); its SMTP settings unless it is gone or disabled, or its password
+    unreadable."""
+    config = prepared.server
+    problem = "the mail server this record was prepared for no longer exists"
+    if config is None:
+        config_id = prepared.config_id
+        config = CONFIGS.get(("server", config_id), lambda: _SERVER.first(ctx.engine, id=config_id))
+        if config is not None and not config.enabled:
+            problem = f"the mail server {config.name!r} this record was prepared for is disabled"
+    if config is None or not config.enabled:
+        return config, None, problem
+    try:
+        key = ("smtp", config.id, config.config_version)
+        return config, CONFIGS.get(key, lambda: _server(config, ctx.settings)), problem
+    except SecretUnavailable as exc:
+        return config, None, str(exc)
+
+
+def _mail_window(ctx: MailContext, _config: MailSendServerConfig | None) -> float:
+    return ctx.settings.resend_window_s
+
+
+def _send_mail(
+    ctx: MailContext,
+    claimed: Claimed,
+    record: MailSendRecord,
+    prepared: PreparedMail,
+    config: MailSendServerConfig,
+    server: SmtpServer,
+    skip: dict[str, str],
+) -> None:
     mail = outgoing_mail(record, prepared, config, skip)
     started_at, started = datetime.now(UTC), time.perf_counter()
     try:
@@ -597,33 +691,27 @@ def _attempt(ctx: MailContext, record: MailSendRecord, holding: _Holding) -> Non
     except SmtpSendError as error:
         took = time.perf_counter() - started
         SEND_DURATION.labels("mail").observe(took)
-        answered = error.code not in _NO_ANSWER
-        _observed(
+        code, message = error.code, error.message
+        attempt = outcomes.Attempt(
+            started_at,
+            took,
+            config.id,
+            config.name,
+            code,
+            message,
+            refused=smtp.refusals(error.refused),
+        )
+        _send_failed(
             ctx,
             claimed,
-            config.id,
-            answered=answered,
-            down=f"{error.code} {error.message}" if error.connection else None,
-            timed_out=error.code == smtp.TIMEOUT,  # at any stage, after DATA too
-        )
-        outcomes.handle_failure(
-            ctx.engine,
-            claimed,
-            error.code,
-            error.message,
-            policy=ctx.policy,
+            config,
+            code,
+            message,
+            attempt,
+            connection=error.connection,
+            answered=code not in _NO_ANSWER,
+            timed_out=code == smtp.TIMEOUT,  # at any stage, after DATA too
             ambiguous=error.after_data,
-            hold=config.uncertain_policy == UncertainPolicy.HOLD.value,
-            attempt=outcomes.Attempt(
-                started_at,
-                took,
-                config.id,
-                config.name,
-                error.code,
-                error.message,
-                unavailable=_unavailable(error.connection, answered),
-                refused=smtp.refusals(error.refused),
-            ),
         )
         return
     took = time.perf_counter() - started
@@ -657,7 +745,12 @@ def _attempt(ctx: MailContext, record: MailSendRecord, holding: _Holding) -> Non
     _observed(ctx, claimed, config.id, answered=True)
 
 
-# --- SMS --------------------------------------------------------------------------------
+_MAIL = _Steps(
+    Channel.MAIL, build_mail, frozen_mail, _mail_route, rechoose_server, _mail_window, _send_mail
+)
+
+
+# --- SMS --------------------------------------------------------------------------------------
 
 
 def _frozen_sms(record: SmsSendRecord) -> PreparedSms:
@@ -665,9 +758,9 @@ def _frozen_sms(record: SmsSendRecord) -> PreparedSms:
     assert record.provider_config_id is not None
     return PreparedSms(
         content=record.rendered_content or "",
-        provider_id=record.provider_config_id,
+        config_id=record.provider_config_id,
         provider_kind=record.provider_kind or "",
-        provider_name="",
+        config_name="",
         external_template_id=record.external_template_id,
         signature=record.signature,
         variables=record.frozen_variables,
@@ -685,11 +778,6 @@ def _account(config: SmsProviderConfig, settings: Settings) -> sms_transport.Pro
         sender_id=config.sender_id,
         allow_private=outbound.allows_private(settings, config.tenant_id),
     )
-
-
-def process_sms(ctx: SmsContext, record: SmsSendRecord) -> None:
-    """One attempt for a claimed SMS record (status Sending, version as claimed)."""
-    _run(Channel.SMS, ctx, record, lambda holding: _attempt_sms(ctx, record, holding))
 
 
 def _usable_provider(
@@ -718,70 +806,29 @@ def _read_provider(
     return config, account, problem
 
 
-def _attempt_sms(ctx: SmsContext, record: SmsSendRecord, holding: _Holding) -> None:
-    claimed = holding.claimed
-    if past_deadline(ctx.engine, claimed, record):
-        return
-    if _suppressed(ctx.engine, claimed, record) is None:
-        return
-    gate = _gate(ctx, Channel.SMS, record.id)
-    gated = False
-    if record.prepared_at is None:
-        try:
-            result = prepare_sms(ctx.engine, record, claimed, ctx.settings, gate)
-        except PreparationFailed as failure:
-            _failed(ctx, claimed, failure)
-            return
-        except ServerDown as down:
-            _defer(ctx, claimed, record, down)
-            return
-        if result is None:
-            return  # lost a version race: someone else moved the record on
-        prepared, claimed = result
-        holding.claimed = claimed
-        gated = True
-    else:
-        prepared = _frozen_sms(record)
-    config, account, problem = _usable_provider(ctx, prepared.provider_id)
-    if (config is None or not config.enabled) and requeued_after_unusable_route(record):
-        # Pressed Retry after that failure: choose the provider again, nothing else.
-        try:
-            chosen = rechoose_provider(ctx.engine, record, claimed)
-        except PreparationFailed as failure:
-            _failed(ctx, claimed, failure)
-            return
-        if chosen is None:
-            return  # lost a version race
-        provider, binding, claimed = chosen
-        holding.claimed = claimed
-        gated = False
-        prepared = replace(
-            prepared,
-            provider_id=provider.id,
-            provider_kind=provider.provider,
-            provider_name=provider.name,
-            external_template_id=binding.external_template_id if binding else None,
-            signature=binding.signature if binding else None,
-        )
-        config, account, problem = _usable_provider(ctx, provider.id)
-    if config is None or account is None:
-        outcomes.handle_failure(
-            ctx.engine,
-            claimed,
-            MarkerCode.CONFIG_NOT_RESOLVABLE.value,
-            problem,
-            policy=ctx.policy,
-        )
-        return
-    claimed = replace(claimed, provider=config.name)
-    holding.claimed = claimed
-    window = config.retry_window_s
-    if past_deadline(
-        ctx.engine, claimed, record, ctx.settings.resend_window_s if window is None else window
-    ):
-        return
-    if not _cleared(ctx, claimed, record, None if gated else gate, config):
-        return
+def _sms_route(
+    ctx: SmsContext, prepared: PreparedSms
+) -> tuple[SmsProviderConfig | None, sms_transport.ProviderAccount | None, str]:
+    return _usable_provider(ctx, prepared.config_id)
+
+
+def _sms_window(ctx: SmsContext, config: SmsProviderConfig | None) -> float | None:
+    """The provider's own resend window, else the service's; None until the provider is
+    known (only the expiry is checked then)."""
+    if config is None:
+        return None
+    return ctx.settings.resend_window_s if config.retry_window_s is None else config.retry_window_s
+
+
+def _send_sms(
+    ctx: SmsContext,
+    claimed: Claimed,
+    record: SmsSendRecord,
+    prepared: PreparedSms,
+    config: SmsProviderConfig,
+    account: sms_transport.ProviderAccount,
+    _skip: dict[str, str],
+) -> None:
     outgoing = sms_transport.OutgoingSms(
         record_id=record.id,
         to=record.phone_number,
@@ -813,23 +860,21 @@ def _attempt_sms(ctx: SmsContext, record: SmsSendRecord, holding: _Holding) -> N
         )
         _observed(ctx, claimed, config.id, answered=True)
         return
-    answered = answer.code not in _NO_ANSWER and not answer.ambiguous
-    _observed(
+    _send_failed(
         ctx,
         claimed,
-        config.id,
-        answered=answered,
-        down=f"{answer.code} {answer.message}" if answer.connection else None,
-        timed_out=answer.code == sms_transport.TIMEOUT,  # connecting, or awaiting the answer
-    )
-    outcomes.handle_failure(
-        ctx.engine,
-        claimed,
+        config,
         answer.code,
         answer.message,
-        policy=ctx.policy,
-        retry_after_s=answer.retry_after_s,
+        attempt,
+        connection=answer.connection,
+        answered=answer.code not in _NO_ANSWER and not answer.ambiguous,
+        timed_out=answer.code == sms_transport.TIMEOUT,  # connecting, or awaiting the answer
         ambiguous=answer.ambiguous,
-        hold=config.uncertain_policy == UncertainPolicy.HOLD.value,
-        attempt=replace(attempt, unavailable=_unavailable(answer.connection, answered)),
+        retry_after_s=answer.retry_after_s,
     )
+
+
+_SMS = _Steps(
+    Channel.SMS, built_sms, _frozen_sms, _sms_route, rechoose_provider, _sms_window, _send_sms
+)

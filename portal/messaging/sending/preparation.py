@@ -10,9 +10,9 @@ from __future__ import annotations
 import json
 import socket
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 from email_validator import EmailNotValidError, validate_email
 from sqlalchemy import (
@@ -57,6 +57,7 @@ from portal.models.direct import Direct, Lookup, padded, reader
 from portal.tenancy import PLATFORM_TENANT_ID
 
 T = TypeVar("T", MailTemplate, SmsTemplate)
+R = TypeVar("R", MailSendRecord, SmsSendRecord)
 
 SUPPRESSED = MarkerCode.SUPPRESSED.value  # the error code of a record the list stopped
 
@@ -182,22 +183,71 @@ class PreparationFailed(Exception):
         self.shortfall = shortfall
 
 
-@dataclass(frozen=True)
-class PreparedMail:
+@dataclass(frozen=True, kw_only=True)
+class Prepared:
+    """What preparation decided for a record, whatever its channel: the server or provider it
+    goes through and what it sends, frozen on the record (``COLUMNS``) for retries to replay."""
+
+    COLUMNS: ClassVar[dict[str, str]]  # each column it is frozen in, and the field it holds
+
+    config_id: int  # the server or provider
+    config_name: str  # its name; "" when replayed from the record (the config names it then)
+    template_version: int | None = None  # the template version it was prepared with
+
+    def frozen(self) -> dict[str, Any]:
+        """The record's columns of what preparation froze, as the write-back sets them."""
+        return {column: getattr(self, name) for column, name in self.COLUMNS.items()}
+
+
+@dataclass(frozen=True, kw_only=True)
+class PreparedMail(Prepared):
+    """What a mail record sends and through which server, as preparation froze it."""
+
+    COLUMNS = {
+        "rendered_subject": "subject",
+        "rendered_html": "html",
+        "rendered_text": "text",
+        "final_reply_to": "reply_to",
+        "final_priority": "priority",
+        "final_attachments": "attachments",
+        "server_config_id": "config_id",
+        "read_receipt": "read_receipt",
+        "message_id_header": "message_id",
+        "template_version": "template_version",
+    }
+
     subject: str
     html: str | None
     text: str | None
     reply_to: str | None
     priority: int | None
     attachments: list[dict[str, Any]] | None
-    server_id: int
-    server_name: str
     read_receipt: bool
     message_id: str
     # The server row as preparation read it (detached), so the first attempt sends through
     # it without reading it again; None when replayed from the record.
     server: MailSendServerConfig | None = field(default=None, compare=False, repr=False)
-    template_version: int | None = None  # the template version it was prepared with
+
+
+@dataclass(frozen=True, kw_only=True)
+class PreparedSms(Prepared):
+    """What an SMS record sends and through which provider, as preparation froze it."""
+
+    COLUMNS = {
+        "rendered_content": "content",
+        "provider_config_id": "config_id",
+        "provider_kind": "provider_kind",
+        "external_template_id": "external_template_id",
+        "signature": "signature",
+        "frozen_variables": "variables",
+        "template_version": "template_version",
+    }
+
+    content: str
+    provider_kind: str
+    external_template_id: str | None
+    signature: str | None
+    variables: dict[str, Any] | None
 
 
 def message_id_for(record_id: int, from_address: str | None) -> str:
@@ -213,21 +263,42 @@ def tier_of(record: MailSendRecord | SmsSendRecord) -> int:
     return PLATFORM_TENANT_ID if record.scope == Scope.PLATFORM.value else record.tenant_id
 
 
-def _find_template(session: Session, record: MailSendRecord) -> MailTemplate | None:
+def _find_template(
+    session: Session, model: type[T], record: MailSendRecord | SmsSendRecord
+) -> T | None:
+    """The template of ``model`` (the record's channel's) that the record names, in its tier:
+    by code the enabled one; by id that row, even disabled (a test send from the editor: what
+    was previewed goes out)."""
+    tier = tier_of(record)
     if record.template_id is not None:
-        # A test send from the editor: that row, even disabled (what was previewed goes out).
         return session.scalar(
-            select(MailTemplate).where(
-                MailTemplate.id == record.template_id, MailTemplate.tenant_id == tier_of(record)
-            )
+            select(model).where(model.id == record.template_id, model.tenant_id == tier)
         )
     return session.scalar(
-        select(MailTemplate).where(
-            MailTemplate.tenant_id == tier_of(record),
-            MailTemplate.code == record.template_code,
-            MailTemplate.enabled.is_(True),
+        select(model).where(
+            model.tenant_id == tier,
+            model.code == record.template_code,
+            model.enabled.is_(True),
         )
     )
+
+
+def _template_of(
+    session: Session, model: type[T], record: MailSendRecord | SmsSendRecord
+) -> T | None:
+    """The record's template (None when it names none), as the version it renders;
+    PreparationFailed when it is gone."""
+    if record.template_id is None and record.template_code is None:
+        return None
+    template = _find_template(session, model, record)
+    if template is None:
+        wanted = (
+            f"id {record.template_id}"
+            if record.template_id is not None
+            else f"code {record.template_code!r} (enabled)"
+        )
+        raise _no_template(session, model, record, f"no {model.noun} with {wanted}")
+    return _pinned(session, record, template)
 
 
 _SERVER_BY_ID = Lookup(
@@ -316,24 +387,16 @@ def _check_needs(
 
 
 def _mail_template_of(engine: Engine, record: MailSendRecord) -> MailTemplate | None:
-    """The record's template (None when it names none); PreparationFailed when it is gone."""
+    """``_template_of`` in a session of its own (mail's steps read through the engine)."""
     if record.template_id is None and record.template_code is None:
-        return None
+        return None  # no session for a mail that names no template
     with Session(reader(engine)) as session:
-        template = _find_template(session, record)
-        if template is None:
-            wanted = (
-                f"id {record.template_id}"
-                if record.template_id is not None
-                else f"code {record.template_code!r} (enabled)"
-            )
-            raise _no_template(session, MailTemplate, record, f"no mail template with {wanted}")
-        return _pinned(session, record, template)
+        return _template_of(session, MailTemplate, record)
 
 
 def _no_template(
     session: Session,
-    model: type[MailTemplate] | type[SmsTemplate],
+    model: type[T],
     record: MailSendRecord | SmsSendRecord,
     message: str,
 ) -> PreparationFailed:
@@ -422,8 +485,8 @@ def build_mail(engine: Engine, record: MailSendRecord, settings: Settings) -> Pr
         reply_to=reply_to,
         priority=record.priority or (template.priority if template else None),
         attachments=record.attachments or (template.attachments if template else None),
-        server_id=server.id,
-        server_name=server.name,
+        config_id=server.id,
+        config_name=server.name,
         read_receipt=server.read_receipt,
         message_id=message_id_for(record.id, server.from_address),
         server=server,
@@ -436,60 +499,35 @@ def build_mail(engine: Engine, record: MailSendRecord, settings: Settings) -> Pr
 Gate = Callable[[int, str], None]
 
 
-def prepare_mail(
+P = TypeVar("P", PreparedMail, PreparedSms)
+
+
+def prepare(
     engine: Engine,
-    record: MailSendRecord,
+    record: R,
     claimed: Claimed,
     settings: Settings,
+    build: Callable[[Engine, R, Settings], P],
     gate: Gate | None = None,
-) -> tuple[PreparedMail, Claimed] | None:
-    """Prepare, charge the quota (last: a message that cannot go out uses none) and write back.
+) -> tuple[P, Claimed] | None:
+    """Prepare (``build``: the channel's steps 1 to 4), charge the quota (last: a message that
+    cannot go out uses none) and write back, for either channel.
 
     Raises PreparationFailed with the marker code, or what ``gate`` raises; returns None when
     the write-back lost a version race (someone else moved the record on: stop quietly).
     """
-    prepared = build_mail(engine, record, settings)
+    prepared = build(engine, record, settings)
     if gate is not None:
-        gate(prepared.server_id, prepared.server_name)
-    frozen = {
-        "rendered_subject": prepared.subject,
-        "rendered_html": prepared.html,
-        "rendered_text": prepared.text,
-        "final_reply_to": prepared.reply_to,
-        "final_priority": prepared.priority,
-        "final_attachments": prepared.attachments,
-        "server_config_id": prepared.server_id,
-        "read_receipt": prepared.read_receipt,
-        "message_id_header": prepared.message_id,
-        "template_version": prepared.template_version,
-    }
-    if not _charge_and_freeze(engine, MailSendRecord, tier_of(record), claimed, settings, frozen):
+        gate(prepared.config_id, prepared.config_name)
+    frozen = prepared.frozen()
+    if not _charge_and_freeze(engine, type(record), tier_of(record), claimed, settings, frozen):
         return None
-    return prepared, claimed.bumped(provider=prepared.server_name)
+    return prepared, claimed.bumped(provider=prepared.config_name)
 
 
 _FROZEN_COLUMNS: dict[type[MailSendRecord] | type[SmsSendRecord], tuple[str, ...]] = {
-    MailSendRecord: (
-        "rendered_subject",
-        "rendered_html",
-        "rendered_text",
-        "final_reply_to",
-        "final_priority",
-        "final_attachments",
-        "server_config_id",
-        "read_receipt",
-        "message_id_header",
-        "template_version",
-    ),
-    SmsSendRecord: (
-        "rendered_content",
-        "provider_config_id",
-        "provider_kind",
-        "external_template_id",
-        "signature",
-        "frozen_variables",
-        "template_version",
-    ),
+    MailSendRecord: tuple(PreparedMail.COLUMNS),
+    SmsSendRecord: tuple(PreparedSms.COLUMNS),
 }
 
 
@@ -574,37 +612,6 @@ def _charge_and_freeze(
 
 
 # --- SMS --------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class PreparedSms:
-    """What an SMS record sends and through which provider, as preparation froze it."""
-
-    content: str
-    provider_id: int
-    provider_kind: str
-    provider_name: str
-    external_template_id: str | None
-    signature: str | None
-    variables: dict[str, Any] | None
-    template_version: int | None = None  # the template version it was prepared with
-
-
-def _find_sms_template(session: Session, record: SmsSendRecord) -> SmsTemplate | None:
-    if record.template_id is not None:
-        # As for mail: a test send names the row, which goes out even disabled.
-        return session.scalar(
-            select(SmsTemplate).where(
-                SmsTemplate.id == record.template_id, SmsTemplate.tenant_id == tier_of(record)
-            )
-        )
-    return session.scalar(
-        select(SmsTemplate).where(
-            SmsTemplate.tenant_id == tier_of(record),
-            SmsTemplate.code == record.template_code,
-            SmsTemplate.enabled.is_(True),
-        )
-    )
 
 
 def _routed_providers(session: Session, tier: int, country: str | None) -> list[SmsProviderConfig]:
@@ -743,24 +750,9 @@ def _choose_provider(
     return _bound_provider(session, template, candidates, country)
 
 
-def _sms_template_of(session: Session, record: SmsSendRecord) -> SmsTemplate | None:
-    """The record's template (None when it names none); PreparationFailed when it is gone."""
-    if record.template_id is None and record.template_code is None:
-        return None
-    template = _find_sms_template(session, record)
-    if template is None:
-        wanted = (
-            f"id {record.template_id}"
-            if record.template_id is not None
-            else f"code {record.template_code!r} (enabled)"
-        )
-        raise _no_template(session, SmsTemplate, record, f"no SMS template with {wanted}")
-    return _pinned(session, record, template)
-
-
 def build_sms(session: Session, record: SmsSendRecord) -> PreparedSms:
     """Steps 1 to 4 for SMS: the content, and the provider with its binding (no writes)."""
-    template = _sms_template_of(session, record)
+    template = _template_of(session, SmsTemplate, record)
     variables = record.variables or {}
     content = record.content
     if not content and template is not None:
@@ -780,9 +772,9 @@ def build_sms(session: Session, record: SmsSendRecord) -> PreparedSms:
     provider, binding = _choose_provider(session, record, template)
     return PreparedSms(
         content=content,
-        provider_id=provider.id,
+        config_id=provider.id,
         provider_kind=provider.provider,
-        provider_name=provider.name,
+        config_name=provider.name,
         external_template_id=binding.external_template_id if binding else None,
         signature=binding.signature if binding else None,
         variables=record.variables,
@@ -790,30 +782,10 @@ def build_sms(session: Session, record: SmsSendRecord) -> PreparedSms:
     )
 
 
-def prepare_sms(
-    engine: Engine,
-    record: SmsSendRecord,
-    claimed: Claimed,
-    settings: Settings,
-    gate: Gate | None = None,
-) -> tuple[PreparedSms, Claimed] | None:
-    """Prepare, charge the SMS quota (last) and write back by version, as ``prepare_mail``."""
+def built_sms(engine: Engine, record: SmsSendRecord, _settings: Settings) -> PreparedSms:
+    """``build_sms`` in a session of its own, as ``prepare`` builds (SMS has no settings)."""
     with Session(reader(engine)) as session:
-        prepared = build_sms(session, record)
-    if gate is not None:
-        gate(prepared.provider_id, prepared.provider_name)
-    frozen = {
-        "rendered_content": prepared.content,
-        "provider_config_id": prepared.provider_id,
-        "provider_kind": prepared.provider_kind,
-        "external_template_id": prepared.external_template_id,
-        "signature": prepared.signature,
-        "frozen_variables": prepared.variables,
-        "template_version": prepared.template_version,
-    }
-    if not _charge_and_freeze(engine, SmsSendRecord, tier_of(record), claimed, settings, frozen):
-        return None
-    return prepared, claimed.bumped(provider=prepared.provider_name)
+        return build_sms(session, record)
 
 
 # --- what preparation would do, without doing it --------------------------------------------
@@ -837,10 +809,12 @@ def dry_run(
         return _choose_server(engine, record, _mail_template_of(engine, record))
     with Session(reader(engine)) as session:  # its rows stay readable once it closes
         if render:
-            chosen = session.get(SmsProviderConfig, build_sms(session, record).provider_id)
+            chosen = session.get(SmsProviderConfig, build_sms(session, record).config_id)
             assert chosen is not None  # build_sms chose it in this session
             return chosen
-        provider, _binding = _choose_provider(session, record, _sms_template_of(session, record))
+        provider, _binding = _choose_provider(
+            session, record, _template_of(session, SmsTemplate, record)
+        )
         return provider
 
 
@@ -877,46 +851,57 @@ def _route_statement(
     )
 
 
-_MAIL_ROUTE = _route_statement(MailSendRecord, ("server_config_id", "read_receipt"))
-_SMS_ROUTE = _route_statement(
-    SmsSendRecord, ("provider_config_id", "provider_kind", "external_template_id", "signature")
-)
+# The columns of the route a manual retry may choose again (preparation's step 4).
+_ROUTE_COLUMNS: dict[type[MailSendRecord] | type[SmsSendRecord], tuple[str, ...]] = {
+    MailSendRecord: ("server_config_id", "read_receipt"),
+    SmsSendRecord: ("provider_config_id", "provider_kind", "external_template_id", "signature"),
+}
+_ROUTE = {model: _route_statement(model, columns) for model, columns in _ROUTE_COLUMNS.items()}
+
+
+def _rerouted(engine: Engine, record: R, claimed: Claimed, chosen: P) -> tuple[P, Claimed] | None:
+    """Write the route of ``chosen`` by version; None when the write lost a version race."""
+    frozen = chosen.frozen()
+    columns = _ROUTE_COLUMNS[type(record)]
+    route = {f"route_{column}": frozen[column] for column in columns}
+    count, _rows = _ROUTE[type(record)].run(engine, rid=claimed.id, ver=claimed.version, **route)
+    if count != 1:
+        return None
+    return chosen, claimed.bumped(provider=chosen.config_name)
 
 
 def rechoose_server(
-    engine: Engine, record: MailSendRecord, claimed: Claimed
-) -> tuple[MailSendServerConfig, Claimed] | None:
-    """Choose the mail server again (step 4 only) and write it by version; None when the
-    write lost a version race. PreparationFailed when no server can be chosen."""
+    engine: Engine, record: MailSendRecord, claimed: Claimed, prepared: PreparedMail
+) -> tuple[PreparedMail, Claimed] | None:
+    """Choose the mail server again (step 4 only) and write it by version, keeping the rest of
+    what was prepared; None when the write lost a version race. PreparationFailed when no
+    server can be chosen."""
     server = _choose_server(engine, record, _mail_template_of(engine, record))
-    count, _rows = _MAIL_ROUTE.run(
-        engine,
-        rid=claimed.id,
-        ver=claimed.version,
-        route_server_config_id=server.id,
-        route_read_receipt=server.read_receipt,
+    chosen = replace(
+        prepared,
+        config_id=server.id,
+        config_name=server.name,
+        read_receipt=server.read_receipt,
+        server=server,
     )
-    if count != 1:
-        return None
-    return server, claimed.bumped(provider=server.name)
+    return _rerouted(engine, record, claimed, chosen)
 
 
 def rechoose_provider(
-    engine: Engine, record: SmsSendRecord, claimed: Claimed
-) -> tuple[SmsProviderConfig, SmsTemplateProviderBinding | None, Claimed] | None:
-    """Choose the SMS provider and its template binding again and write them by version; None
-    when the write lost a version race. PreparationFailed when none can be chosen."""
+    engine: Engine, record: SmsSendRecord, claimed: Claimed, prepared: PreparedSms
+) -> tuple[PreparedSms, Claimed] | None:
+    """Choose the SMS provider and its template binding again and write them by version, as
+    ``rechoose_server``."""
     with Session(reader(engine)) as session:
-        provider, binding = _choose_provider(session, record, _sms_template_of(session, record))
-    count, _rows = _SMS_ROUTE.run(
-        engine,
-        rid=claimed.id,
-        ver=claimed.version,
-        route_provider_config_id=provider.id,
-        route_provider_kind=provider.provider,
-        route_external_template_id=binding.external_template_id if binding else None,
-        route_signature=binding.signature if binding else None,
+        provider, binding = _choose_provider(
+            session, record, _template_of(session, SmsTemplate, record)
+        )
+    chosen = replace(
+        prepared,
+        config_id=provider.id,
+        config_name=provider.name,
+        provider_kind=provider.provider,
+        external_template_id=binding.external_template_id if binding else None,
+        signature=binding.signature if binding else None,
     )
-    if count != 1:
-        return None
-    return provider, binding, claimed.bumped(provider=provider.name)
+    return _rerouted(engine, record, claimed, chosen)
