@@ -17,6 +17,8 @@ class SendStatus(StrEnum):
     UNCERTAIN = "Uncertain"
 
 
+# The from-statuses of two transitions (portal/messaging/transitions.py): the claim's, and a
+# manual retry's, which the pages and the diagnosis read too.
 DUE_STATUSES = (SendStatus.PENDING, SendStatus.RETRY)
 RETRYABLE_BY_HAND = (
     SendStatus.PENDING,
