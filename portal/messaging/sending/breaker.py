@@ -48,8 +48,10 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 from portal.config import Settings
+from portal.messaging import transitions
 from portal.messaging.sending.classify import DeferralCode
-from portal.models import BreakerState, Channel, MailSendRecord, SendStatus, SmsSendRecord, db_now
+from portal.messaging.transitions import Cause
+from portal.models import BreakerState, Channel, MailSendRecord, SmsSendRecord, db_now
 
 log = logging.getLogger("portal.delivery")
 
@@ -58,6 +60,8 @@ VIEW_TTL_S = 0.5  # how stale a process's view of open breakers may be
 RECHECK_S = 30.0  # how often a process checks that the records waiting for breakers have one
 RELEASE_BATCH = 1000  # deferred records made due per statement when a breaker closes
 ACTIVE_KEY = "brk:active"  # field "<channel>:<config id>" -> "open" | "streak"
+# A waiting record made due: it stays Retry (no status written), guarded on that status.
+_RELEASED = transitions.change(Cause.RELEASED, None)
 
 # KEYS: 1 state hash, 2 streak set, 3 the active hash. ARGV: 1 field, 2 record id, 3 error,
 # 4 now (epoch s), 5 threshold, 6 probe min s, 7 probe max s.
@@ -473,7 +477,7 @@ class Breaker:
                     configs = session.scalars(
                         select(model.waiting_config_id)
                         .where(
-                            model.status == SendStatus.RETRY.value,
+                            _RELEASED.where(model.status),
                             model.error_code == SERVER_UNAVAILABLE,
                             model.next_retry_at > db_now(),
                             model.waiting_config_id.is_not(None),
@@ -689,7 +693,7 @@ def release(
     waiting = (
         select(model.id)
         .where(
-            model.status == SendStatus.RETRY.value,
+            _RELEASED.where(model.status),
             model.error_code == SERVER_UNAVAILABLE,
             model.waiting_config_id == config_id,
             model.next_retry_at > db_now(),

@@ -45,12 +45,20 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import Session
 
+from portal.messaging import transitions
 from portal.messaging.sending import breaker
+from portal.messaging.transitions import Cause
 from portal.models import ConfigEpoch, MailSendRecord, SendStatus, SmsSendRecord, db_now
 from portal.models.direct import Direct, Loader
 from portal.models.record import Stream
 
 RecordModel = type[MailSendRecord] | type[SmsSendRecord]
+
+# The claim as the transition table has it: to Sending, from Pending or from a due Retry, each
+# walked along its own index and so guarded on its own.
+_CLAIM = transitions.change(Cause.CLAIMED, SendStatus.SENDING)
+_FROM_PENDING = transitions.change(Cause.CLAIMED, SendStatus.SENDING, [SendStatus.PENDING])
+_FROM_RETRY = transitions.change(Cause.CLAIMED, SendStatus.SENDING, [SendStatus.RETRY])
 
 
 @dataclass(frozen=True, order=True)
@@ -63,13 +71,13 @@ def scan_due(session: Session, model: RecordModel, n: int) -> list[Candidate]:
     """Up to ``n`` due records, longest due first (two index walks, merged)."""
     pending = (
         select(model.updated_time, model.id)
-        .where(model.status == SendStatus.PENDING.value)
+        .where(_FROM_PENDING.where(model.status))
         .order_by(model.updated_time)
         .limit(n)
     )
     retry = (
         select(model.next_retry_at, model.id)
-        .where(model.status == SendStatus.RETRY.value, model.next_retry_at <= db_now())
+        .where(_FROM_RETRY.where(model.status), model.next_retry_at <= db_now())
         .order_by(model.next_retry_at)
         .limit(n)
     )
@@ -81,8 +89,8 @@ def scan_due(session: Session, model: RecordModel, n: int) -> list[Candidate]:
 
 def _due_condition(model: RecordModel) -> object:
     return or_(
-        model.status == SendStatus.PENDING.value,
-        and_(model.status == SendStatus.RETRY.value, model.next_retry_at <= db_now()),
+        _FROM_PENDING.where(model.status),
+        and_(_FROM_RETRY.where(model.status), model.next_retry_at <= db_now()),
     )
 
 
@@ -107,7 +115,7 @@ def claim(
         update(model)
         .where(model.id.in_(candidates.scalar_subquery()))
         .values(
-            status=SendStatus.SENDING.value,
+            **_CLAIM.values,
             version=model.version + 1,
             updated_time=db_now(),
             first_claimed_at=func.coalesce(model.first_claimed_at, db_now()),
@@ -180,7 +188,7 @@ def _fair_sql(table: str, stream: Stream, k: int) -> tuple[str, str]:
     The two are merged turn by turn (first of each; between the two of one rank the tenant
     whose turn comes first; then second of each; ...)."""
     s = stream.value
-    pending = f"r.status = 'Pending' AND r.stream = '{s}'"
+    pending = f"{_FROM_PENDING.sql_where('r.status')} AND r.stream = '{s}'"
     after = (
         f"SELECT r.tenant_id FROM {table} r WHERE {pending} AND r.tenant_id > {{x}} "
         "ORDER BY r.tenant_id LIMIT 1"
@@ -189,7 +197,7 @@ def _fair_sql(table: str, stream: Stream, k: int) -> tuple[str, str]:
     retry = f"""
 retry_{s} AS (
   SELECT r.id, r.next_retry_at AS due, r.tenant_id AS tid FROM {table} r
-  WHERE r.status = 'Retry' AND r.stream = '{s}' AND r.next_retry_at <= now()
+  WHERE {_FROM_RETRY.sql_where("r.status")} AND r.stream = '{s}' AND r.next_retry_at <= now()
     AND {_AFTER_TURN}
   ORDER BY r.next_retry_at LIMIT {k} FOR UPDATE SKIP LOCKED
 ),"""
@@ -371,7 +379,7 @@ class _DueClaim:
             select(
                 model.id.label("id"), model.stream.label("stream"), model.updated_time.label("due")
             )
-            .where(model.status == _sql(SendStatus.PENDING.value), allowed)
+            .where(_FROM_PENDING.where(model.status, literal=True), allowed)
             .order_by(model.updated_time)
             .limit(_sql(k))
             .cte("pending")
@@ -381,7 +389,7 @@ class _DueClaim:
                 model.id.label("id"), model.stream.label("stream"), model.next_retry_at.label("due")
             )
             .where(
-                model.status == _sql(SendStatus.RETRY.value),
+                _FROM_RETRY.where(model.status, literal=True),
                 model.next_retry_at <= db_now(),
                 allowed,
             )
@@ -412,7 +420,7 @@ class _DueClaim:
             update(model)
             .where(model.id == pick.c.id)
             .values(
-                status=_sql(SendStatus.SENDING.value),
+                **_CLAIM.literal_values,
                 version=model.version + _sql(1),
                 updated_time=db_now(),
                 first_claimed_at=func.coalesce(model.first_claimed_at, db_now()),

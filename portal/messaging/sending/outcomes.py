@@ -30,11 +30,13 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import Session
 
+from portal.messaging import transitions
 from portal.messaging.after_send import suppression
 from portal.messaging.records import timeline
 from portal.messaging.sending import claim
 from portal.messaging.sending.backoff import BackoffPolicy, DeadLetter, Fail, Retry, RetryDecision
 from portal.messaging.sending.classify import ErrorCategory, MarkerCode, classify, is_retryable
+from portal.messaging.transitions import Cause
 from portal.metrics import MESSAGE_FAILED
 from portal.models import (
     AttemptOutcome,
@@ -58,6 +60,19 @@ MODELS: dict[Channel, type[MailSendRecord] | type[SmsSendRecord]] = {
     Channel.SMS: SmsSendRecord,
 }
 MAX_ERROR_CHARS = 2000
+
+# The transitions written here, all from Sending and by version (no guard on the status).
+_RETRIED = transitions.change(Cause.RETRIED, SendStatus.RETRY)
+_DEFERRED = transitions.change(Cause.DEFERRED, SendStatus.RETRY)
+_FAILED = transitions.change(Cause.FAILED, SendStatus.FAILED)
+_DEAD_LETTERED = transitions.change(Cause.DEAD_LETTERED, SendStatus.DEAD_LETTER)
+_HELD = transitions.change(Cause.HELD, SendStatus.UNCERTAIN)
+# ``finish``'s, by the status it ends the record in.
+_ENDS = {
+    SendStatus.FAILED: transitions.change(Cause.EXPIRED, SendStatus.FAILED),
+    SendStatus.UNCERTAIN: transitions.change(Cause.EXPIRED, SendStatus.UNCERTAIN),
+    SendStatus.SUPPRESSED: transitions.change(Cause.SUPPRESSED, SendStatus.SUPPRESSED),
+}
 
 
 def stored_text(value: str | None, limit: int) -> str:
@@ -241,15 +256,16 @@ def finish(
     message: str,
     **more: Any,
 ) -> bool:
-    """End the attempt without a send (expired, suppressed, past the retry window), by
-    version; ``ambiguous_attempt`` is never cleared. False when the race was lost."""
+    """End the attempt without a send, by version: ``status`` Failed (expired, past the retry
+    window), Uncertain (the same after an ambiguous attempt) or Suppressed (``_ENDS``);
+    ``ambiguous_attempt`` is never cleared. False when the race was lost."""
     model = MODELS[claimed.channel]
     with Session(engine) as session, session.begin():
         result = session.execute(
             update(model)
             .where(model.id == claimed.id, model.version == claimed.version)
             .values(
-                status=status.value,
+                **_ENDS[status].values,
                 version=model.version + 1,
                 updated_time=db_now(),
                 next_retry_at=None,
@@ -292,7 +308,7 @@ def defer(
             update(model)
             .where(model.id == claimed.id, model.version == claimed.version)
             .values(
-                status=SendStatus.RETRY.value,
+                **_DEFERRED.values,
                 version=model.version + 1,
                 updated_time=db_now(),
                 next_retry_at=db_now_plus(delay_s) if until is None else until,
@@ -357,7 +373,7 @@ def handle_failure(
     if ambiguous:
         values |= {"ambiguous_attempt": True, "ambiguous_at": db_now(), "ambiguous_reason": message}
         if hold:
-            values |= {"status": SendStatus.UNCERTAIN.value, "next_retry_at": None}
+            values |= {**_HELD.values, "next_retry_at": None}
             with Session(engine) as session, session.begin():
                 held = write_outcome(
                     session, claimed, values, attempt, AttemptOutcome.UNCERTAIN, ambiguous
@@ -376,7 +392,7 @@ def handle_failure(
     match decision:
         case Retry(delay_s=delay):
             values |= {
-                "status": SendStatus.RETRY.value,
+                **(_RETRIED if consume_retry else _DEFERRED).values,
                 "next_retry_at": db_now_plus(delay),
             }
             if consume_retry:
@@ -385,10 +401,10 @@ def handle_failure(
                 values["deferral_count"] = model.deferral_count + 1
             outcome = "retry"
         case Fail():
-            values |= {"status": SendStatus.FAILED.value, "next_retry_at": None}
+            values |= {**_FAILED.values, "next_retry_at": None}
             outcome = "failed"
         case DeadLetter():
-            values |= {"status": SendStatus.DEAD_LETTER.value, "next_retry_at": None}
+            values |= {**_DEAD_LETTERED.values, "next_retry_at": None}
             outcome = "dead_letter"
         case _:
             assert_never(decision)

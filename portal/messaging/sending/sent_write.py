@@ -41,6 +41,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.orm import Session
 
+from portal.messaging import transitions
 from portal.messaging.after_send import events
 from portal.messaging.sending import claim, group_commit
 from portal.messaging.sending.outcomes import (
@@ -54,6 +55,7 @@ from portal.messaging.sending.outcomes import (
     _extra,
     stored_text,
 )
+from portal.messaging.transitions import Cause
 from portal.metrics import MESSAGE_SENT, SENT_BATCH_SIZE
 from portal.models import (
     AttemptOutcome,
@@ -68,11 +70,13 @@ from portal.models.direct import Direct
 
 log = logging.getLogger("portal.delivery")
 
+_TO_SENT = transitions.change(Cause.SENT, SendStatus.SENT)  # by version: no guard on status
+
 
 def _sent_values(model: type[MailSendRecord] | type[SmsSendRecord], pmid: Any) -> dict[str, Any]:
     """What a Sent write sets, the provider's message id from ``pmid``."""
     return {
-        "status": SendStatus.SENT.value,
+        **_TO_SENT.values,
         "version": model.version + 1,
         "sent_at": db_now(),
         "updated_time": db_now(),

@@ -30,6 +30,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 from portal.config import Settings
+from portal.messaging import transitions
 from portal.messaging.records import timeline
 from portal.messaging.sending.backoff import BackoffPolicy
 from portal.messaging.sending.classify import MarkerCode
@@ -40,6 +41,7 @@ from portal.messaging.sending.outcomes import (
     dead_letter_row,
     write_outcome,
 )
+from portal.messaging.transitions import Cause
 from portal.metrics import MESSAGE_FAILED
 from portal.models import (
     AttemptOutcome,
@@ -62,6 +64,10 @@ BATCH = 200
 SWEEP_CHORE = "sweep-stuck-sends"  # its row in chore_run
 # pg_try_advisory_xact_lock's key for "a worker runs the overdue sweep": b"postroom" as a bigint.
 SWEEP_LOCK_KEY = int.from_bytes(b"postroom", "big")
+# The sweep's transitions: by version, and guarded on their from-status (Sending) as well.
+_RECOVERED = transitions.change(Cause.SWEPT, SendStatus.RETRY)
+_EXHAUSTED = transitions.change(Cause.SWEPT, SendStatus.DEAD_LETTER)
+_HELD = transitions.change(Cause.SWEPT, SendStatus.UNCERTAIN)
 
 
 @dataclass
@@ -92,7 +98,7 @@ def sweep_stuck_sends(engine: Engine, settings: Settings) -> SweepReport:
                     model.updated_time,
                 )
                 .where(
-                    model.status == SendStatus.SENDING.value,
+                    _RECOVERED.where(model.status),
                     model.updated_time < db_now_plus(-settings.stuck_send_threshold_s),
                 )
                 .order_by(model.updated_time)
@@ -214,15 +220,15 @@ def _transition(
         values = {}
     if hold:
         code = MarkerCode.ZOMBIE_RECOVERED.value
-        values |= {"status": SendStatus.UNCERTAIN.value, "next_retry_at": None}
+        values |= {**_HELD.values, "next_retry_at": None}
         exhausted = False
     elif exhausted:
         code = MarkerCode.ZOMBIE_EXHAUSTED.value
-        values |= {"status": SendStatus.DEAD_LETTER.value, "next_retry_at": None}
+        values |= {**_EXHAUSTED.values, "next_retry_at": None}
     else:
         code = MarkerCode.ZOMBIE_RECOVERED.value
         values |= {
-            "status": SendStatus.RETRY.value,
+            **_RECOVERED.values,
             "next_retry_at": db_now(),
             "retry_count": model.retry_count + 1,
         }
@@ -238,7 +244,7 @@ def _transition(
             attempt,
             AttemptOutcome.SWEPT,
             ambiguous,
-            model.status == SendStatus.SENDING.value,
+            _RECOVERED.where(model.status),
         )
         if not written:
             return None  # the worker finished it, or another sweep got there first
