@@ -26,7 +26,9 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
+from portal.messaging import transitions
 from portal.messaging.after_send import suppression
+from portal.messaging.transitions import Cause
 from portal.models import (
     Channel,
     DeliveryEvent,
@@ -50,6 +52,7 @@ def clean_text(value: str, limit: int = 200) -> str | None:
 
 MAX_VERSION_TRIES = 3
 MAX_ERROR_CHARS = 2000
+_BOUNCED = transitions.change(Cause.BOUNCED, SendStatus.FAILED)  # from Sent, by version
 
 
 class EventType(StrEnum):
@@ -337,9 +340,9 @@ def _raise_outcome(
             "version": model.version + 1,
             "updated_time": db_now(),
         }
-        if kind is EventType.BOUNCED and status == SendStatus.SENT.value:
+        if kind is EventType.BOUNCED and status in _BOUNCED.froms:
             values |= {
-                "status": SendStatus.FAILED.value,
+                **_BOUNCED.values,
                 "next_retry_at": None,
                 "error_code": code[:100],
                 "error_message": (str(description) if description else f"bounced: {code}")[

@@ -20,7 +20,9 @@ from dataclasses import dataclass, field
 from sqlalchemy import ColumnElement, select, tuple_, update
 from sqlalchemy.orm import Session
 
+from portal.messaging import transitions
 from portal.messaging.records import timeline
+from portal.messaging.transitions import Cause
 from portal.models import (
     Channel,
     MailSendRecord,
@@ -32,7 +34,8 @@ from portal.models import (
 
 Model = type[MailSendRecord] | type[SmsSendRecord]
 MAX_BULK = 1000
-CANCELLABLE = (SendStatus.PENDING.value, SendStatus.RETRY.value)
+_CANCEL = transitions.change(Cause.CANCELLED, SendStatus.CANCELLED)
+CANCELLABLE = _CANCEL.froms  # Pending, Retry
 
 REFUSAL_REASONS = {
     SendStatus.SENDING.value: "being sent: a worker claimed it first",
@@ -97,11 +100,11 @@ def cancel_records(
             update(model)
             .where(
                 *target,
-                model.status.in_(CANCELLABLE),
+                _CANCEL.where(model.status),
                 model.ambiguous_attempt.is_(False),
             )
             .values(
-                status=SendStatus.CANCELLED.value,
+                **_CANCEL.values,
                 cancelled_at=db_now(),
                 next_retry_at=None,
                 version=model.version + 1,

@@ -33,7 +33,9 @@ from sqlalchemy import ColumnElement, and_, or_, select, update
 from sqlalchemy.orm import Session
 
 from portal.config import Settings
+from portal.messaging import transitions
 from portal.messaging.records import acceptance, timeline, validation
+from portal.messaging.transitions import Cause
 from portal.models import (
     Channel,
     MailSendRecord,
@@ -43,11 +45,11 @@ from portal.models import (
     SmsSendRecord,
     db_now,
 )
-from portal.models.enums import RETRYABLE_BY_HAND
 from portal.tenancy import tenant_context
 
 Model = type[MailSendRecord] | type[SmsSendRecord]
 MAX_BULK = 1000
+_REQUEUE = transitions.change(Cause.RETRIED_BY_HAND, SendStatus.RETRY)  # from RETRYABLE_BY_HAND
 
 REFUSAL_REASONS = {
     SendStatus.SENT.value: "already sent: the server or provider accepted it",
@@ -99,7 +101,7 @@ def retry_records(
         owned.append(model.tenant_id == tenant_id)
     live: list[ColumnElement[bool]] = []
     values: dict[str, Any] = {
-        "status": SendStatus.RETRY.value,
+        **_REQUEUE.values,
         "next_retry_at": db_now(),
         "retry_count": model.retry_count + 1,
         "version": model.version + 1,
@@ -113,7 +115,7 @@ def retry_records(
         values["expires_at"] = expires_at
     requeued = session.execute(
         update(model)
-        .where(*owned, model.status.in_([s.value for s in RETRYABLE_BY_HAND]), *live)
+        .where(*owned, _REQUEUE.where(model.status), *live)
         .values(**values)
         .returning(model.id, model.tenant_id)
         .execution_options(synchronize_session=False)
@@ -163,7 +165,7 @@ def retry_records(
     return report
 
 
-RETRYABLE_STATUSES = frozenset(s.value for s in RETRYABLE_BY_HAND)
+RETRYABLE_STATUSES = frozenset(_REQUEUE.froms)
 
 
 def new_expiry(raw: Any, now: datetime) -> datetime:

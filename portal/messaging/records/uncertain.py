@@ -21,9 +21,11 @@ from typing import Any
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
+from portal.messaging import transitions
 from portal.messaging.after_send import events
 from portal.messaging.records import timeline
 from portal.messaging.sending.classify import MarkerCode
+from portal.messaging.transitions import Cause
 from portal.models import (
     Channel,
     MailSendRecord,
@@ -35,6 +37,10 @@ from portal.models import (
 
 MAX_REASON_CHARS = 2000
 RESOLVED_FAILED = MarkerCode.RESOLVED_FAILED.value
+# Each by the version and the status the resolution read.
+_ACCEPTED = transitions.change(Cause.RESOLVED, SendStatus.SENT)
+_NOT_SENT = transitions.change(Cause.RESOLVED, SendStatus.FAILED)  # an Uncertain record
+_DECIDED = transitions.change(Cause.RESOLVED, None)  # an ended one: its status stays
 
 
 class ResolveError(Exception):
@@ -131,7 +137,7 @@ def resolve_uncertain(
                 "providerMessageId",
             )
         values |= {
-            "status": SendStatus.SENT.value,
+            **_ACCEPTED.values,
             "resolution": "accepted",
             "provider_message_id": pid,
             "sent_at": record.sent_at or db_now(),
@@ -144,7 +150,7 @@ def resolve_uncertain(
         values |= {"resolution": "failed"}
         if record.status == SendStatus.UNCERTAIN.value:
             values |= {
-                "status": SendStatus.FAILED.value,
+                **_NOT_SENT.values,
                 "error_code": RESOLVED_FAILED,
                 "error_message": reason[:MAX_REASON_CHARS],
             }
@@ -183,9 +189,7 @@ def resolve_uncertain(
 
 
 # Not sent, but an earlier attempt may have gone out: decided by a person, once.
-AMBIGUOUS_NOT_SENT = frozenset(
-    {SendStatus.FAILED.value, SendStatus.DEAD_LETTER.value, SendStatus.SUPPRESSED.value}
-)
+AMBIGUOUS_NOT_SENT = frozenset(_DECIDED.froms)  # Failed, DeadLetter, Suppressed
 
 
 def resolvable(record: MailSendRecord | SmsSendRecord) -> bool:

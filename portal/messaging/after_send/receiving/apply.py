@@ -31,6 +31,7 @@ from typing import Any
 from sqlalchemy import case, select, update
 from sqlalchemy.orm import Session
 
+from portal.messaging import transitions
 from portal.messaging.after_send import suppression
 from portal.messaging.after_send.receiving.bounces import (
     Bounce,
@@ -39,6 +40,7 @@ from portal.messaging.after_send.receiving.bounces import (
     Report,
     Severity,
 )
+from portal.messaging.transitions import Cause
 from portal.models import Channel, MailSendRecord, MailSendServerConfig, SendStatus, db_now
 from portal.tenancy import PLATFORM_TENANT_ID
 
@@ -51,6 +53,7 @@ MAX_VERSION_TRIES = 3
 CLOCK_SKEW = timedelta(minutes=5)
 BOUNCED = "bounced"
 COMPLAINED = "complained"  # beats a bounce: an outcome never downgrades
+_BOUNCED = transitions.change(Cause.BOUNCED, SendStatus.FAILED)  # from Sent
 
 
 class Outcome(StrEnum):
@@ -151,7 +154,7 @@ def _fail(session: Session, record: MailSendRecord, code: str | None, message: s
     """Sent -> Failed by version; False when the record is not (or no longer) Sent."""
     status, version = record.status, record.version
     values: dict[str, Any] = {
-        "status": SendStatus.FAILED.value,
+        **_BOUNCED.values,
         "version": MailSendRecord.version + 1,
         "updated_time": db_now(),
         "next_retry_at": None,
@@ -171,7 +174,7 @@ def _fail(session: Session, record: MailSendRecord, code: str | None, message: s
             .where(
                 MailSendRecord.id == record.id,
                 MailSendRecord.version == version,
-                MailSendRecord.status == SendStatus.SENT.value,
+                _BOUNCED.where(MailSendRecord.status),
             )
             .values(**values)
             .execution_options(synchronize_session=False)
