@@ -26,9 +26,9 @@ from sqlalchemy.orm import Session
 
 from portal.config import Settings
 from portal.messaging.after_send import suppression
-from portal.messaging.sending import breaker, claim, outbound, outcomes, ratelimit, sent_write
+from portal.messaging.sending import breaker, gates, outbound, outcomes, sent_write
 from portal.messaging.sending.backoff import BackoffPolicy
-from portal.messaging.sending.breaker import Breaker, ServerDown, Verdict
+from portal.messaging.sending.breaker import Breaker, ServerDown
 from portal.messaging.sending.classify import DeferralCode, MarkerCode
 from portal.messaging.sending.configcache import CONFIGS
 from portal.messaging.sending.outcomes import Claimed
@@ -46,7 +46,7 @@ from portal.messaging.sending.preparation import (
     requeued_after_unusable_route,
     suppressed_recipients,
 )
-from portal.messaging.sending.ratelimit import LimitedConfig, RateLimiter, RateLimitUnavailable
+from portal.messaging.sending.ratelimit import RateLimiter
 from portal.messaging.sending.transports import sms as sms_transport
 from portal.messaging.sending.transports import smtp
 from portal.messaging.sending.transports.smtp import (
@@ -76,11 +76,6 @@ log = logging.getLogger("portal.delivery")
 DATABASE_ERROR = "DATABASE_ERROR"  # an attempt the database failed (retried as UNKNOWN)
 
 
-def _limiter(settings: Settings, limiter: RateLimiter | None) -> RateLimiter:
-    """The given limiter, else the process-wide one on ``settings.redis_url``."""
-    return limiter or ratelimit.shared(settings.redis_url, settings.rate_limit_timeout_s)
-
-
 @dataclass
 class MailContext:
     """What a mail worker keeps between records: its SMTP connections and the policy.
@@ -98,7 +93,7 @@ class MailContext:
     def __post_init__(self) -> None:
         # Made now, so that an idle pool's polls keep the breakers' probes going (breaker.tick)
         # before this worker's first send.
-        _breaker(self)
+        gates.breaker_of(self)
 
     def close(self) -> None:
         """QUIT every open SMTP connection (the worker is stopping)."""
@@ -122,7 +117,7 @@ class SmsContext:
         self.client = sms_transport.new_client(
             self.settings.sms_connect_timeout_s, self.settings.sms_read_timeout_s
         )
-        _breaker(self)  # as MailContext's
+        gates.breaker_of(self)  # as MailContext's
 
     def close(self) -> None:
         """Close the HTTP client's connections (the worker is stopping)."""
@@ -132,45 +127,6 @@ class SmsContext:
 # Transport codes that mean no answer came from the server or provider at all.
 _NO_ANSWER = frozenset({"TIMEOUT", "NETWORK_ERROR", "CONFIG_ERROR", "INVALID_INPUT"})
 _KIND = {Channel.MAIL: "mail server", Channel.SMS: "SMS provider"}
-
-
-def _breaker(ctx: MailContext | SmsContext) -> Breaker:
-    return ctx.breaker or breaker.shared(ctx.engine, ctx.settings)
-
-
-class _RouteBusy(ServerDown):
-    """All but one of the pool's workers are in flight to this server or provider, and stayed
-    so for ROUTE_WAIT_S (``Settings.route_wait_s``, claim.enter_route): it is slow or hanging,
-    so the record waits and the worker is free for other servers' records. Or its last send
-    timed out and its slow share of the workers (``SLOW_SERVER_MAX_SHARE``) is in flight
-    (``slow``)."""
-
-    def __init__(self, check: breaker.Check, config_id: int, name: str, *, slow: bool) -> None:
-        super().__init__(check, config_id, name)
-        self.slow = slow
-
-
-# A healthy server frees a place within milliseconds; one that holds every other worker
-# ROUTE_WAIT_S is slow, and its records wait ROUTE_BUSY_DELAY_S (plus jitter) instead.
-ROUTE_BUSY_DELAY_S = 5.0
-
-
-def _gate(ctx: MailContext | SmsContext, channel: Channel, record_id: int) -> Gate:
-    """The checks run once the server or provider is known (before the quota charge on a
-    first attempt): a place among the pool's workers in flight to it (at most pool size - 1),
-    then its breaker; raises ServerDown when the record must wait."""
-
-    def gate(config_id: int, name: str) -> None:
-        route = (channel.value, config_id)
-        settings = ctx.settings
-        if not claim.enter_route(route, settings.route_wait_s, settings.slow_server_max_share):
-            busy = breaker.Check(Verdict.DEFER, wait_s=ROUTE_BUSY_DELAY_S, interval_s=2.0)
-            raise _RouteBusy(busy, config_id, name, slow=claim.route_is_slow(route))
-        check = _breaker(ctx).check(channel, config_id, record_id)
-        if check.verdict is Verdict.DEFER:
-            raise ServerDown(check, config_id, name)
-
-    return gate
 
 
 def _failed(ctx: MailContext | SmsContext, claimed: Claimed, failure: PreparationFailed) -> None:
@@ -189,7 +145,7 @@ def _defer(
     """Back to Retry with no retry used: a busy server's record for a few seconds; one whose
     server's breaker is open waits for the breaker (due when it closes, or at its deadline)."""
     kind = _KIND[claimed.channel]
-    if isinstance(down, _RouteBusy):
+    if isinstance(down, gates.RouteBusy):
         why = (
             "its sends time out, so it may hold only a few of this worker's senders and they "
             "are all busy with it"
@@ -218,7 +174,7 @@ def _defer(
     )
     # A probe may have closed the breaker between our check and this write, releasing the
     # records that were waiting then but not this one: look again.
-    if waiting and not _breaker(ctx).is_open(channel, down.config_id):
+    if waiting and not gates.breaker_of(ctx).is_open(channel, down.config_id):
         breaker.release(ctx.engine, channel, down.config_id)
 
 
@@ -242,41 +198,6 @@ def _deadline(
     return min(ends) + timedelta(seconds=1) if ends else None
 
 
-def _observed(
-    ctx: MailContext | SmsContext,
-    claimed: Claimed,
-    config_id: int,
-    *,
-    answered: bool,
-    down: str | None = None,
-    timed_out: bool = False,
-) -> None:
-    """Tell the breaker how the attempt went: ``down`` (the error) for a failure of the server
-    itself, ``answered`` when the server replied (a send or the record's own refusal); neither
-    when no answer came mid-way (a timeout after MAIL FROM says nothing about the server).
-    And the pool's route gate: a send that ``timed_out``, at any stage, holds the server to
-    the slow share of the workers (``SLOW_SERVER_MAX_SHARE``); an answer gives it all back."""
-    channel = claimed.channel
-    if timed_out or answered:
-        claim.route_settled((channel.value, config_id), timed_out=timed_out)
-    if down is not None:
-        _breaker(ctx).failed(channel, config_id, claimed.id, down)
-    elif answered and _breaker(ctx).answered(channel, config_id):
-        try:
-            released = breaker.release(ctx.engine, channel, config_id)
-        except Exception:  # every process's check of the waiting records releases them
-            log.exception("releasing the records waiting for a closed breaker failed")
-            return
-        log.info("breaker closed: %s waiting records due now", released)
-
-
-def _unavailable(connection: bool, answered: bool) -> bool | None:
-    """What a failed attempt says about the server, for its row (``health``): True it could
-    not be reached (``classify.unavailable``, as the breaker counts it), False it answered,
-    None neither (no answer after the request was written)."""
-    return True if connection else False if answered else None
-
-
 def _cleared(
     ctx: MailContext | SmsContext,
     claimed: Claimed,
@@ -292,51 +213,9 @@ def _cleared(
         except ServerDown as down:
             _defer(ctx, claimed, record, down)
             return False
-    return admit(ctx.engine, claimed, config, _limiter(ctx.settings, ctx.limiter), ctx.policy)
-
-
-def admit(
-    engine: Engine,
-    claimed: Claimed,
-    config: LimitedConfig,
-    limiter: RateLimiter,
-    policy: BackoffPolicy,
-) -> bool:
-    """Check the config's rate-limit windows before a send; False when the record was deferred.
-
-    A full window defers the record to when it resets (QUOTA_EXCEEDED, never sooner than the
-    QUOTA floor); an unreachable Redis defers it as TRANSIENT. Neither uses up a retry: no
-    send failed.
-    """
-    if not ratelimit.has_limit(config):
-        return True
-    try:
-        admission = limiter.admit(claimed.channel, config)
-    except RateLimitUnavailable as exc:
-        outcomes.handle_failure(
-            engine,
-            claimed,
-            MarkerCode.RATE_LIMIT_UNAVAILABLE.value,
-            f"the rate-limit store could not be asked, so the send waits: {exc}",
-            policy=policy,
-            consume_retry=False,
-        )
-        return False
-    if admission.allowed:
-        return True
-    which = "daily" if admission.window == "daily" else "per-minute"
-    limit = config.daily_send_limit if admission.window == "daily" else config.rate_limit_per_minute
-    outcomes.handle_failure(
-        engine,
-        claimed,
-        MarkerCode.QUOTA_EXCEEDED.value,
-        f"rate limit: the {which} window of {claimed.provider!r} is full ({limit} sends); "
-        f"it resets in {admission.wait_s:.1f} s",
-        policy=policy,
-        retry_after_s=admission.wait_s,
-        consume_retry=False,
+    return gates.admit(
+        ctx.engine, claimed, config, gates.limiter_of(ctx.settings, ctx.limiter), ctx.policy
     )
-    return False
 
 
 def past_deadline(
@@ -561,7 +440,7 @@ def _attempt(steps: _Steps[Ctx, R, P, C, T], ctx: Ctx, record: R, holding: _Hold
     skip = _suppressed(ctx.engine, claimed, record)
     if skip is None:
         return
-    gate = _gate(ctx, steps.channel, record.id)
+    gate = gates.gate(ctx, steps.channel, record.id)
     gated = False
     if record.prepared_at is None:
         try:
@@ -623,9 +502,9 @@ def _send_failed(
     retry_after_s: float | None = None,
 ) -> None:
     """A send that failed, either channel: tell the breaker and the route gate how
-    (``_observed``; ``connection``: the server could not be reached), then write the failure
+    (``gates.observed``; ``connection``: the server could not be reached), then write the failure
     with its attempt; an ambiguous one is held as Uncertain when the config says so."""
-    _observed(
+    gates.observed(
         ctx,
         claimed,
         config.id,
@@ -642,7 +521,7 @@ def _send_failed(
         retry_after_s=retry_after_s,
         ambiguous=ambiguous,
         hold=config.uncertain_policy == UncertainPolicy.HOLD.value,
-        attempt=replace(attempt, unavailable=_unavailable(connection, answered)),
+        attempt=replace(attempt, unavailable=gates.unavailable(connection, answered)),
     )
 
 
@@ -742,7 +621,7 @@ def _send_mail(
                 None,
                 refused=smtp.refusals(sent.refused),
             )
-    _observed(ctx, claimed, config.id, answered=True)
+    gates.observed(ctx, claimed, config.id, answered=True)
 
 
 _MAIL = _Steps(
@@ -858,7 +737,7 @@ def _send_sms(
             duplicate=answer.duplicate,
             attempt=attempt,
         )
-        _observed(ctx, claimed, config.id, answered=True)
+        gates.observed(ctx, claimed, config.id, answered=True)
         return
     _send_failed(
         ctx,
