@@ -44,9 +44,9 @@ from portal.messaging.sending.preparation import (
     rechoose_provider,
     rechoose_server,
     requeued_after_unusable_route,
-    suppressed_recipients,
 )
 from portal.messaging.sending.ratelimit import RateLimiter
+from portal.messaging.sending.suppressed import suppressed_recipients
 from portal.messaging.sending.transports import sms as sms_transport
 from portal.messaging.sending.transports import smtp
 from portal.messaging.sending.transports.smtp import (
