@@ -8,9 +8,11 @@ anything is written, so the caller's transaction stays usable; a business key al
 the same tenant returns the existing record instead of writing a second one (idempotent
 acceptance).
 
-On PostgreSQL every call writes with one statement (records and recipients together); the
-API's single sends use ``send_mail_committed`` / ``send_sms_committed``, which write and
-commit in that one statement when the caller holds no transaction. Workers are woken by a
+Each channel is a ``ChannelAcceptance`` (``MAIL``, ``SMS``) whose methods are the entry points
+(``send_mail`` is ``MAIL.send``). On PostgreSQL every call writes with one statement (records
+and recipients together); the API's single sends use ``send_mail_committed`` /
+``send_sms_committed``, which write and commit in that one statement when the caller holds no
+transaction. Workers are woken by a
 NOTIFY sent after the commit from a thread of this process, folded to a few a second.
 """
 
@@ -25,7 +27,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 import psycopg
 from sqlalchemy import Connection, Engine, delete, event, or_, select
@@ -241,15 +243,10 @@ def _mail_record(req: MailRequest, trace_id: str) -> MailSendRecord:
 
 
 def _mail_recipients(record: MailSendRecord, req: MailRequest) -> list[MailSendRecipient]:
-    rows = []
-    for kind, addresses in (("to", req.to), ("cc", req.cc), ("bcc", req.bcc)):
-        for address in dict.fromkeys(a.lower() for a in addresses):
-            rows.append(
-                MailSendRecipient(
-                    record_id=record.id, tenant_id=req.tenant_id, address=address, kind=kind
-                )
-            )
-    return rows
+    return [
+        MailSendRecipient(record_id=record.id, tenant_id=req.tenant_id, address=address, kind=kind)
+        for address, kind in _recipient_rows(req)
+    ]
 
 
 # --- SMS --------------------------------------------------------------------------------
@@ -768,109 +765,96 @@ def _default_settings() -> Settings:
     return _DEFAULT[0]
 
 
-def send_mail(
-    session: Session, request: Mapping[str, Any], *, settings: Settings | None = None
-) -> Accepted:
-    """Accept one mail for the current tenant; writes a Pending record, never commits."""
-    return send_mail_batch(session, [request], settings=settings, _single=True)[0]
+@dataclass(frozen=True)
+class ChannelAcceptance(Generic[Req, Rec]):
+    """How one channel's messages are accepted, its differences declared once (``MAIL``,
+    ``SMS``): its request, the rows the plain path writes, and for mail the server a request
+    may name. Its entry points are these methods (``send_mail`` is ``MAIL.send``)."""
+
+    channel: str  # "mail" | "sms": its wake-up and its statement on the PostgreSQL path
+    model: type[Rec]
+    template: type[MailTemplate] | type[SmsTemplate]
+    validate: Callable[[Mapping[str, Any], Settings, int | None], Req]
+    record: Callable[[Req, str], Rec]  # the plain path's record
+    recipients: Callable[[Rec, Req], list[Any]] | None  # and the rows written beside it
+    references: Callable[[Session, Req], None] | None  # what else a request names, checked
+
+    def send(
+        self, session: Session, request: Mapping[str, Any], *, settings: Settings | None = None
+    ) -> Accepted:
+        """Accept one message for the current tenant; writes a Pending record, never commits."""
+        return self.batch(session, [request], settings=settings, _single=True)[0]
+
+    def batch(
+        self,
+        session: Session,
+        items: Sequence[Mapping[str, Any]],
+        *,
+        settings: Settings | None = None,
+        _single: bool = False,
+    ) -> list[Accepted]:
+        """Accept 1..500 messages atomically: one invalid item rejects the batch, naming its
+        index."""
+        cfg = _settings_of(session, settings)
+        tenant_id = current_tenant_id()
+        items = list(items) if _single else check_batch(items)
+        requests = []
+        fetcher = _fetcher(session)
+        for i, item in enumerate(items):
+            try:
+                req = self.validate(item, cfg, tenant_id)
+                self._check(session, fetcher, req)
+            except AcceptanceError as error:
+                raise (error if _single else error.at(i)) from None
+            requests.append(req)
+        unique_keys(requests)
+        _resolve_streams(session, self.template, requests)
+        return _write(session, self.model, requests, self.record, self.recipients, self.channel)
+
+    def committed(
+        self, session: Session, request: Mapping[str, Any], *, settings: Settings | None = None
+    ) -> Accepted:
+        """Accept one message and commit it, for a caller with no transaction of its own (the
+        API).
+
+        On PostgreSQL, with no transaction open on ``session``, the record (and a mail's
+        recipients) is written by one statement in autocommit on a connection of the session's
+        engine (one round trip: no BEGIN, no COMMIT; the statement is atomic). Elsewhere:
+        ``send`` and ``session.commit()``. Rejections raise ``AcceptanceError`` with nothing
+        written either way.
+        """
+        cfg = _settings_of(session, settings)
+        req = self.validate(request, cfg, current_tenant_id())
+        engine = _autocommit_engine(session)
+        if engine is not None:
+            return _accept_now(engine, self.channel, req)
+        self._check(session, _fetcher(session), req)
+        (result,) = _write(session, self.model, [req], self.record, self.recipients, self.channel)
+        session.commit()
+        return result
+
+    def _check(
+        self, session: Session, fetcher: Callable[[], template_checks.Fetch], req: Req
+    ) -> None:
+        if self.references is not None:
+            self.references(session, req)
+        _check_template(fetcher, req)
 
 
-def send_mail_batch(
-    session: Session,
-    items: Sequence[Mapping[str, Any]],
-    *,
-    settings: Settings | None = None,
-    _single: bool = False,
-) -> list[Accepted]:
-    """Accept 1..500 mails atomically: one invalid item rejects the batch, naming its index."""
-    cfg = _settings_of(session, settings)
-    tenant_id = current_tenant_id()
-    items = list(items) if _single else check_batch(items)
-    requests = []
-    fetcher = _fetcher(session)
-    for i, item in enumerate(items):
-        try:
-            req = validate_mail(item, cfg, tenant_id)
-            _check_mail_references(session, req)
-            _check_template(fetcher, req)
-        except AcceptanceError as error:
-            raise (error if _single else error.at(i)) from None
-        requests.append(req)
-    unique_keys(requests)
-    _resolve_streams(session, MailTemplate, requests)
-    return _write(session, MailSendRecord, requests, _mail_record, _mail_recipients, "mail")
+MAIL = ChannelAcceptance(
+    "mail",
+    MailSendRecord,
+    MailTemplate,
+    validate_mail,
+    _mail_record,
+    _mail_recipients,
+    _check_mail_references,
+)
+SMS = ChannelAcceptance("sms", SmsSendRecord, SmsTemplate, validate_sms, _sms_record, None, None)
 
-
-def send_sms(
-    session: Session, request: Mapping[str, Any], *, settings: Settings | None = None
-) -> Accepted:
-    """Accept one SMS for the current tenant; writes a Pending record, never commits."""
-    return send_sms_batch(session, [request], settings=settings, _single=True)[0]
-
-
-def send_sms_batch(
-    session: Session,
-    items: Sequence[Mapping[str, Any]],
-    *,
-    settings: Settings | None = None,
-    _single: bool = False,
-) -> list[Accepted]:
-    """Accept 1..500 SMS atomically: one invalid item rejects the batch, naming its index."""
-    cfg = _settings_of(session, settings)
-    tenant_id = current_tenant_id()
-    items = list(items) if _single else check_batch(items)
-    requests = []
-    fetcher = _fetcher(session)
-    for i, item in enumerate(items):
-        try:
-            req = validate_sms(item, cfg, tenant_id)
-            _check_template(fetcher, req)
-        except AcceptanceError as error:
-            raise (error if _single else error.at(i)) from None
-        requests.append(req)
-    unique_keys(requests)
-    _resolve_streams(session, SmsTemplate, requests)
-    return _write(session, SmsSendRecord, requests, _sms_record, None, "sms")
-
-
-# --- accept and commit: the API's single sends ------------------------------------------
-
-
-def send_mail_committed(
-    session: Session, request: Mapping[str, Any], *, settings: Settings | None = None
-) -> Accepted:
-    """Accept one mail and commit it, for a caller with no transaction of its own (the API).
-
-    On PostgreSQL, with no transaction open on ``session``, the record and its recipients are
-    written by one statement in autocommit on a connection of the session's engine (one round
-    trip: no BEGIN, no COMMIT; the statement is atomic). Elsewhere: ``send_mail`` and
-    ``session.commit()``. Rejections raise ``AcceptanceError`` with nothing written either way.
-    """
-    cfg = _settings_of(session, settings)
-    req = validate_mail(request, cfg, current_tenant_id())
-    engine = _autocommit_engine(session)
-    if engine is not None:
-        return _accept_now(engine, "mail", req)
-    _check_mail_references(session, req)
-    _check_template(_fetcher(session), req)
-    (result,) = _write(session, MailSendRecord, [req], _mail_record, _mail_recipients, "mail")
-    session.commit()
-    return result
-
-
-def send_sms_committed(
-    session: Session, request: Mapping[str, Any], *, settings: Settings | None = None
-) -> Accepted:
-    """Accept one SMS and commit it; as ``send_mail_committed``."""
-    cfg = _settings_of(session, settings)
-    req = validate_sms(request, cfg, current_tenant_id())
-    engine = _autocommit_engine(session)
-    if engine is not None:
-        return _accept_now(engine, "sms", req)
-    _check_template(_fetcher(session), req)
-    (result,) = _write(session, SmsSendRecord, [req], _sms_record, None, "sms")
-    session.commit()
-    return result
+# --- accept, as the API, the portal and the tests call it -------------------------------
+send_mail, send_mail_batch, send_mail_committed = MAIL.send, MAIL.batch, MAIL.committed
+send_sms, send_sms_batch, send_sms_committed = SMS.send, SMS.batch, SMS.committed
 
 
 def _autocommit_engine(session: Session | scoped_session[Session]) -> Engine | None:
