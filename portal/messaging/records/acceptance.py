@@ -30,16 +30,21 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 import psycopg
-from sqlalchemy import Connection, Engine, delete, event, or_, select
+from sqlalchemy import Connection, Engine, delete, event, select
 from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.orm import Session, SessionTransaction, scoped_session
 
 from portal.config import Settings
+from portal.messaging.records.references import (
+    check_server,
+    check_template,
+    fetcher_of,
+    resolve_streams,
+)
 from portal.messaging.records.validation import (
     AcceptanceError,
     BusinessKeyConflict,
     MailRequest,
-    MissingVariables,
     SmsRequest,
     check_batch,
     unique_keys,
@@ -50,14 +55,13 @@ from portal.messaging.templating import checks as template_checks
 from portal.models import (
     MailSendRecipient,
     MailSendRecord,
-    MailSendServerConfig,
     MailTemplate,
     SendStatus,
     SmsSendRecord,
     SmsTemplate,
 )
 from portal.models.record import Stream
-from portal.tenancy import PLATFORM_TENANT_ID, current_tenant_id, current_trace_id, new_trace_id
+from portal.tenancy import current_tenant_id, current_trace_id, new_trace_id
 
 log = logging.getLogger(__name__)
 
@@ -75,141 +79,7 @@ class Accepted:
 # An enum value looked up once (an enum attribute costs a descriptor call each time).
 _PENDING = SendStatus.PENDING.value
 
-# --- checks against the tier: templates, streams, servers -------------------------------
-
-
-def _resolve_streams(
-    session: Session,
-    template: type[MailTemplate] | type[SmsTemplate],
-    requests: Sequence[MailRequest | SmsRequest],
-) -> None:
-    """Fill in the stream of requests that name none: their template's default (one query
-    per owner for the batch's templates), else transactional."""
-    wanted: dict[int, tuple[set[str], set[int]]] = {}
-    for req in requests:
-        template_id = _template_id(req)
-        if req.stream is None and (req.template_code is not None or template_id is not None):
-            codes, ids = wanted.setdefault(req.tenant_id, (set(), set()))
-            if req.template_code is not None:
-                codes.add(req.template_code)
-            if template_id is not None:
-                ids.add(template_id)
-    by_code: dict[tuple[int, str], str] = {}
-    by_id: dict[tuple[int, int], str] = {}
-    for owner, (codes, ids) in wanted.items():
-        named = or_(template.code.in_(codes), template.id.in_(ids))
-        rows = session.execute(
-            select(template.id, template.code, template.stream).where(
-                template.tenant_id == owner, named
-            )
-        )
-        for found_id, code, stream in rows:
-            by_code[(owner, code)] = stream
-            by_id[(owner, found_id)] = stream
-    for req in requests:
-        if req.stream is not None:
-            continue
-        tid = _template_id(req)
-        found = None
-        if req.template_code is not None:
-            found = by_code.get((req.tenant_id, req.template_code))
-        elif tid is not None:
-            found = by_id.get((req.tenant_id, tid))
-        req.stream = found or Stream.TRANSACTIONAL.value
-
-
-def _template_id(req: MailRequest | SmsRequest) -> int | None:
-    return req.template_id if isinstance(req, MailRequest) else None
-
-
-def _session_fetch(session: Session) -> template_checks.Fetch:
-    """Template look-ups on the session's connection (in its transaction: a template the
-    caller added and has not committed is seen)."""
-    if session.new or session.dirty or session.deleted:
-        session.flush()
-    connection = session.connection()
-    qmark = connection.dialect.paramstyle == "qmark"
-
-    def fetch(sql: str, params: tuple[Any, ...]) -> tuple[Any, ...] | None:
-        row = connection.exec_driver_sql(sql.replace("%s", "?") if qmark else sql, params)
-        found = row.fetchone()
-        return None if found is None else tuple(found)
-
-    return fetch
-
-
-def _fetcher(session: Session) -> Callable[[], template_checks.Fetch]:
-    """``_session_fetch`` made at the first template look-up (none for plain sends)."""
-    made: list[template_checks.Fetch] = []
-
-    def fetcher() -> template_checks.Fetch:
-        if not made:
-            made.append(_session_fetch(session))
-        return made[0]
-
-    return fetcher
-
-
-def _check_template(
-    fetcher: Callable[[], template_checks.Fetch], req: MailRequest | SmsRequest
-) -> None:
-    """The request's template as it would be used now: by code an enabled one in
-    the scope's tier (else 422 naming templateCode), by id any of the tier's (else 422 naming
-    templateId: a test send of a disabled template stays possible); a strict template's
-    needed variables given (else 422 missing_variables). Sets the request's stream from the
-    template when it names none. ``fetcher`` gives the look-up, called only when needed."""
-    template_id = _template_id(req)
-    code = req.template_code
-    if template_id is None and code is None:
-        return
-    fetch = fetcher()
-    mail = isinstance(req, MailRequest)
-    channel = "mail" if mail else "sms"
-    if template_id is not None:
-        facts = template_checks.by_id(fetch, channel, req.tenant_id, template_id)
-        if facts is None:
-            raise AcceptanceError("not_found", "templateId", "no such template")
-    else:
-        assert code is not None
-        facts = template_checks.by_code(fetch, channel, req.tenant_id, code)
-        if facts is None or not facts.enabled:
-            where = "the platform tier" if req.tenant_id == PLATFORM_TENANT_ID else "this tenant"
-            raise AcceptanceError(
-                "not_found",
-                "templateCode",
-                f"no enabled {'mail' if mail else 'SMS'} template with code {code!r} in {where}",
-            )
-    if req.stream is None:
-        req.stream = facts.stream
-    if not facts.strict:
-        return
-    if isinstance(req, MailRequest):
-        missing = facts.missing(
-            req.variables,
-            subject=req.subject is None,
-            body=req.html is None and req.text is None,
-        )
-    else:
-        missing = facts.missing(req.variables, subject=False, body=not req.content)
-    if missing:
-        raise MissingVariables(missing)
-
-
 # --- mail -------------------------------------------------------------------------------
-
-
-def _check_mail_references(session: Session, req: MailRequest, prefix: str = "") -> None:
-    """A serverId must exist in the send scope's tier (else: as if it did not); the template
-    is checked by ``_check_template``."""
-    if req.server_id is not None:
-        found = session.scalar(
-            select(MailSendServerConfig.id).where(
-                MailSendServerConfig.id == req.server_id,
-                MailSendServerConfig.tenant_id == req.tenant_id,
-            )
-        )
-        if found is None:
-            raise AcceptanceError("not_found", "serverId", "no such mail server")
 
 
 def _mail_record(req: MailRequest, trace_id: str) -> MailSendRecord:
@@ -799,7 +669,7 @@ class ChannelAcceptance(Generic[Req, Rec]):
         tenant_id = current_tenant_id()
         items = list(items) if _single else check_batch(items)
         requests = []
-        fetcher = _fetcher(session)
+        fetcher = fetcher_of(session)
         for i, item in enumerate(items):
             try:
                 req = self.validate(item, cfg, tenant_id)
@@ -808,7 +678,7 @@ class ChannelAcceptance(Generic[Req, Rec]):
                 raise (error if _single else error.at(i)) from None
             requests.append(req)
         unique_keys(requests)
-        _resolve_streams(session, self.template, requests)
+        resolve_streams(session, self.template, requests)
         return _write(session, self.model, requests, self.record, self.recipients, self.channel)
 
     def committed(
@@ -828,7 +698,7 @@ class ChannelAcceptance(Generic[Req, Rec]):
         engine = _autocommit_engine(session)
         if engine is not None:
             return _accept_now(engine, self.channel, req)
-        self._check(session, _fetcher(session), req)
+        self._check(session, fetcher_of(session), req)
         (result,) = _write(session, self.model, [req], self.record, self.recipients, self.channel)
         session.commit()
         return result
@@ -838,7 +708,7 @@ class ChannelAcceptance(Generic[Req, Rec]):
     ) -> None:
         if self.references is not None:
             self.references(session, req)
-        _check_template(fetcher, req)
+        check_template(fetcher, req)
 
 
 MAIL = ChannelAcceptance(
@@ -848,7 +718,7 @@ MAIL = ChannelAcceptance(
     validate_mail,
     _mail_record,
     _mail_recipients,
-    _check_mail_references,
+    check_server,
 )
 SMS = ChannelAcceptance("sms", SmsSendRecord, SmsTemplate, validate_sms, _sms_record, None, None)
 
@@ -914,7 +784,7 @@ def _accept_on(
             row = cursor.execute(sql, params).fetchone()
             return None if row is None else tuple(row)
 
-        _check_template(lambda: fetch, req)
+        check_template(lambda: fetch, req)
         document = json.dumps([_pg_row(req, 0, trace_id)])
         _WRITE_SENT.set(True)  # in autocommit, the insert commits itself
         for _attempt in range(3):
