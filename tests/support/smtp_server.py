@@ -178,6 +178,10 @@ class _Handler:
     ) -> list[str]:
         session.host_name = hostname  # the hook owns this (aiosmtpd contract)
         self.owner._register_connection(server)
+        if self.owner.pipelining:
+            # aiosmtpd reads each command line as it comes, pipelined or not; it only does
+            # not say so.
+            responses.insert(-1, "250-PIPELINING")
         return responses
 
     async def handle_HELO(
@@ -269,6 +273,7 @@ class ScriptedSmtpServer:
         idle_timeout_s: float = 300.0,
         data_size_limit: int = 32 * 1024 * 1024,
         on_message: Callable[[ReceivedMessage], None] | None = None,
+        pipelining: bool = False,
     ) -> None:
         self.host = host
         self.port = port
@@ -280,6 +285,7 @@ class ScriptedSmtpServer:
         self.idle_timeout_s = idle_timeout_s
         self.data_size_limit = data_size_limit
         self.on_message = on_message
+        self.pipelining = pipelining  # PIPELINING offered in the EHLO reply (RFC 2920)
         self.cert_pem: bytes | None = None
 
         self._lock = threading.Condition()

@@ -723,10 +723,19 @@ class SmtpConnectionPool:
 
     Not thread-safe by design: each delivery worker thread owns its own pool, so a connection is
     never used by two sends at once and no lock sits on the send path.
+
+    ``pipelining``: where the server's EHLO offers PIPELINING (RFC 2920), MAIL FROM, the
+    RCPT TOs and DATA go out together and their replies are read afterwards, one round trip
+    instead of two or more; every reply is still read and handled as when each command waits
+    for its own (``_transact``). The class default is what the delivery workers use.
     """
 
-    def __init__(self, idle_timeout_s: float = 60.0) -> None:
+    pipelining: bool = True
+
+    def __init__(self, idle_timeout_s: float = 60.0, *, pipelining: bool | None = None) -> None:
         self.idle_timeout_s = idle_timeout_s
+        if pipelining is not None:
+            self.pipelining = pipelining
         self._connections: dict[str, _Connection] = {}
 
     def __enter__(self) -> SmtpConnectionPool:
@@ -849,12 +858,17 @@ class SmtpConnectionPool:
         *,
         utf8: bool = False,
     ) -> SendResult:
-        """Run MAIL / RCPT / DATA on an open connection (with SMTPUTF8 when ``utf8``)."""
+        """Run MAIL / RCPT / DATA on an open connection (with SMTPUTF8 when ``utf8``).
+
+        The commands go out one at a time, each after the previous reply, or, where the server
+        offers PIPELINING, together (``_Envelope``); the replies are handled the same way in
+        both: in order, each under its own stage (its timeout, its error), and a transaction
+        given up early (sender refused, every recipient refused) drains the replies still
+        owed before its RSET.
+        """
         # Lower-level calls instead of sendmail(): only they tell "failed before the payload was
         # written" (safe to resend) from "failed waiting for the final reply" (ambiguous).
         smtp = connection.smtp
-        stage = "mail"
-        refused: dict[str, tuple[int, str]] = {}
         if utf8 and not smtp.has_extn("smtputf8"):
             # Nothing sent yet: the session stays clean for the next mail.
             connection.last_used = time.monotonic()
@@ -864,27 +878,34 @@ class SmtpConnectionPool:
                 "accept such addresses (it does not offer SMTPUTF8): the mail cannot be sent "
                 "to it as written",
             )
+        options = [f"SIZE={len(payload)}"] if smtp.has_extn("size") else []
+        if utf8:
+            options.append("SMTPUTF8")
+            if smtp.has_extn("8bitmime"):
+                options.append("BODY=8BITMIME")
+        envelope = _Envelope(
+            smtp,
+            sender,
+            options,
+            recipients,
+            utf8=utf8,
+            pipelined=self.pipelining and smtp.has_extn("pipelining"),
+        )
+        refused = envelope.refused
         try:
-            options = [f"SIZE={len(payload)}"] if smtp.has_extn("size") else []
-            if utf8:
-                # smtplib switches this session's commands to UTF-8 when it sees SMTPUTF8.
-                options.append("SMTPUTF8")
-                if smtp.has_extn("8bitmime"):
-                    options.append("BODY=8BITMIME")
-            code, reply = smtp.mail(sender, options)
+            code, reply = envelope.reply()  # MAIL FROM
             if code != 250:
                 error = _reply_error(code, reply)
                 if code == 421:
                     # On a reused connection this is typically the idle timeout announced late.
                     self._discard(server.key)
                     raise _StaleConnection(error)
-                self._after_reply_error(server.key, code)
+                self._given_up(server.key, envelope, code)
                 raise error
 
-            stage = "rcpt"
             accepted: list[str] = []
             for recipient in recipients:
-                code, reply = smtp.rcpt(recipient)
+                code, reply = envelope.reply()  # RCPT TO
                 if code in (250, 251):
                     accepted.append(recipient)
                     continue
@@ -894,25 +915,24 @@ class SmtpConnectionPool:
                     raise _reply_error(code, reply, refused=refused)
             if not accepted:
                 first_code, first_reply = next(iter(refused.values()))
-                self._after_reply_error(server.key, first_code)
+                self._given_up(server.key, envelope, first_code)
                 raise _reply_error(first_code, first_reply, refused=refused)
 
-            stage = "data"
-            smtp.putcmd("data")
-            code, reply = smtp.getreply()
+            code, reply = envelope.reply()  # DATA
             if code != 354:
                 self._after_reply_error(server.key, code)
                 raise _reply_error(code, reply, refused=refused)
 
-            stage = "payload"
+            envelope.stage = "payload"
             smtp.send(payload)
-            stage = "final reply"
+            envelope.stage = "final reply"
             code, reply = smtp.getreply()
         except smtplib.SMTPResponseException as exc:
             self._discard(server.key)
             raise _reply_error(exc.smtp_code, exc.smtp_error, refused=refused) from exc
         except OSError as exc:
             self._discard(server.key)
+            stage = envelope.stage
             error = _exception_error(exc, stage, after_data=stage == "final reply")
             error.refused = refused
             if stage in ("mail", "rcpt", "data") and error.code != TIMEOUT:
@@ -939,6 +959,92 @@ class SmtpConnectionPool:
             elapsed_s=time.monotonic() - started,
             reply=_decode(reply).strip(),
         )
+
+    def _given_up(self, key: str, envelope: _Envelope, code: int) -> None:
+        """The transaction ends before DATA (sender or every recipient refused): read the
+        replies still owed to pipelined commands, then RSET as ``_after_reply_error`` does. A
+        session that fails while draining is dropped; the refusal is still what is raised."""
+        try:
+            envelope.drain()
+        except OSError:
+            self._discard(key)
+            return
+        self._after_reply_error(key, code)
+
+
+# At most this many commands go out before their replies are read: RFC 2920 asks a client not
+# to write so much that the server's replies fill its receive buffer while it is still writing
+# (each side then waits for the other). A hundred RCPTs' replies are about 3 KB.
+_PIPELINE_GROUP = 100
+
+
+class _Envelope:
+    """MAIL FROM, one RCPT TO per recipient and DATA, written when their replies are wanted:
+    one at a time, or (``pipelined``) in groups of up to ``_PIPELINE_GROUP`` ending with DATA
+    at the latest. ``stage`` names the command whose reply is being waited for (the stage of a
+    timeout or a dropped connection); ``refused`` collects the recipients' refusals."""
+
+    def __init__(
+        self,
+        smtp: smtplib.SMTP,
+        sender: str,
+        options: list[str],
+        recipients: list[str],
+        *,
+        utf8: bool,
+        pipelined: bool,
+    ) -> None:
+        self.smtp = smtp
+        self.pipelined = pipelined
+        self.stage = "mail"
+        self.refused: dict[str, tuple[int, str]] = {}
+        # The commands as smtplib's mail(), rcpt() and putcmd("data") write them.
+        optionlist = " " + " ".join(options) if options and smtp.does_esmtp else ""
+        encoding = "utf-8" if utf8 else "ascii"
+        self._stages = ["mail", *(["rcpt"] * len(recipients)), "data"]
+        self._lines = [
+            _command(f"mail FROM:{smtplib.quoteaddr(sender)}{optionlist}", encoding),
+            *(_command(f"rcpt TO:{smtplib.quoteaddr(r)}", encoding) for r in recipients),
+            b"data\r\n",
+        ]
+        self._written = 0  # commands written
+        self._read = 0  # replies read
+        self._data_code = 0  # DATA's reply code, once read
+
+    def reply(self) -> tuple[int, bytes]:
+        """The next command's reply, writing it (and, pipelined, the commands after it in its
+        group) first if it has not gone out yet."""
+        index = self._read
+        self.stage = self._stages[index]
+        if self._written <= index:
+            size = _PIPELINE_GROUP if self.pipelined else 1
+            group = self._lines[index : index + size]
+            self.smtp.send(b"".join(group))
+            self._written = index + len(group)
+        code, reply = self.smtp.getreply()
+        self._read += 1
+        if self._stages[index] == "data":
+            self._data_code = code
+        return code, reply
+
+    def drain(self) -> None:
+        """Read the replies of commands written but not yet answered; had DATA been accepted
+        (a server that answers 354 although no recipient was), end the empty message with a
+        lone dot (RFC 2920 3.1) and read its reply, so the session can be RSET."""
+        while self._read < self._written:
+            self.reply()
+        if self._data_code == 354:
+            self.stage = "payload"
+            self.smtp.send(b".\r\n")
+            self.stage = "final reply"
+            self.smtp.getreply()
+
+
+def _command(line: str, encoding: str) -> bytes:
+    """One command line, refused as smtplib's putcmd refuses it (a CR or LF inside)."""
+    if "\r" in line or "\n" in line:
+        raise ValueError(f"command and arguments contain prohibited newline characters: {line!r}")
+    return line.encode(encoding) + b"\r\n"
 
 
 def test_connection(server: SmtpServer) -> tuple[float, str | None]:
