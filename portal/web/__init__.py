@@ -99,7 +99,8 @@ class NavGroup:
 def register_blueprints(app: Flask) -> None:
     """Register every blueprint module: the unlisted ones, then the page groups."""
     from portal.web import access, security
-    from portal.web.records import pages, recipients
+    from portal.web.records import formatting as pages
+    from portal.web.records import recipients
 
     login_manager.init_app(app)
     login_manager.login_view = "auth.login"

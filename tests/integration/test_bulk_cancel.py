@@ -17,7 +17,8 @@ from portal.messaging.records.retry import retry_records
 from portal.messaging.sending.claim import claim
 from portal.models import MailSendRecord, SmsSendRecord
 from portal.models import tenant as tenant_model
-from portal.web.records import pages
+from portal.web.records import bulk
+from portal.web.records.filters import BULK_CAP
 from tests.conftest import make_tenant
 from tests.integration.test_portal_records import HX, mail, signed_in, sms, status_of, user
 
@@ -170,7 +171,7 @@ def test_everything_matching_a_filter_is_capped_and_every_page_counts(
     app: Flask, tenants: tuple[int, int], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     acme, globex = tenants
-    monkeypatch.setattr(pages, "BULK_CAP", 3)
+    monkeypatch.setattr(bulk, "BULK_CAP", 3)  # what matching_ids cuts at
     queued = [mail(acme, status="Pending", subject=f"p{i}") for i in range(4)]
     other = mail(globex, status="Pending")
     client, token = signed_in(app, ADMIN)
@@ -342,11 +343,11 @@ def test_bad_bulk_cancel_forms_are_422_with_a_message(
 
 def test_too_many_ids_are_refused(app: Flask, tenants: tuple[int, int]) -> None:
     client, token = signed_in(app, ADMIN)
-    ids = ",".join(f"{i}:0" for i in range(1, pages.BULK_CAP + 2))
+    ids = ",".join(f"{i}:0" for i in range(1, BULK_CAP + 2))
     response = client.post(
         "/mail-records/cancel",
         data={"confirm": "yes", "confirmed": ids},
         headers=HX | {"X-CSRFToken": token},
     )
     assert response.status_code == 422
-    assert f"at most {pages.BULK_CAP:,} records" in response.text
+    assert f"at most {BULK_CAP:,} records" in response.text

@@ -28,7 +28,8 @@ from portal.models import (
     SmsSendRecord,
 )
 from portal.models import tenant as tenant_model
-from portal.web.records import explain, pages
+from portal.web.records import bulk, explain, record_page
+from portal.web.records.filters import BULK_CAP
 from tests.conftest import make_tenant
 from tests.support.delivery import sendable
 
@@ -389,7 +390,7 @@ def test_bad_bulk_forms_are_422_with_a_message(
 
 def test_too_many_ids_are_refused(app: Flask, world: World) -> None:
     client, token = signed_in(app, ADMIN)
-    ids = ",".join(str(i) for i in range(1, pages.BULK_CAP + 2))
+    ids = ",".join(str(i) for i in range(1, BULK_CAP + 2))
     response = client.post(
         "/mail-records/retry", data={"ids": ids, "scope": "selected", "csrf_token": token}
     )
@@ -681,7 +682,7 @@ def test_bulk_retry_without_javascript(app: Flask, world: World) -> None:
 def test_bulk_retry_of_everything_matching_a_filter_is_capped(
     app: Flask, world: World, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(pages, "BULK_CAP", 3)
+    monkeypatch.setattr(bulk, "BULK_CAP", 3)  # what matching_ids cuts at
     failed = [mail(world.acme, subject=f"f{i}") for i in range(4)]
     client, token = signed_in(app, ADMIN)
     preview = client.post(
@@ -796,7 +797,7 @@ def test_every_status_is_diagnosed_with_a_cause_and_a_next_step(app: Flask, worl
             found = diagnosed(model, make(world.acme, status=status.value))
             assert found.title, status
             assert found.action, status
-            assert found.retryable is (status.value in pages.RETRYABLE)
+            assert found.retryable is (status.value in record_page.RETRYABLE)
 
 
 @pytest.mark.parametrize(

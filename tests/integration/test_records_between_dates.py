@@ -14,7 +14,7 @@ from sqlalchemy import update
 
 from portal.extensions import db
 from portal.models import MailSendRecord
-from portal.web.records import pages
+from portal.web.records import listing
 from tests.integration.test_portal_records import (
     SUPPORT,
     World,
@@ -38,7 +38,7 @@ def _created(record_id: int, when: datetime) -> None:
 def test_between_dates_newest_first_by_creation_time_in_keyset_pages(
     app: Flask, world: World, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(pages, "PAGE_SIZE", 3)
+    monkeypatch.setattr(listing, "PAGE_SIZE", 3)
     # Ids and creation times disagree, as when a long transaction commits after a short one;
     # two share a creation time (one transaction's batch).
     minutes = [50, 10, 40, 40, 30, 20, 0]

@@ -24,7 +24,7 @@ from portal.models import (
 )
 from portal.tenancy import PLATFORM_TENANT_ID
 from portal.web import security
-from portal.web.records import pages
+from portal.web.records import record_page
 from tests.conftest import make_tenant
 from tests.integration.test_portal_records import HX, mail, signed_in, sms, status_of, user
 from tests.support.delivery import sendable
@@ -239,7 +239,7 @@ def test_a_records_next_goes_through_the_one_safe_next(
     )
     assert response.status_code == 302
     assert response.headers["Location"] == f"/mail-records/{record}"
-    assert pages.safe_next is security.safe_next  # no second copy
+    assert record_page.safe_next is security.safe_next  # no second copy
 
 
 # --- audit rows -----------------------------------------------------------------------------------

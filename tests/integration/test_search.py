@@ -24,7 +24,7 @@ from portal.models import (
     SmsSendRecord,
     Tenant,
 )
-from portal.web.records import pages
+from portal.web.records.filters import MAX_SEARCH_CHARS
 from tests.integration.test_portal_records import (
     ADMIN,
     OPERATOR,
@@ -271,7 +271,7 @@ def test_each_list_reads_the_box_the_same_way(app: Flask, world: World) -> None:
 
 def test_too_long_a_search_is_a_422(app: Flask, world: World) -> None:
     client, _ = signed_in(app, SUPPORT)
-    response = client.get("/search/", query_string={"q": "x" * (pages.MAX_SEARCH_CHARS + 1)})
+    response = client.get("/search/", query_string={"q": "x" * (MAX_SEARCH_CHARS + 1)})
     assert response.status_code == 422
 
 

@@ -340,8 +340,8 @@ def delete(endpoint_id: int) -> ResponseReturnValue:
 @requires(Permission.VIEW_RECORDS)
 def record(channel: str, record_id: int) -> ResponseReturnValue:
     """The callbacks one record caused (a fragment of the record's page)."""
+    from portal.web.records.kind import find_record
     from portal.web.records.mail_records import MAIL
-    from portal.web.records.pages import find_record
     from portal.web.records.sms_records import SMS
 
     kind = {"mail": MAIL, "sms": SMS}.get(channel)

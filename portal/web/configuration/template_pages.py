@@ -663,8 +663,8 @@ def blueprint(kind: Kind[T], import_name: str) -> Blueprint:
 
         Whoever may see the record sees it (the record page's own scope: an operator looking at
         every tenant's records included); the template is the record's tenant's."""
+        from portal.web.records.kind import find_record
         from portal.web.records.mail_records import MAIL as MAIL_RECORDS
-        from portal.web.records.pages import find_record
         from portal.web.records.sms_records import SMS as SMS_RECORDS
 
         record = find_record(

@@ -23,16 +23,10 @@ from portal.models import ApiKey, AppUser, AuditAction, AuditEvent
 from portal.models.audit import AUDIT_ACTION_TEXT
 from portal.tenancy import PLATFORM_TENANT_ID
 from portal.web.access import Permission, is_operator, requires, viewed_tenant
+from portal.web.records.filters import ListFilters, day_end, day_start, parse_date, parse_id
+from portal.web.records.kind import Kind
+from portal.web.records.listing import tenant_names as all_tenant_names
 from portal.web.records.mail_records import MAIL
-from portal.web.records.pages import (
-    Kind,
-    ListFilters,
-    day_end,
-    day_start,
-    parse_date,
-    parse_id,
-)
-from portal.web.records.pages import tenant_names as all_tenant_names
 from portal.web.records.sms_records import SMS
 
 bp = Blueprint("audit", __name__, url_prefix="/audit")

@@ -36,8 +36,9 @@ from portal.web.access import Permission, can, is_operator, requires, viewed_ten
 from portal.web.forms import is_htmx, settings
 from portal.web.operations.dead_letters import waiting_by_tenant
 from portal.web.records import decisions, explain
+from portal.web.records.kind import Kind
+from portal.web.records.listing import tenant_names
 from portal.web.records.mail_records import MAIL
-from portal.web.records.pages import Kind, tenant_names
 from portal.web.records.sms_records import SMS
 
 bp = Blueprint("dashboard", __name__, url_prefix="/")

@@ -22,22 +22,19 @@ from portal.models import AuditAction, Channel, DeadLetterMessage, TriageStatus,
 from portal.web.access import Permission, audit, can, requires, user, viewed_tenant
 from portal.web.forms import is_htmx
 from portal.web.records import explain
-from portal.web.records.mail_records import MAIL as MAIL_KIND
-from portal.web.records.pages import (
-    ALL_TENANTS_CHOSEN,
+from portal.web.records.bulk import ALL_TENANTS_CHOSEN
+from portal.web.records.filters import (
     BULK_CAP,
     MAX_ID,
     MAX_TEMPLATE_CHARS,
-    PAGE_SIZE,
-    Kind,
     ListFilters,
-    diagnoses,
     parse_id,
     parse_ids,
-    pretty_json,
-    tenant_names,
-    viewer_role,
 )
+from portal.web.records.kind import Kind
+from portal.web.records.listing import PAGE_SIZE, tenant_names
+from portal.web.records.mail_records import MAIL as MAIL_KIND
+from portal.web.records.record_page import diagnoses, pretty_json, viewer_role
 from portal.web.records.sms_records import SMS as SMS_KIND
 
 bp = Blueprint("dead_letters", __name__, url_prefix="/dead-letters")

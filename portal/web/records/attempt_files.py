@@ -25,8 +25,8 @@ from portal.messaging.sending.transports.smtp import message_bytes
 from portal.models import MailSendServerConfig, SendAttempt
 from portal.tenancy import PLATFORM_TENANT_ID, names_config
 from portal.web.access import Permission, is_operator, requires, viewed_tenant
+from portal.web.records.kind import find_record
 from portal.web.records.mail_records import MAIL
-from portal.web.records.pages import find_record
 
 bp = Blueprint("mail_attempts", __name__, url_prefix="/mail-records")
 

@@ -29,17 +29,11 @@ from portal.models import Channel
 from portal.models.record import NEEDS_DECISION
 from portal.web.access import Permission, requires, viewed_tenant
 from portal.web.records import explain
+from portal.web.records.filters import parse_id
+from portal.web.records.kind import Kind, tenant_scope
+from portal.web.records.listing import COMMON_LIST_COLUMNS, PAGE_SIZE, tenant_names
 from portal.web.records.mail_records import MAIL
-from portal.web.records.pages import (
-    COMMON_LIST_COLUMNS,
-    PAGE_SIZE,
-    Kind,
-    diagnoses,
-    parse_id,
-    tenant_names,
-    tenant_scope,
-    viewer_role,
-)
+from portal.web.records.record_page import diagnoses, viewer_role
 from portal.web.records.sms_records import SMS
 
 bp = Blueprint("decisions", __name__, url_prefix="/decisions")

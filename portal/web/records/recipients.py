@@ -39,17 +39,11 @@ from portal.models import (
 )
 from portal.web.access import Permission, can, requires, viewed_tenant
 from portal.web.records import explain
+from portal.web.records.filters import parse_id
+from portal.web.records.kind import Kind, visible
+from portal.web.records.listing import COMMON_LIST_COLUMNS, PAGE_SIZE, tenant_names
 from portal.web.records.mail_records import MAIL
-from portal.web.records.pages import (
-    COMMON_LIST_COLUMNS,
-    PAGE_SIZE,
-    Kind,
-    diagnoses,
-    parse_id,
-    tenant_names,
-    viewer_role,
-    visible,
-)
+from portal.web.records.record_page import diagnoses, viewer_role
 from portal.web.records.sms_records import SMS
 
 bp = Blueprint("recipients", __name__, url_prefix="/recipients")

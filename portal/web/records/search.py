@@ -19,15 +19,10 @@ from sqlalchemy.orm import load_only
 from portal.extensions import db
 from portal.models import Channel
 from portal.web.access import Permission, requires, viewed_tenant
+from portal.web.records.filters import parse_id, search_problem
+from portal.web.records.kind import Kind
+from portal.web.records.listing import COMMON_LIST_COLUMNS, PAGE_SIZE, tenant_names
 from portal.web.records.mail_records import MAIL
-from portal.web.records.pages import (
-    COMMON_LIST_COLUMNS,
-    PAGE_SIZE,
-    Kind,
-    parse_id,
-    search_problem,
-    tenant_names,
-)
 from portal.web.records.search_box import understood, where
 from portal.web.records.sms_records import SMS
 

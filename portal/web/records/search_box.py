@@ -15,7 +15,7 @@ from sqlalchemy import ColumnElement, false, select
 from portal.extensions import db
 from portal.messaging.records import search
 from portal.models import Channel, Tenant
-from portal.web.records.pages import Search, tenant_scope
+from portal.web.records.kind import Search, tenant_scope
 
 
 def country(tenant: int | None) -> str:

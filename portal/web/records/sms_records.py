@@ -13,17 +13,11 @@ from flask.typing import ResponseReturnValue
 
 from portal.models import Channel, SmsProviderConfig, SmsSendRecord
 from portal.web.access import Permission, can, requires, viewed_tenant
-from portal.web.records.pages import (
-    Kind,
-    bulk_cancel_view,
-    bulk_retry_view,
-    config_names,
-    find_record,
-    index_view,
-    resend_one,
-    retry_one,
-    show_context,
-)
+from portal.web.records.bulk_cancel import bulk_cancel_view
+from portal.web.records.bulk_retry import bulk_retry_view
+from portal.web.records.kind import Kind, find_record
+from portal.web.records.listing import index_view
+from portal.web.records.record_page import config_names, resend_one, retry_one, show_context
 from portal.web.records.search_box import channel_search
 
 bp = Blueprint("sms_records", __name__, url_prefix="/sms-records")
