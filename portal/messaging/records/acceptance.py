@@ -647,7 +647,6 @@ class ChannelAcceptance(Generic[Req, Rec]):
     validate: Callable[[Mapping[str, Any], Settings, int | None], Req]
     record: Callable[[Req, str], Rec]  # the plain path's record
     recipients: Callable[[Rec, Req], list[Any]] | None  # and the rows written beside it
-    references: Callable[[Session, Req], None] | None  # what else a request names, checked
 
     def send(
         self, session: Session, request: Mapping[str, Any], *, settings: Settings | None = None
@@ -673,7 +672,7 @@ class ChannelAcceptance(Generic[Req, Rec]):
         for i, item in enumerate(items):
             try:
                 req = self.validate(item, cfg, tenant_id)
-                self._check(session, fetcher, req)
+                _check(fetcher, req)
             except AcceptanceError as error:
                 raise (error if _single else error.at(i)) from None
             requests.append(req)
@@ -698,29 +697,22 @@ class ChannelAcceptance(Generic[Req, Rec]):
         engine = _autocommit_engine(session)
         if engine is not None:
             return _accept_now(engine, self.channel, req)
-        self._check(session, fetcher_of(session), req)
+        _check(fetcher_of(session), req)
         (result,) = _write(session, self.model, [req], self.record, self.recipients, self.channel)
         session.commit()
         return result
 
-    def _check(
-        self, session: Session, fetcher: Callable[[], template_checks.Fetch], req: Req
-    ) -> None:
-        if self.references is not None:
-            self.references(session, req)
-        check_template(fetcher, req)
+
+def _check(fetcher: Callable[[], template_checks.Fetch], req: MailRequest | SmsRequest) -> None:
+    """What the request names, checked against its tier (``references``)."""
+    check_server(fetcher, req)
+    check_template(fetcher, req)
 
 
 MAIL = ChannelAcceptance(
-    "mail",
-    MailSendRecord,
-    MailTemplate,
-    validate_mail,
-    _mail_record,
-    _mail_recipients,
-    check_server,
+    "mail", MailSendRecord, MailTemplate, validate_mail, _mail_record, _mail_recipients
 )
-SMS = ChannelAcceptance("sms", SmsSendRecord, SmsTemplate, validate_sms, _sms_record, None, None)
+SMS = ChannelAcceptance("sms", SmsSendRecord, SmsTemplate, validate_sms, _sms_record, None)
 
 # --- accept, as the API, the portal and the tests call it -------------------------------
 send_mail, send_mail_batch, send_mail_committed = MAIL.send, MAIL.batch, MAIL.committed
@@ -736,12 +728,6 @@ def _autocommit_engine(session: Session | scoped_session[Session]) -> Engine | N
     return bind if isinstance(bind, Engine) else None
 
 
-_REFERENCE_SQL = {
-    "serverId": (
-        "SELECT 1 FROM mail_send_server_config WHERE id = %s AND tenant_id = %s",
-        "mail server",
-    ),
-}
 _KEY_SQL = {
     channel: f"SELECT id, request_hash FROM {table} WHERE tenant_id = %s AND business_key = %s"
     for channel, table in _PG_TABLE.items()
@@ -775,16 +761,12 @@ def _accept_on(
     raw: psycopg.Connection[Any], channel: str, req: MailRequest | SmsRequest, trace_id: str
 ) -> Accepted:
     with raw.cursor() as cursor:
-        if isinstance(req, MailRequest) and req.server_id is not None:
-            sql, what = _REFERENCE_SQL["serverId"]
-            if cursor.execute(sql, (req.server_id, req.tenant_id)).fetchone() is None:
-                raise AcceptanceError("not_found", "serverId", f"no such {what}")
 
         def fetch(sql: str, params: tuple[Any, ...]) -> tuple[Any, ...] | None:
             row = cursor.execute(sql, params).fetchone()
             return None if row is None else tuple(row)
 
-        check_template(lambda: fetch, req)
+        _check(lambda: fetch, req)
         document = json.dumps([_pg_row(req, 0, trace_id)])
         _WRITE_SENT.set(True)  # in autocommit, the insert commits itself
         for _attempt in range(3):

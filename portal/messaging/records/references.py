@@ -18,7 +18,7 @@ from portal.messaging.records.validation import (
     SmsRequest,
 )
 from portal.messaging.templating import checks as template_checks
-from portal.models import MailSendServerConfig, MailTemplate, SmsTemplate
+from portal.models import MailTemplate, SmsTemplate
 from portal.models.record import Stream
 from portal.tenancy import PLATFORM_TENANT_ID
 
@@ -140,15 +140,15 @@ def check_template(
         raise MissingVariables(missing)
 
 
-def check_server(session: Session, req: MailRequest, prefix: str = "") -> None:
-    """A serverId must exist in the send scope's tier (else: as if it did not); the template
-    is checked by ``check_template``."""
-    if req.server_id is not None:
-        found = session.scalar(
-            select(MailSendServerConfig.id).where(
-                MailSendServerConfig.id == req.server_id,
-                MailSendServerConfig.tenant_id == req.tenant_id,
-            )
-        )
-        if found is None:
-            raise AcceptanceError("not_found", "serverId", "no such mail server")
+_SERVER_SQL = "SELECT 1 FROM mail_send_server_config WHERE id = %s AND tenant_id = %s"
+
+
+def check_server(
+    fetcher: Callable[[], template_checks.Fetch], req: MailRequest | SmsRequest
+) -> None:
+    """A mail's serverId must exist in the send scope's tier (else: as if it did not), read
+    on the connection ``fetcher`` gives (the session's, or the API's autocommit one)."""
+    if not isinstance(req, MailRequest) or req.server_id is None:
+        return
+    if fetcher()(_SERVER_SQL, (req.server_id, req.tenant_id)) is None:
+        raise AcceptanceError("not_found", "serverId", "no such mail server")
