@@ -160,6 +160,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             # A module-scoped fixture (a filled database, a Dovecot) is built again by every
             # worker that runs one of the module's tests: its tests keep to one worker.
             item.add_marker(pytest.mark.xdist_group(f"module-{Path(str(item.fspath)).stem}"))
+    # Long tests first: the workers take tests in this order, and one that starts last ends
+    # the run seconds after every other worker is idle.
+    items.sort(key=lambda item: item.get_closest_marker("long") is None)
 
 
 def _uses_module_fixture(item: pytest.Item) -> bool:

@@ -103,6 +103,7 @@ def clean_redis(redis_client: redis.Redis) -> redis.Redis:
     return redis_client
 
 
+@pytest.mark.long
 def test_smtp_outage_costs_no_record_more_than_one_retry(
     app: Flask, clean_redis: redis.Redis
 ) -> None:
@@ -180,6 +181,7 @@ def gateway() -> Iterator[_Gateway]:
     server.close()
 
 
+@pytest.mark.long
 def test_sms_provider_answering_503_costs_no_record_more_than_one_retry(
     app: Flask, clean_redis: redis.Redis, gateway: _Gateway
 ) -> None:

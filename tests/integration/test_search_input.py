@@ -59,6 +59,7 @@ FIELDS = ("q", "template", "status", "from", "to", "before", "mail_before", "sms
 ROLES = [SUPPORT, ADMIN, OPERATOR]
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("who", ROLES)
 def test_nothing_typed_into_a_filter_is_a_500(app: Flask, world: World, who: str) -> None:
     client, _ = signed_in(app, who, None)

@@ -72,6 +72,7 @@ def _wait(condition: Callable[[], bool], timeout_s: float, what: str) -> None:
         time.sleep(0.02)
 
 
+@pytest.mark.long
 def test_a_server_hanging_after_data_holds_only_its_slow_share_of_the_workers(
     app: Flask,
     redis_client: redis.Redis,

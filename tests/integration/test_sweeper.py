@@ -8,6 +8,7 @@ import threading
 import time
 from datetime import datetime
 
+import pytest
 from flask import Flask
 from prometheus_client import REGISTRY
 from sqlalchemy import select, update
@@ -210,6 +211,7 @@ def test_claims_younger_than_the_threshold_are_untouched(app: Flask) -> None:
     assert young_row.error_code is None
 
 
+@pytest.mark.long
 def test_at_most_200_a_run_oldest_first(app: Flask) -> None:
     acme = tenant("acme").id
     db.session.commit()

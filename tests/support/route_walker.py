@@ -784,6 +784,17 @@ class Call:
     def text(self) -> str:
         return self.describe()
 
+    def sent_text(self) -> str:
+        """Every value the call sends, unencoded: what the markers it sent are read from (a
+        marker is letters and digits, the same in a URL's encoding)."""
+        parts = [self.path]
+        parts += [v for _, v in self.query]
+        if self.form is not None:
+            parts += [str(v) for _, v in self.form]
+        if self.json_body is not None:
+            parts.append(json.dumps(self.json_body))
+        return " ".join(parts)
+
 
 @dataclass
 class Outcome:
@@ -1181,11 +1192,15 @@ class Walker:
             or (is_login_redirect(response) and call.rule.endpoint != "auth.login")
         ):
             out.reached[identity.name] += 1
-        where = f"{identity.name}: {call.describe()}"
+
+        # Described only for a problem: describing every call URL-encoded its values again.
+        def where() -> str:
+            return f"{identity.name}: {call.describe()}"
+
         if status >= 500:
-            out.problems.append(f"500 {where}")
+            out.problems.append(f"500 {where()}")
         elif status not in ANSWERS:
-            out.problems.append(f"unexpected status {status} {where}")
+            out.problems.append(f"unexpected status {status} {where()}")
         elif call.foreign and not (
             status in REFUSALS
             or is_login_redirect(response)
@@ -1193,9 +1208,9 @@ class Walker:
             or (call.hx and 'class="field-error"' in response.get_data(as_text=True))
         ):
             out.problems.append(
-                f"not refused ({status}) with another tier's id in the path {where}"
+                f"not refused ({status}) with another tier's id in the path {where()}"
             )
-        sent = {m.group(0).lower() for m in MARKER.finditer(call.describe())}
+        sent = {m.group(0).lower() for m in MARKER.finditer(call.sent_text())}
         seen = markers_in(response) - sent
         waived = self.waived.get((call.method, call.rule.rule))
         leaked = sorted(m for m in seen if m[2] in identity.forbidden)
@@ -1203,7 +1218,7 @@ class Walker:
             body = response.get_data(as_text=True)
             at = body.lower().find(leaked[0])
             snippet = body[max(0, at - 120) : at + 60].replace("\n", " ") if at >= 0 else "(header)"
-            out.problems.append(f"LEAK {leaked} {where} -> {status}: …{snippet}…")
+            out.problems.append(f"LEAK {leaked} {where()} -> {status}: …{snippet}…")
 
     def walk(self, identity: Identity, rules: list[tuple[str, Rule]]) -> None:
         for method, rule in rules:
