@@ -164,7 +164,18 @@ def audit_own(user: AppUser, action: AuditAction, remark: str = "") -> None:
 
 @login_manager.user_loader  # type: ignore[untyped-decorator]
 def _load_user(user_id: str) -> AppUser | None:
-    found = db.session.get(AppUser, int(user_id)) if user_id.isdigit() else None
+    # Every request of a signed-in person starts here: the user and their tenant in one
+    # statement (may_sign_in then finds the tenant in the session, with no second query).
+    row = (
+        db.session.execute(
+            select(AppUser, Tenant)
+            .join(Tenant, Tenant.id == AppUser.tenant_id)
+            .where(AppUser.id == int(user_id))
+        ).first()
+        if user_id.isdigit()
+        else None
+    )
+    found: AppUser | None = row[0] if row is not None else None
     if found is None or not may_sign_in(found) or not _session_alive(found):
         _forget_session()
         return None
