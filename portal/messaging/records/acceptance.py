@@ -79,11 +79,14 @@ class Accepted:
 # An enum value looked up once (an enum attribute costs a descriptor call each time).
 _PENDING = SendStatus.PENDING.value
 
-# --- mail -------------------------------------------------------------------------------
+# --- the plain path's rows ---------------------------------------------------------------
+
+Rec = TypeVar("Rec", MailSendRecord, SmsSendRecord)
 
 
-def _mail_record(req: MailRequest, trace_id: str) -> MailSendRecord:
-    record = MailSendRecord(
+def _record(model: type[Rec], req: MailRequest | SmsRequest, trace_id: str, **own: Any) -> Rec:
+    """A Pending record of ``model`` with what every channel's request gives, and ``own``."""
+    return model(
         tenant_id=req.tenant_id,
         scope=req.scope.value,
         status=SendStatus.PENDING.value,
@@ -92,6 +95,20 @@ def _mail_record(req: MailRequest, trace_id: str) -> MailSendRecord:
         trace_id=trace_id,
         business_key=req.business_key,
         request_hash=req.request_hash,
+        template_code=req.template_code,
+        variables=req.variables,
+        expires_at=req.expires_at,
+        stream=req.stream or Stream.TRANSACTIONAL.value,
+        request_metadata=req.metadata,
+        **own,
+    )
+
+
+def _mail_record(req: MailRequest, trace_id: str) -> MailSendRecord:
+    return _record(
+        MailSendRecord,
+        req,
+        trace_id,
         to_addrs=req.to,
         cc_addrs=req.cc or None,
         bcc_addrs=req.bcc or None,
@@ -100,16 +117,10 @@ def _mail_record(req: MailRequest, trace_id: str) -> MailSendRecord:
         html_body=req.html,
         text_body=req.text,
         template_id=req.template_id,
-        template_code=req.template_code,
-        variables=req.variables,
         server_id=req.server_id,
         priority=req.priority,
         attachments=req.attachments,
-        expires_at=req.expires_at,
-        stream=req.stream or Stream.TRANSACTIONAL.value,
-        request_metadata=req.metadata,
     )
-    return record
 
 
 def _mail_recipients(record: MailSendRecord, req: MailRequest) -> list[MailSendRecipient]:
@@ -119,34 +130,20 @@ def _mail_recipients(record: MailSendRecord, req: MailRequest) -> list[MailSendR
     ]
 
 
-# --- SMS --------------------------------------------------------------------------------
-
-
 def _sms_record(req: SmsRequest, trace_id: str) -> SmsSendRecord:
-    return SmsSendRecord(
-        tenant_id=req.tenant_id,
-        scope=req.scope.value,
-        status=SendStatus.PENDING.value,
-        version=0,
-        retry_count=0,
-        trace_id=trace_id,
-        business_key=req.business_key,
-        request_hash=req.request_hash,
+    return _record(
+        SmsSendRecord,
+        req,
+        trace_id,
         phone_number=req.phone_number,
         country_code=req.country_code,
         content=req.content,
-        template_code=req.template_code,
-        variables=req.variables,
-        expires_at=req.expires_at,
-        stream=req.stream or Stream.TRANSACTIONAL.value,
-        request_metadata=req.metadata,
     )
 
 
 # --- writing ----------------------------------------------------------------------------
 
 Req = TypeVar("Req", MailRequest, SmsRequest)
-Rec = TypeVar("Rec", MailSendRecord, SmsSendRecord)
 
 
 def _existing(
