@@ -6,10 +6,10 @@ field, to be shown beside it."""
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, time, timedelta
-from typing import Any
+from typing import Any, Self
 
 from portal.messaging.records.retry import MAX_BULK
 from portal.models import SendStatus
@@ -23,13 +23,19 @@ _DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
 _ID = re.compile(r"[1-9]\d{0,18}")
 
 
+def has_control(text: str) -> bool:
+    """Whether ``text`` holds a control character: no address, code or name has one, and
+    PostgreSQL refuses a NUL in a query outright."""
+    return any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in text)
+
+
 def search_problem(text: str) -> str | None:
     """Why the search box's text cannot be searched for, or None: too long, or holding control
     characters (no address, number or subject has them, and PostgreSQL refuses a NUL in a
     query outright)."""
     if len(text) > MAX_SEARCH_CHARS:
         return f"Search for at most {MAX_SEARCH_CHARS} characters."
-    if any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in text):
+    if has_control(text):
         return "Search for letters, digits and punctuation only (no control characters)."
     return None
 
@@ -51,6 +57,37 @@ class ListFilters:
     @property
     def active(self) -> bool:
         return any(v for k, v in self.raw.items() if k != "before")
+
+    @classmethod
+    def read(cls, source: Mapping[str, str], names: Iterable[str]) -> Self:
+        """The fields ``names`` and the cursor ``before`` as typed, stripped; each is then
+        checked by the list (``choice``, ``plain``, its own rules) and the cursor last."""
+        return cls(raw={name: (source.get(name) or "").strip() for name in (*names, "before")})
+
+    def choice(self, name: str, allowed: Collection[str], problem: str) -> str:
+        """The field ``name`` when it is empty or one of ``allowed``; else "", and ``problem``."""
+        value = self.raw[name]
+        if value and value not in allowed:
+            self.errors[name] = problem
+            return ""
+        return value
+
+    def plain(self, name: str, max_chars: int, too_long: str, control: str) -> str:
+        """The field ``name`` when it has at most ``max_chars`` characters and no control
+        character; else "", and the problem (``too_long`` or ``control``)."""
+        value = self.raw[name]
+        if len(value) > max_chars or has_control(value):
+            self.errors[name] = too_long if len(value) > max_chars else control
+            return ""
+        return value
+
+    def cursor(self) -> Self:
+        """The keyset cursor ``before`` read (a list's own problems are named first)."""
+        if self.raw.get("before"):
+            self.before = parse_id(self.raw["before"])
+            if self.before is None:
+                self.errors["before"] = "That page link is broken: start again from the newest."
+        return self
 
 
 @dataclass
@@ -85,30 +122,22 @@ def parse_date(raw: str) -> date | None:
 
 def parse_filters(source: Mapping[str, str]) -> Filters:
     """Read and check the list's query (or a bulk form's copy of it); never raises."""
-    raw = {
-        name: (source.get(name) or "").strip()
-        for name in ("q", "status", "template", "tests", "from", "to", "before")
-    }
-    filters = Filters(raw=raw)
-    errors = filters.errors
+    filters = Filters.read(source, ("q", "status", "template", "tests", "from", "to"))
+    raw, errors = filters.raw, filters.errors
     if problem := search_problem(raw["q"]):
         errors["q"] = problem
     else:
         filters.q = raw["q"]
-    if raw["status"] and raw["status"] not in STATUSES:
-        errors["status"] = "Choose a status from the list."
-    else:
-        filters.status = raw["status"]
-    if len(raw["template"]) > MAX_TEMPLATE_CHARS:
-        errors["template"] = f"A template code has at most {MAX_TEMPLATE_CHARS} characters."
-    elif any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in raw["template"]):
-        errors["template"] = "A template code has no control characters."
-    else:
-        filters.template = raw["template"]
-    if raw["tests"] not in ("", "hide", "only"):
-        errors["tests"] = "Choose whether test sends are shown."
-    else:
-        filters.tests = raw["tests"]
+    filters.status = filters.choice("status", STATUSES, "Choose a status from the list.")
+    filters.template = filters.plain(
+        "template",
+        MAX_TEMPLATE_CHARS,
+        f"A template code has at most {MAX_TEMPLATE_CHARS} characters.",
+        "A template code has no control characters.",
+    )
+    filters.tests = filters.choice(
+        "tests", ("hide", "only"), "Choose whether test sends are shown."
+    )
     for name in ("from", "to"):
         if raw[name]:
             parsed = parse_date(raw[name])
@@ -120,11 +149,7 @@ def parse_filters(source: Mapping[str, str]) -> Filters:
                 filters.date_to = parsed
     if filters.date_from and filters.date_to and filters.date_from > filters.date_to:
         errors["to"] = "The end date must be on or after the start date."
-    if raw["before"]:
-        filters.before = parse_id(raw["before"])
-        if filters.before is None:
-            errors["before"] = "That page link is broken: start again from the newest."
-    return filters
+    return filters.cursor()
 
 
 def day_start(day: date) -> datetime:
