@@ -1,9 +1,9 @@
 """Mail records: search, filters, keyset pages, detail, the message as sent, retry (one and
 bulk) and bulk cancel.
 
-The machinery is the channel-neutral ``pages``; the box reads text as every search box does
-(``search_box``: an address or part of one, a subject word, an id), kept to mail; what is
-mail's own is the columns a row shows and the detail page.
+The machinery is channel-neutral (a ``Kind``, whose views ``routes`` makes); the box reads
+text as every search box does (``search_box``: an address or part of one, a subject word, an
+id), kept to mail; what is mail's own is the columns a row shows and the detail page.
 """
 
 from __future__ import annotations
@@ -13,11 +13,9 @@ from flask.typing import ResponseReturnValue
 
 from portal.models import Channel, MailSendRecord, MailSendServerConfig
 from portal.web.access import Permission, can, requires, viewed_tenant
-from portal.web.records.bulk_cancel import bulk_cancel_view
-from portal.web.records.bulk_retry import bulk_retry_view
 from portal.web.records.kind import Kind, find_record
-from portal.web.records.listing import index_view
-from portal.web.records.record_page import config_names, resend_one, retry_one, show_context
+from portal.web.records.record_page import config_names, show_context
+from portal.web.records.routes import add_routes
 from portal.web.records.search_box import channel_search
 from portal.web.security import sandboxed
 
@@ -45,15 +43,9 @@ MAIL = Kind(
         "rendered_subject",
     ),
 )
+add_routes(bp, MAIL)
 
 # --- mail's views ------------------------------------------------------------------------------
-
-
-@bp.get("/")
-@requires(Permission.VIEW_RECORDS)
-def index() -> ResponseReturnValue:
-    """Mail records, newest first: search by address or subject, filters, keyset pages."""
-    return index_view(MAIL)
 
 
 @bp.get("/<int:record_id>")
@@ -89,31 +81,3 @@ def rendered(record_id: int) -> ResponseReturnValue:
     response = make_response(html)
     response.mimetype = "text/html"
     return sandboxed(response)
-
-
-@bp.post("/<int:record_id>/retry")
-@requires(Permission.RETRY)
-def retry(record_id: int) -> ResponseReturnValue:
-    """Requeue one mail (Pending, Retry, Failed, DeadLetter): due now, claimed by version."""
-    return retry_one(MAIL, record_id)
-
-
-@bp.post("/<int:record_id>/resend")
-@requires(Permission.RESOLVE)  # a decision on an uncertain outcome, as Resolve is
-def resend(record_id: int) -> ResponseReturnValue:
-    """Send an uncertain mail again as a new message, after a confirm page."""
-    return resend_one(MAIL, record_id)
-
-
-@bp.post("/retry")
-@requires(Permission.RETRY)
-def bulk_retry() -> ResponseReturnValue:
-    """Retry selected mail or all matching the filter: confirm with counts, then requeue."""
-    return bulk_retry_view(MAIL)
-
-
-@bp.post("/cancel")
-@requires(Permission.RETRY)  # as the record page's Cancel: whoever may retry may cancel
-def bulk_cancel() -> ResponseReturnValue:
-    """Cancel selected mail or all matching the filter that is still queued, by version."""
-    return bulk_cancel_view(MAIL)

@@ -1,8 +1,8 @@
 """SMS records: search by phone number, filters, keyset pages, detail, retry (one and bulk), bulk
 cancel.
 
-The pages work exactly as mail's (both are ``pages`` with a channel parameter); what differs
-is what a row and the detail show; the box reads text as every search box does
+The pages work exactly as mail's (both are a ``Kind``, whose views ``routes`` makes); what
+differs is what a row and the detail show; the box reads text as every search box does
 (``search_box``), kept to SMS.
 """
 
@@ -13,11 +13,9 @@ from flask.typing import ResponseReturnValue
 
 from portal.models import Channel, SmsProviderConfig, SmsSendRecord
 from portal.web.access import Permission, can, requires, viewed_tenant
-from portal.web.records.bulk_cancel import bulk_cancel_view
-from portal.web.records.bulk_retry import bulk_retry_view
 from portal.web.records.kind import Kind, find_record
-from portal.web.records.listing import index_view
-from portal.web.records.record_page import config_names, resend_one, retry_one, show_context
+from portal.web.records.record_page import config_names, show_context
+from portal.web.records.routes import add_routes
 from portal.web.records.search_box import channel_search
 
 bp = Blueprint("sms_records", __name__, url_prefix="/sms-records")
@@ -38,13 +36,7 @@ SMS = Kind(
     search=channel_search(Channel.SMS),
     list_columns=("phone_number", "content", "rendered_content"),
 )
-
-
-@bp.get("/")
-@requires(Permission.VIEW_RECORDS)
-def index() -> ResponseReturnValue:
-    """SMS records, newest first: search by number, filters, keyset pages."""
-    return index_view(SMS)
+add_routes(bp, SMS)
 
 
 @bp.get("/<int:record_id>")
@@ -60,31 +52,3 @@ def show(record_id: int) -> ResponseReturnValue:
         can_retry=can(Permission.RETRY),
         **show_context(SMS, record),
     )
-
-
-@bp.post("/<int:record_id>/retry")
-@requires(Permission.RETRY)
-def retry(record_id: int) -> ResponseReturnValue:
-    """Requeue one text message (Pending, Retry, Failed, DeadLetter): due now."""
-    return retry_one(SMS, record_id)
-
-
-@bp.post("/<int:record_id>/resend")
-@requires(Permission.RESOLVE)  # a decision on an uncertain outcome, as Resolve is
-def resend(record_id: int) -> ResponseReturnValue:
-    """Send an uncertain text message again as a new message, after a confirm page."""
-    return resend_one(SMS, record_id)
-
-
-@bp.post("/retry")
-@requires(Permission.RETRY)
-def bulk_retry() -> ResponseReturnValue:
-    """Retry selected messages or all matching the filter: confirm with counts, then requeue."""
-    return bulk_retry_view(SMS)
-
-
-@bp.post("/cancel")
-@requires(Permission.RETRY)  # as the record page's Cancel: whoever may retry may cancel
-def bulk_cancel() -> ResponseReturnValue:
-    """Cancel selected messages or all matching the filter that are still queued, by version."""
-    return bulk_cancel_view(SMS)
