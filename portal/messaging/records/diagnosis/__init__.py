@@ -1,7 +1,7 @@
 """One diagnosis of a send record: what happened, whether sending it again now would fail the
 same way and why, what to do, and which role can do it.
 
-Every page and endpoint that shows or acts on a record's state asks this module: the record
+Every page and endpoint that shows or acts on a record's state asks this package: the record
 page's panel and its Retry, bulk retry's plan, the operator API's retries, the dead-letter and
 "Needs a decision" pages, the recipient page and the API's record GET. None of them works out a
 cause, advice or retry verdict of its own, so they cannot disagree. ``diagnose_many`` serves a
