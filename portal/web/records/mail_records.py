@@ -11,37 +11,24 @@ from __future__ import annotations
 from flask import Blueprint, make_response, render_template
 from flask.typing import ResponseReturnValue
 
-from portal.models import Channel, MailSendRecord, MailSendServerConfig
+from portal.models import Channel
 from portal.web.access import Permission, can, requires, viewed_tenant
-from portal.web.records.kind import Kind, find_record
+from portal.web.records.kind import find_record
 from portal.web.records.record_page import config_names, show_context
-from portal.web.records.routes import add_routes
-from portal.web.records.search_box import channel_search
+from portal.web.records.routes import add_routes, records_kind
 from portal.web.security import sandboxed
 
 bp = Blueprint("mail_records", __name__, url_prefix="/mail-records")
 
 
-MAIL = Kind(
-    blueprint="mail_records",
-    model=MailSendRecord,
-    channel=Channel.MAIL,
-    config=MailSendServerConfig,
-    platform_service="platform mail service",
-    title="Mail records",
+MAIL = records_kind(
+    Channel.MAIL,
     noun="mail",
     search_label="Email address or subject",
     search_hint="carol@example.com, carol, @example.com, a word of the subject, a record id, "
     "Message-ID or business key.",
     preview_heading="Subject",
-    search=channel_search(Channel.MAIL),
-    list_columns=(
-        "to_addrs",
-        "cc_addrs",
-        "bcc_addrs",
-        "subject",
-        "rendered_subject",
-    ),
+    list_columns=("to_addrs", "cc_addrs", "bcc_addrs", "subject", "rendered_subject"),
 )
 add_routes(bp, MAIL)
 

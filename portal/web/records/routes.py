@@ -1,5 +1,6 @@
-"""The views both channels' record pages have, made from the channel's ``Kind`` (as
-``config_pages.add_routes`` and ``template_pages.blueprint`` make the configuration pages'): the
+"""A channel's record pages, made from the channel: its ``Kind`` (``records_kind``: what the
+channel itself names, and the module's own words), and the views both channels' pages have
+(``add_routes``, as ``config_pages`` and ``template_pages`` make the configuration pages'): the
 list, Retry and Resend of one record, and bulk retry and cancel. Each channel's module
 (``mail_records``, ``sms_records``) adds its own record page."""
 
@@ -8,12 +9,57 @@ from __future__ import annotations
 from flask import Blueprint
 from flask.typing import ResponseReturnValue
 
+from portal.messaging.records.retry import Model
+from portal.models import (
+    Channel,
+    MailSendRecord,
+    MailSendServerConfig,
+    SmsProviderConfig,
+    SmsSendRecord,
+)
 from portal.web.access import Permission, requires
 from portal.web.records.bulk_cancel import bulk_cancel_view
 from portal.web.records.bulk_retry import bulk_retry_view
 from portal.web.records.kind import Kind
 from portal.web.records.listing import index_view
 from portal.web.records.record_page import resend_one, retry_one
+from portal.web.records.search_box import channel_search
+
+# Each channel's records, the servers or providers they go through, and the word for it.
+_CHANNELS: dict[
+    Channel, tuple[Model, type[MailSendServerConfig] | type[SmsProviderConfig], str]
+] = {
+    Channel.MAIL: (MailSendRecord, MailSendServerConfig, "mail"),
+    Channel.SMS: (SmsSendRecord, SmsProviderConfig, "SMS"),
+}
+
+
+def records_kind(
+    channel: Channel,
+    *,
+    noun: str,
+    search_label: str,
+    search_hint: str,
+    preview_heading: str,
+    list_columns: tuple[str, ...],
+) -> Kind:
+    """The channel's record pages: what the channel names (their blueprint, model, configs,
+    title and search box) and the words and columns its module gives."""
+    model, config, word = _CHANNELS[channel]
+    return Kind(
+        blueprint=f"{channel.value}_records",
+        model=model,
+        channel=channel,
+        config=config,
+        platform_service=f"platform {word} service",
+        title=f"{word[:1].upper()}{word[1:]} records",
+        noun=noun,
+        search_label=search_label,
+        search_hint=search_hint,
+        preview_heading=preview_heading,
+        search=channel_search(channel),
+        list_columns=list_columns,
+    )
 
 
 def add_routes(bp: Blueprint, kind: Kind) -> None:

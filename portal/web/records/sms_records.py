@@ -11,29 +11,22 @@ from __future__ import annotations
 from flask import Blueprint, render_template
 from flask.typing import ResponseReturnValue
 
-from portal.models import Channel, SmsProviderConfig, SmsSendRecord
+from portal.models import Channel
 from portal.web.access import Permission, can, requires, viewed_tenant
-from portal.web.records.kind import Kind, find_record
+from portal.web.records.kind import find_record
 from portal.web.records.record_page import config_names, show_context
-from portal.web.records.routes import add_routes
-from portal.web.records.search_box import channel_search
+from portal.web.records.routes import add_routes, records_kind
 
 bp = Blueprint("sms_records", __name__, url_prefix="/sms-records")
 
 
-SMS = Kind(
-    blueprint="sms_records",
-    model=SmsSendRecord,
-    channel=Channel.SMS,
-    config=SmsProviderConfig,
-    platform_service="platform SMS service",
-    title="SMS records",
+SMS = records_kind(
+    Channel.SMS,
     noun="text message",
     search_label="Phone number",
     search_hint="+447400123456, 447400123456, or as written in your country (07400 123456); "
     "a record id, provider message id or business key.",
     preview_heading="Message",
-    search=channel_search(Channel.SMS),
     list_columns=("phone_number", "content", "rendered_content"),
 )
 add_routes(bp, SMS)
