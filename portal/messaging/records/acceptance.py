@@ -181,12 +181,7 @@ def _conflict(index: int, batch: bool) -> AcceptanceError:
 
 
 def _write(
-    session: Session,
-    model: type[Rec],
-    requests: Sequence[Req],
-    build: Callable[[Req, str], Rec],
-    extra_rows: Callable[[Rec, Req], list[Any]] | None,
-    channel: str,
+    session: Session, kind: ChannelAcceptance[Req, Rec], requests: Sequence[Req]
 ) -> list[Accepted]:
     """Insert the records not already there by business key; ids come back in input order.
 
@@ -196,11 +191,11 @@ def _write(
     """
     trace_id = current_trace_id() or new_trace_id()
     if session.get_bind().dialect.name == "postgresql":
-        results = _write_pg(session, model, requests, trace_id, channel)
+        results = _write_pg(session, kind.model, requests, trace_id, kind.channel)
     else:
-        results = _write_orm(session, model, requests, build, extra_rows, trace_id)
+        results = _write_orm(session, kind.model, requests, kind.record, kind.recipients, trace_id)
     if any(not r.duplicate for r in results):
-        _notify_after_commit(session, channel)
+        _notify_after_commit(session, kind.channel)
     return results
 
 
@@ -675,7 +670,7 @@ class ChannelAcceptance(Generic[Req, Rec]):
             requests.append(req)
         unique_keys(requests)
         resolve_streams(session, self.template, requests)
-        return _write(session, self.model, requests, self.record, self.recipients, self.channel)
+        return _write(session, self, requests)
 
     def committed(
         self, session: Session, request: Mapping[str, Any], *, settings: Settings | None = None
@@ -695,7 +690,7 @@ class ChannelAcceptance(Generic[Req, Rec]):
         if engine is not None:
             return _accept_now(engine, self.channel, req)
         _check(fetcher_of(session), req)
-        (result,) = _write(session, self.model, [req], self.record, self.recipients, self.channel)
+        (result,) = _write(session, self, [req])
         session.commit()
         return result
 
