@@ -34,7 +34,7 @@ from portal.extensions import db
 from portal.messaging.records import acceptance, validation
 from portal.messaging.templating import rendering as templating
 from portal.messaging.templating import versions as template_versions
-from portal.models import Channel, MailTemplate
+from portal.models import MailTemplate
 from portal.redis_store import connect
 from portal.web.access import Permission, requires, user
 from portal.web.configuration import config_pages, mail_servers, template_pages
@@ -263,12 +263,9 @@ def _test(template: MailTemplate, form: Form) -> TestSend:
 
 MAIL = Kind(
     model=MailTemplate,
-    channel=Channel.MAIL,
-    noun="mail template",
     message_noun="mail",
     labels=LABELS,
     fields=("subject", "html_body", "text_body", "priority", "reply_to", "preferred_server_id"),
-    sources=("subject", "html_body", "text_body"),
     read=_read,
     preview=_preview_panel,
     context=_context,

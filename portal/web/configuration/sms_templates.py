@@ -23,7 +23,7 @@ from sqlalchemy import select
 from portal.extensions import db
 from portal.messaging.records import acceptance, addresses, validation
 from portal.messaging.templating import rendering as templating
-from portal.models import Channel, SmsProviderConfig, SmsTemplate, SmsTemplateProviderBinding
+from portal.models import SmsProviderConfig, SmsTemplate, SmsTemplateProviderBinding
 from portal.web.access import Permission, requires
 from portal.web.configuration import config_pages, sms_providers, template_pages
 from portal.web.configuration.template_pages import Kind, Preview, TestSend, editor, form_of
@@ -167,12 +167,9 @@ def _test(template: SmsTemplate, form: Form) -> TestSend:
 
 SMS = Kind(
     model=SmsTemplate,
-    channel=Channel.SMS,
-    noun="SMS template",
     message_noun="SMS",
     labels=LABELS,
     fields=("content",),
-    sources=("content",),
     read=_read,
     preview=lambda form: {"preview": _preview_of_form(form)},
     context=_context,

@@ -118,20 +118,32 @@ class Accept(Protocol):
 
 @dataclass(frozen=True)
 class Kind(Generic[T]):
-    """One channel's template pages: the model, and the hooks where mail and SMS differ."""
+    """One channel's template pages: the model (which says its channel, its noun and the
+    columns that hold Liquid), and the hooks where mail and SMS differ."""
 
     model: type[T]
-    channel: Channel
-    noun: str  # "mail template": headings, and the message when a code is taken
     message_noun: str  # "mail": what a test sends ("Test mail to ... accepted")
     labels: Mapping[str, str]
     fields: tuple[str, ...]  # the columns the channel adds to code, name and enabled
-    sources: tuple[str, ...]  # the columns that hold Liquid (sample variables come from them)
     read: Callable[[Form, int], dict[str, Any] | None]  # the channel's fields, checked, or None
     preview: Callable[[Form], dict[str, Any]]  # the preview panel's context for the input
     context: Callable[[T | None, int], dict[str, Any]]  # what else the editor page shows
     test: Callable[[T, Form], TestSend]
     accept: Accept
+
+    @property
+    def channel(self) -> Channel:
+        return self.model.channel
+
+    @property
+    def noun(self) -> str:
+        """What a heading or a message calls the template ("mail template")."""
+        return self.model.noun
+
+    @property
+    def sources(self) -> tuple[str, ...]:
+        """The columns that hold Liquid (sample variables come from them)."""
+        return self.model.sources
 
     @property
     def blueprint(self) -> str:
