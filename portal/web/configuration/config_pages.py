@@ -108,6 +108,16 @@ class Pages(Generic[C]):
         """How an audit remark or a message names the row: "mail server 'relay'"."""
         return f"{self.noun} {row.name!r}"
 
+    def audited(self, action: AuditAction, row: C, remark: str) -> None:
+        """The audit row of a change to ``row``, in the transaction that makes it."""
+        audit(
+            action,
+            tenant_id=row.tenant_id,
+            target_type=self.audit_type,
+            target_id=row.id,
+            remark=remark,
+        )
+
     def form_of(self, row: C) -> Form:
         """A saved row's form: each labelled field that is a column of the row, as ``shown``
         has it if it says (a secret is no column: it is kept encrypted, and never shown)."""
@@ -254,13 +264,7 @@ def save(pages: Pages[C], row: C, form: Form, changed: list[str] | None = None) 
             action = AuditAction.CONFIG_UPDATE
             what = f"changed {', '.join(changed)}" if changed else "saved, nothing changed"
             remark = f"{pages.called(row)}: {what}"
-        audit(
-            action,
-            tenant_id=row.tenant_id,
-            target_type=pages.audit_type,
-            target_id=row.id,
-            remark=remark,
-        )
+        pages.audited(action, row, remark)
         db.session.commit()
     except IntegrityError:  # the same name saved by someone else a moment ago
         db.session.rollback()
@@ -298,13 +302,7 @@ def update(pages: Pages[C], row_id: int) -> ResponseReturnValue:
 
 def delete(pages: Pages[C], row: C) -> ResponseReturnValue:
     """Delete the row (the caller has checked nothing needs it), then show the list."""
-    audit(
-        AuditAction.CONFIG_DELETE,
-        tenant_id=row.tenant_id,
-        target_type=pages.audit_type,
-        target_id=row.id,
-        remark=f"{pages.called(row)} deleted",
-    )
+    pages.audited(AuditAction.CONFIG_DELETE, row, f"{pages.called(row)} deleted")
     db.session.delete(row)
     db.session.commit()
     flash(f"{pages.heading} {row.name!r} deleted.", "success")

@@ -33,7 +33,7 @@ from portal.models import (
     SmtpSecurity,
 )
 from portal.models.secretbox import SecretUnavailable
-from portal.web.access import Permission, audit, requires
+from portal.web.access import Permission, requires
 from portal.web.configuration import config_pages
 from portal.web.forms import Form, owned, settings, viewed_tier
 
@@ -235,13 +235,8 @@ def _audit_enabled(box: MailReceiveConfig, why: str) -> None:
     """The audit row of turning reading on or off (when it changed)."""
     changed = config_pages.changed_fields(PAGES, box)
     if changed:
-        audit(
-            AuditAction.CONFIG_UPDATE,
-            tenant_id=box.tenant_id,
-            target_type=PAGES.audit_type,
-            target_id=box.id,
-            remark=f"{PAGES.called(box)}: {'enabled' if box.enabled else 'disabled'}{why}",
-        )
+        state = "enabled" if box.enabled else "disabled"
+        PAGES.audited(AuditAction.CONFIG_UPDATE, box, f"{PAGES.called(box)}: {state}{why}")
 
 
 def _stored(box: MailReceiveConfig) -> int:

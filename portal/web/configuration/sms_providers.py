@@ -315,17 +315,23 @@ def create_route(provider_id: int) -> ResponseReturnValue:
     )
     db.session.add(route)
     db.session.flush()
-    audit(
-        AuditAction.CONFIG_CREATE,
-        tenant_id=provider.tenant_id,
-        target_type="sms_route",
-        target_id=route.id,
-        remark=f"route for {country} through {PAGES.called(provider)} added "
-        f"(priority {route.priority})",
-    )
+    _audit_route(AuditAction.CONFIG_CREATE, provider, route, f"added (priority {route.priority})")
     db.session.commit()
     flash(f"Route for {country} added.", "success")
     return redirect(PAGES.url("edit", provider), 303)
+
+
+def _audit_route(
+    action: AuditAction, provider: SmsProviderConfig, route: SmsProviderRegion, what: str
+) -> None:
+    """The audit row of adding or removing a route, in the transaction that does it."""
+    audit(
+        action,
+        tenant_id=provider.tenant_id,
+        target_type="sms_route",
+        target_id=route.id,
+        remark=f"route for {route.country_code} through {PAGES.called(provider)} {what}",
+    )
 
 
 def _route_deletion(provider: SmsProviderConfig, route: SmsProviderRegion) -> config_pages.Deletion:
@@ -374,13 +380,7 @@ def delete_route(provider_id: int, route_id: int) -> ResponseReturnValue:
         abort(404)
     if not config_pages.confirmed():
         return config_pages.confirm_page(_route_deletion(provider, route))
-    audit(
-        AuditAction.CONFIG_DELETE,
-        tenant_id=provider.tenant_id,
-        target_type="sms_route",
-        target_id=route.id,
-        remark=f"route for {route.country_code} through {PAGES.called(provider)} removed",
-    )
+    _audit_route(AuditAction.CONFIG_DELETE, provider, route, "removed")
     db.session.delete(route)
     db.session.commit()
     flash(f"Route for {route.country_code} removed.", "success")
