@@ -804,3 +804,215 @@ def read_report(line: str) -> dict[str, Any] | None:
         return None
     report: dict[str, Any] = json.loads(line[len("budget ") :])
     return report
+
+
+# --- the command line: what each of the hot statements costs PostgreSQL -------------------------
+
+
+def _statements_main() -> int:
+    """``python bench/budget.py [--n N] [--rounds R]``: each statement a busy mail worker runs,
+    alone, N times in a row on one connection (as ``direct.holding`` keeps it), on a migrated
+    database with N x 8 Pending mails: the backend's CPU (its process clock) and the client's
+    per statement, so a lever's saving can be told before it is built. In turns (R rounds):
+
+    claim          ``claim.claim_due(engine, MailSendRecord, 1)`` (the poll's, or an idle
+                   worker's claim: the fair pick function, the suppression and epoch columns)
+    claim, 8       ``claim_due(..., 8)``, per record (the fair pick's SQL walk)
+    charge+freeze  preparation's charge and write-back (``_CHARGE_AND_FREEZE``), by version
+    sent           ``sent_write.record_sent`` with its attempt row, no next claim
+    sent+claim     the same inside ``claim.claiming_next``: Sent and the next claim in one
+    sent, claim 8 in every 8th  Sent alone, the next 8 claimed in every 8th: a worker holding 8
+    sent, 8        the group commit's statement, 8 Sent writes, no claim
+    sent+claim, 8  the group commit's statement (``sent_write._sent_batch``) writing 8 Sent
+                   and claiming 8, per record: one worker's batch, were it to hold 8
+    nothing        ``SELECT 1``: a round trip and a transaction with no work (the floor)
+
+    The product's imports happen here, not at the top: the peers' venv imports this module."""
+    import _common as c  # puts the repository root on sys.path
+
+    args = c.parse_args(
+        _statements_main.__doc__,
+        lambda p: (
+            p.add_argument("--n", type=int, default=2000, help="statements of each kind a turn"),
+            p.add_argument("--rounds", type=int, default=2, help="turns of every kind"),
+            p.add_argument(
+                "--shape",
+                action="append",
+                default=[],
+                help="SQL run once after the migrations (a shape to try: DROP INDEX ..., "
+                "CREATE INDEX ...); repeatable",
+            ),
+        ),
+    )
+    from datetime import UTC, datetime
+
+    from portal.extensions import db
+    from portal.messaging.sending import claim, preparation, sent_write
+    from portal.messaging.sending.outcomes import Attempt, Claimed
+    from portal.models import Channel, MailSendRecord
+    from portal.models.direct import driver_cursor, holding
+
+    n = 200 if args.quick else args.n
+    c.print_header("bench/budget.py: each hot statement alone, per statement", args.quick)
+    totals: dict[str, list[float]] = {}
+    with c.bench_database("postroom_bench_statements") as url:
+        app = c.make_app(url)
+        with app.app_context():
+            engine = db.engine
+        settings = c.bench_settings(url)
+        dsn = c.conninfo(url)
+        tenant = c.tenant_with_mail_server(app, "127.0.0.1", 2525)
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            for sql in args.shape:
+                conn.execute(sql)
+        held: list[Any] = []
+        frozen = {
+            "rendered_subject": "Hello",
+            "rendered_html": None,
+            "rendered_text": "Hi",
+            "final_reply_to": None,
+            "final_priority": None,
+            "final_attachments": None,
+            "server_config_id": None,
+            "read_receipt": False,
+            "message_id_header": "<bench@bench.test>",
+            "template_version": None,
+        }
+
+        def claimed_of(record: Any) -> Any:
+            return Claimed(Channel.MAIL, record.id, record.version, record.tenant_id, 0)
+
+        def attempt() -> Any:
+            return Attempt(datetime.now(UTC), 0.001, None, "bench", "250", "2.0.0 Ok")
+
+        def timed(name: str, body: Callable[[], int]) -> None:
+            with holding(engine):
+                with driver_cursor(engine) as cur:
+                    cur.execute("SELECT pg_backend_pid()")
+                    pid = int(cur.fetchone()[0])
+                backend0, client0 = cpu_ns(pid) or 0, time.thread_time_ns()
+                count = body()
+                backend1, client1 = cpu_ns(pid) or 0, time.thread_time_ns()
+            total = totals.setdefault(name, [0.0, 0.0, 0.0])
+            total[0] += (backend1 - backend0) / 1e3
+            total[1] += (client1 - client0) / 1e3
+            total[2] += count
+
+        for _round in range(args.rounds):
+            with psycopg.connect(dsn) as conn:
+                c.add_pending(conn, n * 8, tenant)
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                conn.execute("VACUUM ANALYZE mail_send_record")
+            held.clear()
+
+            def claims() -> int:
+                for _ in range(n):
+                    held.extend(claim.claim_due(engine, MailSendRecord, 1))
+                return n
+
+            def claims8() -> int:
+                before = len(held)
+                for _ in range(n // 8):
+                    held.extend(claim.claim_due(engine, MailSendRecord, 8))
+                return len(held) - before
+
+            def charges() -> int:
+                for i, record in enumerate(held):
+                    preparation._charge_and_freeze(
+                        engine, MailSendRecord, tenant, claimed_of(record), settings, frozen
+                    )
+                    held[i] = (record, 1)
+                return len(held)
+
+            def sents() -> int:
+                for record, bump in held:
+                    claimed = claimed_of(record).bumped() if bump else claimed_of(record)
+                    sent_write.record_sent(engine, claimed, "<b@b>", attempt=attempt())
+                return len(held)
+
+            def sent_and_claims() -> int:
+                record = claim.claim_due(engine, MailSendRecord, 1)[0]
+                for _ in range(n):
+                    with claim.claiming_next(MailSendRecord, lambda: True) as following:
+                        sent_write.record_sent(
+                            engine, claimed_of(record), "<b@b>", attempt=attempt()
+                        )
+                    record = following.records[0]
+                return n
+
+            def batch_row(record: Any) -> dict[str, Any]:
+                row = {"rid": record.id, "ver": record.version, "pmid": "<b@b>"}
+                row |= {"has_refused": False, "refused": None}
+                for name, value in attempt().params().items():
+                    row[name] = value.isoformat() if isinstance(value, datetime) else value
+                return row
+
+            def sents8() -> int:
+                # 8 Sent writes in one statement, no claim (the group commit's, full).
+                statement = sent_write._sent_batch(Channel.MAIL, 0)
+                records = claim.claim_due(engine, MailSendRecord, (n // 8) * 8)
+                for i in range(0, len(records), 8):
+                    statement.run(
+                        engine, batch=json.dumps([batch_row(r) for r in records[i : i + 8]])
+                    )
+                return len(records)
+
+            def sent_and_claims8() -> int:
+                # As a pool worker holding records runs it: Sent alone, the next 8 claimed in
+                # the Sent write of the last record it holds.
+                records = claim.claim_due(engine, MailSendRecord, 8)
+                for _ in range(n // 8):
+                    for i, record in enumerate(records):
+                        last = i == len(records) - 1
+                        with claim.claiming_next(MailSendRecord, lambda last=last: 8 * last) as nxt:
+                            sent_write.record_sent(
+                                engine, claimed_of(record), "<b@b>", attempt=attempt()
+                            )
+                    records = nxt.records
+                return (n // 8) * 8
+
+            def sent8_and_claims8() -> int:
+                # One statement writes 8 records Sent (with their attempt rows) and claims
+                # the next 8: the group commit's statement, as one worker holding 8 would.
+                statement = sent_write._sent_batch(Channel.MAIL, 8)
+                loader = claim.loader_for(MailSendRecord)
+                records = claim.claim_due(engine, MailSendRecord, 8)
+                for _ in range(n // 8):
+                    rows = json.dumps([batch_row(r) for r in records])
+                    _count, got = statement.run(engine, batch=rows)
+                    pk = 3 + loader.pk_index
+                    records = [loader.load(row[3:]) for row in got if row[pk] is not None]
+                return (n // 8) * 8
+
+            def nothing() -> int:
+                for _ in range(n):
+                    with driver_cursor(engine) as cur:
+                        cur.execute("SELECT 1")
+                        cur.fetchall()
+                return n
+
+            timed("claim", claims)
+            timed("claim, 8 a statement", claims8)
+            timed("charge+freeze", charges)
+            timed("sent", sents)
+            timed("sent+claim", sent_and_claims)
+            timed("sent, claim 8 in every 8th", sent_and_claims8)
+            timed("sent, 8 a statement", sents8)
+            timed("sent+claim, 8 a statement", sent8_and_claims8)
+            timed("nothing", nothing)
+        engine.dispose()
+    rows = [
+        [name, f"{backend / count:,.0f}", f"{client / count:,.0f}"]
+        for name, (backend, client, count) in totals.items()
+        if count
+    ]
+    c.print_table(
+        f"Per statement, {args.rounds} x {n} each (load at the end: {os.getloadavg()[0]:.1f})",
+        ["statement", "backend CPU µs", "client CPU µs"],
+        rows,
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(_statements_main())

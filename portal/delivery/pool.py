@@ -15,6 +15,15 @@ and declines the next claim inside the Sent write, which would take either strea
 At most ``pool size - 1`` workers are in flight to any one server or provider: each attempt
 runs inside ``scan.gating_routes(self.routes)``, and the attempt asks ``scan.enter_route``
 once its server or provider is chosen.
+
+While the backlog is deep a worker claims several records in its Sent write (``held``): one
+at first, twice as many after a claim that came back full, up to ``claim.NEXT_CLAIM_MAX``;
+one again after a claim that did not. It works through the records it holds, in the fair
+order they were claimed in, before it claims again; each keeps its own status and version
+and is prepared just before its own send. A worker that holds any broadcast record holds one
+broadcast slot, whatever their number. After a kill -9 the records a worker held and had not
+begun are swept as a retry of a record never prepared, so never resent as ambiguous: the
+one in flight is, as before.
 """
 
 from __future__ import annotations
@@ -24,6 +33,7 @@ import math
 import queue
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -32,6 +42,7 @@ from sqlalchemy import Engine
 
 from portal.messaging.sending.claim import (
     ALL_STREAMS,
+    NEXT_CLAIM_MAX,
     TRANSACTIONAL_ONLY,
     RouteGate,
     claim_due,
@@ -59,6 +70,11 @@ class ChannelSpec:
     make_context: Callable[[], Any]
     process: Callable[[Any, Any], None]
     broadcast_max_share: float = 0.75  # Settings.broadcast_max_share (BROADCAST_MAX_SHARE)
+    # How long a worker may hold a claimed record it has not begun (half of
+    # STUCK_SEND_THRESHOLD_S): later, one an earlier attempt prepared is left to the sweep,
+    # which may have given it to another worker already (an unprepared one is safe to go on
+    # with: preparation writes by version, so a record taken from it stops there).
+    max_hold_s: float = 150.0
 
 
 def broadcast_cap(workers: int, share: float) -> int:
@@ -87,6 +103,7 @@ class ChannelPool:
         self._threads: list[threading.Thread] = []
         self.claimed_total = 0
         self.claimed_with_sent = 0  # of which claimed inside a Sent write
+        self.claims_with_sent = 0  # the claims made in Sent writes (several records each)
         self._failures = 0
         self._last_report = 0.0
         self.broadcast_cap = broadcast_cap(spec.concurrency, spec.broadcast_max_share)
@@ -234,35 +251,74 @@ class ChannelPool:
             self._current.record = None
             with self._lock:
                 self._in_flight -= 1
-                if _is_broadcast(record):
-                    self._broadcast -= 1
+            self._let_go(record)
+
+    def _let_go(self, record: Any) -> None:
+        """A worker holds one broadcast slot while any broadcast record is in its hands."""
+        if _is_broadcast(record) and not any(_is_broadcast(r) for r, _t in self._held()):
+            with self._lock:
+                self._broadcast -= 1
+
+    def _held(self) -> deque[tuple[Any, float]]:
+        """The records this worker thread claimed in its last Sent write and has not begun,
+        with when (monotonic)."""
+        held: deque[tuple[Any, float]] | None = getattr(self._current, "held", None)
+        if held is None:
+            held = self._current.held = deque()
+        return held
+
+    def _next_held(self) -> Any:
+        """The next record this worker holds (None: none). One an earlier attempt prepared
+        and held past ``max_hold_s`` stays in Sending for the sweep (see ChannelSpec)."""
+        held = self._held()
+        while held:
+            record, since = held.popleft()
+            if record.prepared_at is None or time.monotonic() - since <= self.spec.max_hold_s:
+                return record
+            log.warning(
+                "held too long to send; left to the stuck-send sweep",
+                extra={"channel": self.spec.channel.value, "record_id": record.id},
+            )
+            self._let_go(record)
+        return None
 
     def _attempt_and_next(self, context: Any, record: Any) -> Any:
-        """One attempt, then this worker's next record. A send that ends Sent claims the next
-        one in its Sent write (``scan.claiming_next``: one statement and one commit fewer per
-        record); any other outcome claims it on its own."""
+        """One attempt, then this worker's next record: the next it holds, else a send that
+        ends Sent claims the next ones in its Sent write (``scan.claiming_next``: one
+        statement and one commit fewer per record); any other outcome claims one on its own."""
         self._current.reserved = 0
         with claiming_next(self.spec.model, self._may_claim) as following:
             self._attempt(context, record)
         reserved, self._current.reserved = self._current.reserved, 0
-        self._settle(reserved, following.records if following.ran else [])
-        if not following.ran:
-            return self._claim_own()
+        records = following.records if following.ran else []
+        # The worker's one slot, kept when any of the records it now holds is broadcast.
+        used = 1 if any(_is_broadcast(r) for r in records) else 0
         with self._lock:
-            self.claimed_total += len(following.records)
-            self.claimed_with_sent += len(following.records)
-        return following.records[0] if following.records else None
+            self._broadcast -= reserved - used
+        held = self._held()
+        if following.ran:
+            with self._lock:
+                self.claimed_total += len(records)
+                self.claimed_with_sent += len(records)
+                self.claims_with_sent += 1
+            full = len(records) == following.k
+            self._current.want = min(following.k * 2, NEXT_CLAIM_MAX) if full else 1
+            now = time.monotonic()
+            held.extend((r, now) for r in records)
+        if held:
+            return self._next_held()
+        return None if following.ran else self._claim_own()
 
-    def _may_claim(self) -> bool:
-        """Asked by the Sent write just before it would claim this worker's next record, of
-        either stream: only with a broadcast slot for it (this record's own counts as free:
-        it is done once the write commits)."""
-        if self.stop_claiming.is_set():
-            return False
+    def _may_claim(self) -> int:
+        """Asked by the Sent write just before it would claim this worker's next records, of
+        either stream: how many (none while it holds some, or without a broadcast slot for
+        this worker; this record's own counts as free: it is done once the write commits)."""
+        if self.stop_claiming.is_set() or self._held():
+            return 0
         current = getattr(self._current, "record", None)
         reserved = self._reserve(1, handing_over=current is not None and _is_broadcast(current))
         self._current.reserved = reserved
-        return reserved == 1
+        return getattr(self._current, "want", 1) if reserved == 1 else 0
 
     def _claim_own(self) -> Any:
         """This worker's next record, claimed by itself (None: nothing due, or stopping)."""

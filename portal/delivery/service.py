@@ -35,6 +35,7 @@ def mail_spec(engine: Engine, settings: Settings) -> ChannelSpec:
         make_context=make_context,
         process=process_mail,
         broadcast_max_share=settings.broadcast_max_share,
+        max_hold_s=settings.stuck_send_threshold_s / 2,
     )
 
 
@@ -52,6 +53,7 @@ def sms_spec(engine: Engine, settings: Settings) -> ChannelSpec:
         make_context=make_context,
         process=process_sms,
         broadcast_max_share=settings.broadcast_max_share,
+        max_hold_s=settings.stuck_send_threshold_s / 2,
     )
 
 

@@ -141,11 +141,14 @@ def _sent_statement(
     return Direct(select(sent.c.waiting).add_cte(attempt), [sent.c.waiting])
 
 
-def _sent_and_claim_statement(channel: Channel, with_refused: bool, with_attempt: bool) -> Direct:
-    """PostgreSQL: Sent as above and the claim of the worker's next record, in one statement
-    (data-modifying CTEs; the two touch different rows: this one is Sending, the claim takes
-    Pending or Retry), with the attempt's row (``with_attempt``). One row: (written,
-    waiting, the claimed record's columns or NULLs).
+def _sent_and_claim_statement(
+    channel: Channel, with_refused: bool, with_attempt: bool, k: int = 1
+) -> Direct:
+    """PostgreSQL: Sent as above and the claim of the worker's next ``k`` records, in one
+    statement (data-modifying CTEs; the two touch different rows: this one is Sending, the
+    claim takes Pending or Retry), with the attempt's row (``with_attempt``). One row per
+    claimed record: (written, waiting, the claimed record's columns), or one with NULLs
+    for the record's columns when none was due.
 
     The order is by construction, not by the planner's choice: every scan of the claim that
     locks rows starts from the tenants' turn, which reads the ``sent`` CTE's ``tenant_id``,
@@ -154,7 +157,7 @@ def _sent_and_claim_statement(channel: Channel, with_refused: bool, with_attempt
     sent = _sent_update(
         channel, with_refused, meet_events=True, with_tenant=True, with_attempt=with_attempt
     ).cte(claim.SENT_CTE)
-    claimed = claim.claim_statement(MODELS[channel]).cte("claimed")
+    claimed = claim.claim_statement(MODELS[channel], k).cte("claimed")
     outcome = select(
         func.count().label("written"), func.bool_or(sent.c.waiting).label("waiting")
     ).subquery("outcome")
@@ -201,6 +204,16 @@ _SENT_AND_CLAIM = {
     for with_refused in ((False, True) if channel is Channel.MAIL else (False,))
     for with_attempt in (False, True)
 }
+
+
+def _sent_and_claim(channel: Channel, with_refused: bool, with_attempt: bool, k: int) -> Direct:
+    """``_sent_and_claim_statement``: one claim built at import, more at first use."""
+    if k == 1:
+        return _SENT_AND_CLAIM[(channel, with_refused, with_attempt)]
+    return _sent_and_claim_more(channel, with_refused, with_attempt, k)
+
+
+_sent_and_claim_more = functools.cache(_sent_and_claim_statement)
 
 
 # --- group commit of Sent writes (PostgreSQL) ---------------------------------------------------
@@ -376,7 +389,8 @@ def _flush_sent(batch: list[_SentWrite]) -> None:
         return
     wanting = [entry for entry in batch if entry.request is not None]
     try:
-        statement = _sent_batch(first.claimed.channel, len(wanting))
+        claims = sum(entry.request.k for entry in wanting if entry.request is not None)
+        statement = _sent_batch(first.claimed.channel, claims)
         _n, rows = statement.run(first.engine, batch=json.dumps([e.as_row() for e in batch]))
     except Exception as exc:
         if _gone(exc):
@@ -400,10 +414,12 @@ def _flush_sent(batch: list[_SentWrite]) -> None:
         return
     loader = claim.loader_for(MODELS[first.claimed.channel])
     claimed = [row[3:] for row in rows if row[3 + loader.pk_index] is not None]
-    for entry, record in zip(wanting, claimed + [None] * len(wanting), strict=False):
+    # In the fair order, each worker its k of them in turn, the first its first k.
+    for entry in wanting:
         assert entry.request is not None
         entry.request.ran = True
-        entry.request.records = [loader.load(record)] if record is not None else []
+        mine, claimed = claimed[: entry.request.k], claimed[entry.request.k :]
+        entry.request.records = [loader.load(record) for record in mine]
 
 
 _committers: weakref.WeakKeyDictionary[Engine, dict[Channel, group_commit.GroupCommit[_SentWrite]]]
@@ -531,7 +547,7 @@ def _sent_and_claimed(
     """The Sent write with the worker's next claim (``claim.claiming_next``); hands the claimed
     record to the request and returns what the Sent statement alone would."""
     try:
-        statement = _SENT_AND_CLAIM[(claimed.channel, with_refused, with_attempt)]
+        statement = _sent_and_claim(claimed.channel, with_refused, with_attempt, request.k)
         _n, rows = statement.run(engine, **params)
     except psycopg.errors.DeadlockDetected:
         # Not expected (see _sent_and_claim_statement), and never an error if it happens:
@@ -541,11 +557,11 @@ def _sent_and_claimed(
             "the Sent write with the next claim deadlocked; written alone", extra=_extra(claimed)
         )
         return _SENT[(claimed.channel, with_refused, True, with_attempt)].run(engine, **params)
-    written, waiting, *record = rows[0]
+    written, waiting = rows[0][:2]
     request.ran = True
     loader = claim.loader_for(request.model)
-    if record[loader.pk_index] is not None:  # NULLs: nothing was due
-        request.records = [loader.load(record)]
+    # NULLs: nothing was due
+    request.records = [loader.load(row[2:]) for row in rows if row[2 + loader.pk_index] is not None]
     return int(written), [(waiting,)] if written else []
 
 
