@@ -99,8 +99,7 @@ class NavGroup:
 def register_blueprints(app: Flask) -> None:
     """Register every blueprint module: the unlisted ones, then the page groups."""
     from portal.web import access, security
-    from portal.web.records import formatting as pages
-    from portal.web.records import recipients
+    from portal.web.records import formatting, recipients
 
     login_manager.init_app(app)
     login_manager.login_view = "auth.login"
@@ -112,7 +111,7 @@ def register_blueprints(app: Flask) -> None:
         app.register_blueprint(module.bp)
     access.init_app(app)
     security.init_app(app)
-    pages.init_app(app)
+    formatting.init_app(app)
     recipients.init_app(app)
     _context(app)
     _errors(app)
