@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from enum import StrEnum
 from functools import wraps
-from typing import Any, ParamSpec, TypeVar
+from typing import Any, ParamSpec, Protocol, TypeVar
 
 from flask import Flask, abort, make_response, request, session, url_for
 from flask_login import current_user, login_required
@@ -203,6 +203,25 @@ def audit(
         target_id=target_id,
         remark=remark,
     )
+
+
+class _TenantRow(Protocol):
+    @property
+    def id(self) -> int: ...
+
+    @property
+    def tenant_id(self) -> int: ...
+
+
+def audit_row(action: AuditAction, target_type: str, row: _TenantRow, remark: str = "") -> None:
+    """``audit`` of a change to one of a tenant's rows (``row``'s tenant, ``row``'s id), in the
+    transaction that makes the change."""
+    audit(action, tenant_id=row.tenant_id, target_type=target_type, target_id=row.id, remark=remark)
+
+
+def audit_tenant(action: AuditAction, tenant_id: int, remark: str) -> None:
+    """``audit`` of a change to a tenant's own settings, in the transaction that makes it."""
+    audit(action, tenant_id=tenant_id, target_type="tenant", target_id=tenant_id, remark=remark)
 
 
 def shown_actor(label: str | None) -> str | None:

@@ -26,7 +26,8 @@ from portal.extensions import db
 from portal.importer import callback_endpoints_full
 from portal.messaging.after_send import callbacks
 from portal.models import AuditAction, CallbackDelivery, CallbackEndpoint, DeliveryStatus
-from portal.web.access import Permission, audit, requires, viewed_tenant
+from portal.web.access import Permission, audit_row, requires, viewed_tenant
+from portal.web.configuration.config_pages import confirmed
 from portal.web.forms import (
     Form,
     form_data,
@@ -42,6 +43,7 @@ bp = Blueprint("callbacks", __name__, url_prefix="/callbacks")
 
 LABELS = {"name": "Name", "url": "URL", "events": "Events", "since": "Since"}
 PAGE = 50
+AUDIT_TYPE = "callback_endpoint"  # the audit rows' target_type
 
 
 def _endpoints(tier: int) -> list[CallbackEndpoint]:
@@ -52,6 +54,12 @@ def _endpoints(tier: int) -> list[CallbackEndpoint]:
             .order_by(CallbackEndpoint.name)
         )
     )
+
+
+def _back(endpoint: CallbackEndpoint, message: str, category: str) -> ResponseReturnValue:
+    """Flash ``message`` and go back to the endpoint's page."""
+    flash(message, category)
+    return redirect(url_for("callbacks.show", endpoint_id=endpoint.id), 303)
 
 
 def _read(form: Form, tier: int, current: CallbackEndpoint | None) -> tuple[str, str, list[str]]:
@@ -128,13 +136,7 @@ def create() -> tuple[str, int]:
     row.secret = secret
     db.session.add(row)
     db.session.flush()
-    audit(
-        AuditAction.CONFIG_CREATE,
-        tenant_id=tier,
-        target_type="callback_endpoint",
-        target_id=row.id,
-        remark=f"{name}: {url}",
-    )
+    audit_row(AuditAction.CONFIG_CREATE, AUDIT_TYPE, row, f"{name}: {url}")
     db.session.commit()
     return render_template("callbacks/secret.html", endpoint=row, secret=secret, rotated=False), 200
 
@@ -183,40 +185,33 @@ def edit(endpoint_id: int) -> ResponseReturnValue:
     endpoint = owned(CallbackEndpoint, endpoint_id, tier)
     if request.method == "GET":
         form = Form(form_data(name=endpoint.name, url=endpoint.url), LABELS)
-        return render_template(
-            "callbacks/edit.html",
-            endpoint=endpoint,
-            form=form,
-            chosen=endpoint.event_list,
-            enabled=endpoint.enabled,
-            event_types=callbacks.EVENT_TYPES,
-        )
+        return _edit_page(endpoint, form, endpoint.event_list, endpoint.enabled, 200)
     form = Form(request.form, LABELS)
     name, url, events = _read(form, tier, endpoint)
     enabled = request.form.get("enabled") == "on"
     if not form.ok:
-        return render_template(
-            "callbacks/edit.html",
-            endpoint=endpoint,
-            form=form,
-            chosen=events,
-            enabled=enabled,
-            event_types=callbacks.EVENT_TYPES,
-        ), 422
+        return _edit_page(endpoint, form, events, enabled, 422)
     endpoint.name, endpoint.url, endpoint.enabled = name, url, enabled
     endpoint.event_list = events
     if enabled:  # enabling again starts a fresh count of failures
         endpoint.consecutive_failures, endpoint.paused_until = 0, None
-    audit(
-        AuditAction.CONFIG_UPDATE,
-        tenant_id=tier,
-        target_type="callback_endpoint",
-        target_id=endpoint.id,
-        remark=f"{name}: {url}{'' if enabled else ' (disabled)'}",
-    )
+    remark = f"{name}: {url}{'' if enabled else ' (disabled)'}"
+    audit_row(AuditAction.CONFIG_UPDATE, AUDIT_TYPE, endpoint, remark)
     db.session.commit()
-    flash(f"Endpoint {name!r} saved.", "success")
-    return redirect(url_for("callbacks.show", endpoint_id=endpoint.id), 303)
+    return _back(endpoint, f"Endpoint {name!r} saved.", "success")
+
+
+def _edit_page(
+    endpoint: CallbackEndpoint, form: Form, chosen: list[str], enabled: bool, status: int
+) -> tuple[str, int]:
+    return render_template(
+        "callbacks/edit.html",
+        endpoint=endpoint,
+        form=form,
+        chosen=chosen,
+        enabled=enabled,
+        event_types=callbacks.EVENT_TYPES,
+    ), status
 
 
 @bp.post("/<int:endpoint_id>/rotate")
@@ -225,13 +220,8 @@ def rotate(endpoint_id: int) -> ResponseReturnValue:
     """A new signing secret, shown once; the old one signs too for 24 hours."""
     endpoint = owned(CallbackEndpoint, endpoint_id, viewed_tier())
     secret = callbacks.rotate_secret(endpoint, datetime.now(UTC))
-    audit(
-        AuditAction.CONFIG_UPDATE,
-        tenant_id=endpoint.tenant_id,
-        target_type="callback_endpoint",
-        target_id=endpoint.id,
-        remark=f"{endpoint.name}: signing secret rotated",
-    )
+    remark = f"{endpoint.name}: signing secret rotated"
+    audit_row(AuditAction.CONFIG_UPDATE, AUDIT_TYPE, endpoint, remark)
     db.session.commit()
     return render_template("callbacks/secret.html", endpoint=endpoint, secret=secret, rotated=True)
 
@@ -243,8 +233,7 @@ def test(endpoint_id: int) -> ResponseReturnValue:
     endpoint = owned(CallbackEndpoint, endpoint_id, viewed_tier())
     problem = callbacks.check_at_save(endpoint.url, settings())
     if problem:
-        flash(f"Not sent: {problem}.", "error")
-        return redirect(url_for("callbacks.show", endpoint_id=endpoint.id), 303)
+        return _back(endpoint, f"Not sent: {problem}.", "error")
     delivery = callbacks.test_event(db.session(), endpoint)
     delivery.status = DeliveryStatus.SENDING.value
     delivery.attempts = 1
@@ -255,14 +244,10 @@ def test(endpoint_id: int) -> ResponseReturnValue:
     db.session.expire_all()
     row = db.session.get(CallbackDelivery, claimed.id)
     if row is not None and row.status == DeliveryStatus.DELIVERED.value:
-        flash(
-            f"Test event delivered: HTTP {row.last_status_code} in {row.last_duration_ms} ms.",
-            "success",
-        )
-    else:
-        why = row.last_error if row is not None else "unknown"
-        flash(f"Test event not delivered ({why}); it will be retried.", "error")
-    return redirect(url_for("callbacks.show", endpoint_id=endpoint.id), 303)
+        took = f"HTTP {row.last_status_code} in {row.last_duration_ms} ms"
+        return _back(endpoint, f"Test event delivered: {took}.", "success")
+    why = row.last_error if row is not None else "unknown"
+    return _back(endpoint, f"Test event not delivered ({why}); it will be retried.", "error")
 
 
 @bp.post("/<int:endpoint_id>/deliveries/<int:delivery_id>/resend")
@@ -275,17 +260,14 @@ def resend(endpoint_id: int, delivery_id: int) -> ResponseReturnValue:
         abort(404)
     problem = callbacks.check_at_save(endpoint.url, settings())
     if problem:  # checked at resend too: the URL may have come to resolve privately
-        flash(f"Not resent: {problem}.", "error")
-        return redirect(url_for("callbacks.show", endpoint_id=endpoint.id), 303)
+        return _back(endpoint, f"Not resent: {problem}.", "error")
     done = callbacks.resend(
         db.session(), endpoint.tenant_id, [delivery.id], settings().callback_give_up_s
     )
     db.session.commit()
-    flash(
-        "Delivery due again now." if done else "That delivery is being posted right now.",
-        "success" if done else "info",
-    )
-    return redirect(url_for("callbacks.show", endpoint_id=endpoint.id), 303)
+    if done:
+        return _back(endpoint, "Delivery due again now.", "success")
+    return _back(endpoint, "That delivery is being posted right now.", "info")
 
 
 @bp.post("/<int:endpoint_id>/replay")
@@ -297,23 +279,21 @@ def replay(endpoint_id: int) -> ResponseReturnValue:
     try:
         since = datetime.fromisoformat(raw)
     except ValueError:
-        flash("Since must be a date and time, e.g. 2026-12-01T09:00 (UTC).", "error")
-        return redirect(url_for("callbacks.show", endpoint_id=endpoint.id), 303)
+        return _back(
+            endpoint, "Since must be a date and time, e.g. 2026-12-01T09:00 (UTC).", "error"
+        )
     if since.tzinfo is None:
         since = since.replace(tzinfo=UTC)
     if not 2000 <= since.year <= 9999:
-        flash("Since must be a date and time after 2000.", "error")
-        return redirect(url_for("callbacks.show", endpoint_id=endpoint.id), 303)
+        return _back(endpoint, "Since must be a date and time after 2000.", "error")
     problem = callbacks.check_at_save(endpoint.url, settings())
     if problem:
-        flash(f"Not replayed: {problem}.", "error")
-        return redirect(url_for("callbacks.show", endpoint_id=endpoint.id), 303)
+        return _back(endpoint, f"Not replayed: {problem}.", "error")
     count = callbacks.replay_since(
         db.session(), endpoint.tenant_id, endpoint.id, since, settings().callback_give_up_s
     )
     db.session.commit()
-    flash(f"{count:,} deliveries due again.", "success")
-    return redirect(url_for("callbacks.show", endpoint_id=endpoint.id), 303)
+    return _back(endpoint, f"{count:,} deliveries due again.", "success")
 
 
 @bp.route("/<int:endpoint_id>/delete", methods=["GET", "POST"])
@@ -321,15 +301,9 @@ def replay(endpoint_id: int) -> ResponseReturnValue:
 def delete(endpoint_id: int) -> ResponseReturnValue:
     """Delete an endpoint and its delivery log, after a confirm page."""
     endpoint = owned(CallbackEndpoint, endpoint_id, viewed_tier())
-    if request.method == "GET" or request.form.get("confirm") != "yes":
+    if not confirmed():
         return render_template("callbacks/delete.html", endpoint=endpoint)
-    audit(
-        AuditAction.CONFIG_DELETE,
-        tenant_id=endpoint.tenant_id,
-        target_type="callback_endpoint",
-        target_id=endpoint.id,
-        remark=endpoint.name,
-    )
+    audit_row(AuditAction.CONFIG_DELETE, AUDIT_TYPE, endpoint, endpoint.name)
     db.session.delete(endpoint)
     db.session.commit()
     flash(f"Endpoint {endpoint.name!r} deleted.", "success")

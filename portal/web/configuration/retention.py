@@ -15,7 +15,7 @@ from portal.extensions import db
 from portal.messaging.after_send import suppression
 from portal.messaging.records import retention
 from portal.models import AuditAction, Channel, Tenant
-from portal.web.access import Permission, audit, requires
+from portal.web.access import Permission, audit, audit_tenant, requires
 from portal.web.forms import Form, settings, tier_name, viewed_tier
 
 bp = Blueprint("retention", __name__, url_prefix="/retention")
@@ -109,15 +109,8 @@ def update() -> ResponseReturnValue:
         )
     for channel, days in wanted.items():
         setattr(tenant, ATTRIBUTE[channel], days)
-    audit(
-        AuditAction.RETENTION_CHANGE,
-        tenant_id=tenant.id,
-        target_type="tenant",
-        target_id=tenant.id,
-        remark=", ".join(
-            f"{c.value}: {d if d is not None else 'forever'}" for c, d in wanted.items()
-        ),
-    )
+    remark = ", ".join(f"{c.value}: {d if d is not None else 'forever'}" for c, d in wanted.items())
+    audit_tenant(AuditAction.RETENTION_CHANGE, tenant.id, remark)
     db.session.commit()
     flash("Retention saved; the chore applies it at its next run.", "success")
     return redirect(url_for("retention.index"), 303)

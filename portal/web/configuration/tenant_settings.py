@@ -9,7 +9,7 @@ from flask.typing import ResponseReturnValue
 from portal.extensions import db
 from portal.messaging.records.search import country_code
 from portal.models import AuditAction, Tenant
-from portal.web.access import Permission, audit, requires
+from portal.web.access import Permission, audit_tenant, requires
 from portal.web.forms import Form, settings, tier_name, viewed_tier
 
 bp = Blueprint("tenant_settings", __name__, url_prefix="/tenant-settings")
@@ -55,13 +55,8 @@ def update() -> ResponseReturnValue:
     if not form.ok:
         return _page(form, 422)
     tenant.country = country
-    audit(
-        AuditAction.CONFIG_UPDATE,
-        tenant_id=tenant.id,
-        target_type="tenant",
-        target_id=tenant.id,
-        remark=f"country: {country or 'the platform default'}",
-    )
+    remark = f"country: {country or 'the platform default'}"
+    audit_tenant(AuditAction.CONFIG_UPDATE, tenant.id, remark)
     db.session.commit()
     flash("Settings saved.", "success")
     return redirect(url_for("tenant_settings.index"), 303)

@@ -18,7 +18,8 @@ from sqlalchemy import select
 from portal.extensions import db
 from portal.models import ApiKey, AuditAction
 from portal.models.tenant import ApiScope, new_api_token
-from portal.web.access import Permission, audit, requires, user
+from portal.web.access import Permission, audit_row, requires, user
+from portal.web.configuration.config_pages import confirmed
 from portal.web.forms import Form, owned, tier_name, viewed_tier
 from portal.web.machine.endpoint import KEY_USE_INTERVAL_S
 
@@ -83,13 +84,7 @@ def create() -> tuple[str, int]:
     key.set_token(token)
     db.session.add(key)
     db.session.flush()
-    audit(
-        AuditAction.KEY_CREATE,
-        tenant_id=tier,
-        target_type="api_key",
-        target_id=key.id,
-        remark=f"{name} (scopes: {scopes})",
-    )
+    audit_row(AuditAction.KEY_CREATE, "api_key", key, f"{name} (scopes: {scopes})")
     db.session.commit()
     return render_template("api_keys/created.html", key=key, token=token), 200
 
@@ -103,17 +98,11 @@ def delete(key_id: int) -> ResponseReturnValue:
     with ``confirm=yes``, which revokes.
     """
     key = owned(ApiKey, key_id, viewed_tier())
-    if request.method == "GET" or request.form.get("confirm") != "yes":
+    if not confirmed():
         return render_template("api_keys/delete.html", key=key)
     if key.revoked_at is None:
         key.revoked_at = datetime.now(UTC)
-        audit(
-            AuditAction.KEY_REVOKE,
-            tenant_id=key.tenant_id,
-            target_type="api_key",
-            target_id=key.id,
-            remark=key.name,
-        )
+        audit_row(AuditAction.KEY_REVOKE, "api_key", key, key.name)
         db.session.commit()
         flash(f"Key {key.name!r} revoked: requests with it are refused from now on.", "success")
     return redirect(url_for("api_keys.index"), 303)

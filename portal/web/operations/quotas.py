@@ -27,7 +27,7 @@ from portal.models import (
     TenantMessageQuota,
     TenantMessageUsage,
 )
-from portal.web.access import Permission, audit, can, requires, user
+from portal.web.access import Permission, audit_tenant, can, requires, user
 from portal.web.forms import MAX_ID, Form, form_data
 
 bp = Blueprint("quotas", __name__, url_prefix="/quotas")
@@ -226,13 +226,7 @@ def _save(tenant_id: int, mail: int | None, sms: int | None) -> None:
         f"{LABELS[name]}: {_limit_text(getattr(quota, name))} -> {_limit_text(new)}"
         for name, new in (("mail_monthly_limit", mail), ("sms_monthly_limit", sms))
     ]
-    audit(
-        AuditAction.QUOTA_CHANGE,
-        tenant_id=tenant_id,
-        target_type="tenant",
-        target_id=tenant_id,
-        remark="; ".join(changes),
-    )
+    audit_tenant(AuditAction.QUOTA_CHANGE, tenant_id, "; ".join(changes))
     quota.mail_monthly_limit = mail
     quota.sms_monthly_limit = sms
     quota.updated_by = user().email

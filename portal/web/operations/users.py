@@ -27,7 +27,14 @@ from portal.models.base import db_now_plus
 from portal.models.tenant import MAX_PASSWORD_CHARS, password_problem
 from portal.tenancy import PLATFORM_TENANT_ID, new_trace_id, tenant_context
 from portal.web import auth
-from portal.web.access import Permission, audit, is_operator, requires, user, viewed_tenant
+from portal.web.access import (
+    Permission,
+    audit_row,
+    is_operator,
+    requires,
+    user,
+    viewed_tenant,
+)
 from portal.web.forms import MAX_ID, Form, settings, tier_name, viewed_tier
 
 bp = Blueprint("users", __name__, url_prefix="/users")
@@ -185,13 +192,7 @@ def create() -> tuple[str, int]:
     try:
         db.session.add(invited)
         db.session.flush()
-        audit(
-            AuditAction.USER_INVITE,
-            tenant_id=tier,
-            target_type="user",
-            target_id=invited.id,
-            remark=f"{email} as {role}",
-        )
+        audit_row(AuditAction.USER_INVITE, "user", invited, f"{email} as {role}")
         record_id = _mail_invitation(invited, link)
         db.session.commit()
     except IntegrityError:
@@ -282,13 +283,7 @@ def update(user_id: int) -> ResponseReturnValue:
         return redirect(url_for("users.index"), 303)
     row.role = role
     row.end_sessions()
-    audit(
-        AuditAction.USER_ROLE_CHANGE,
-        tenant_id=row.tenant_id,
-        target_type="user",
-        target_id=row.id,
-        remark=f"{old} -> {role}",
-    )
+    audit_row(AuditAction.USER_ROLE_CHANGE, "user", row, f"{old} -> {role}")
     db.session.commit()
     flash(
         f"{row.email} is now {ROLE_TEXT[Role(role)].lower()}; their sessions have ended.",
@@ -306,12 +301,7 @@ def deactivate(user_id: int) -> ResponseReturnValue:
         form = Form({}, ROLE_LABELS)
         form.errors["active"] = "You cannot deactivate your own account; ask another admin"
         return _index(Form({}, INVITE_LABELS), 422, row_id=row.id, row_form=form)
-    if row.is_active:
-        row.is_active = False
-        row.end_sessions()
-        audit(AuditAction.USER_DEACTIVATE, tenant_id=row.tenant_id, target_type="user",
-              target_id=row.id, remark=row.email)  # fmt: skip
-        db.session.commit()
+    _set_active(row, False)
     flash(f"{row.email} is deactivated and signed out everywhere.", "success")
     return redirect(url_for("users.index"), 303)
 
@@ -321,14 +311,21 @@ def deactivate(user_id: int) -> ResponseReturnValue:
 def activate(user_id: int) -> ResponseReturnValue:
     """Reactivate a user: they can sign in again with their password."""
     row = _managed(user_id)
-    if not row.is_active:
-        row.is_active = True
-        row.end_sessions()
-        audit(AuditAction.USER_ACTIVATE, tenant_id=row.tenant_id, target_type="user",
-              target_id=row.id, remark=row.email)  # fmt: skip
-        db.session.commit()
+    _set_active(row, True)
     flash(f"{row.email} is active again and can sign in.", "success")
     return redirect(url_for("users.index"), 303)
+
+
+def _set_active(row: AppUser, active: bool) -> None:
+    """Deactivate or reactivate ``row``, ending its sessions, with its audit row; nothing when
+    it already is so."""
+    if row.is_active == active:
+        return
+    row.is_active = active
+    row.end_sessions()
+    action = AuditAction.USER_ACTIVATE if active else AuditAction.USER_DEACTIVATE
+    audit_row(action, "user", row, row.email)
+    db.session.commit()
 
 
 # --- passwords ----------------------------------------------------------------------------
@@ -365,7 +362,7 @@ def password() -> ResponseReturnValue:
         return render_template("users/password.html", form=form, me=me), 422
     me.set_password(new)
     me.end_sessions()
-    audit(AuditAction.PASSWORD_CHANGE, tenant_id=me.tenant_id, target_type="user", target_id=me.id)
+    audit_row(AuditAction.PASSWORD_CHANGE, "user", me)
     db.session.commit()
     auth.keep_session(me)  # this session stays; every other one of the account ends
     flash("Your password is changed. Your other sessions have ended.", "success")
