@@ -59,23 +59,15 @@ class AuditFilters(ListFilters):
 
 def parse_filters(source: Mapping[str, str]) -> AuditFilters:
     """Read and check the log's query; never raises, names the field of every problem."""
-    raw = {name: (source.get(name) or "").strip() for name in ("actor", "action", "from", "to")}
-    raw["before"] = (source.get("before") or "").strip()
-    filters = AuditFilters(raw=raw)
-    errors = filters.errors
-    if len(raw["actor"]) > MAX_ACTOR_CHARS:
-        errors["actor"] = f"Actor: type at most {MAX_ACTOR_CHARS} characters."
-    elif any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in raw["actor"]):
-        # No label holds them, and PostgreSQL refuses a NUL in a query outright.
-        errors["actor"] = (
-            "Actor: type letters, digits and punctuation only (no control characters)."
-        )
-    else:
-        filters.actor = raw["actor"]
-    if raw["action"] and raw["action"] not in ACTION_VALUES:
-        errors["action"] = "Action: choose one from the list."
-    else:
-        filters.action = raw["action"]
+    filters = AuditFilters.read(source, ("actor", "action", "from", "to"))
+    raw, errors = filters.raw, filters.errors
+    filters.actor = filters.plain(
+        "actor",
+        MAX_ACTOR_CHARS,
+        f"Actor: type at most {MAX_ACTOR_CHARS} characters.",
+        "Actor: type letters, digits and punctuation only (no control characters).",
+    )
+    filters.action = filters.choice("action", ACTION_VALUES, "Action: choose one from the list.")
     for name, label in (("from", "From"), ("to", "To")):
         if not raw[name]:
             continue
@@ -88,11 +80,7 @@ def parse_filters(source: Mapping[str, str]) -> AuditFilters:
             filters.date_to = day_end(day)
     if filters.date_from and filters.date_to and filters.date_from >= filters.date_to:
         errors["to"] = "To: the end date must be on or after the start date."
-    if raw["before"]:
-        filters.before = parse_id(raw["before"])
-        if filters.before is None:
-            errors["before"] = "That page link is broken: start again from the newest."
-    return filters
+    return filters.cursor()
 
 
 def scope(tenant: int | None) -> list[ColumnElement[bool]]:

@@ -19,14 +19,13 @@ from sqlalchemy import update as sql_update
 from portal.extensions import db
 from portal.messaging.records.diagnosis import Diagnosis, refusal
 from portal.models import AuditAction, Channel, DeadLetterMessage, TriageStatus, db_now
-from portal.web.access import Permission, audit, can, requires, user, viewed_tenant
+from portal.web.access import Permission, audit, audit_row, can, requires, user, viewed_tenant
 from portal.web.forms import is_htmx
 from portal.web.records import explain
 from portal.web.records.bulk import ALL_TENANTS_CHOSEN
 from portal.web.records.filters import (
     BULK_CAP,
     MAX_ID,
-    MAX_TEMPLATE_CHARS,
     ListFilters,
     parse_id,
     parse_ids,
@@ -56,32 +55,19 @@ class DeadLetterFilters(ListFilters):
 
 def parse_filters(source: Any, all_tenants: bool) -> DeadLetterFilters:
     """Read and check the list's query; never raises."""
-    names = ("status", "channel", "code", "tenant", "before")
-    raw = {name: (source.get(name) or "").strip() for name in names}
-    filters = DeadLetterFilters(raw=raw)
-    errors = filters.errors
-    if raw["status"] and raw["status"] not in TRIAGE_STATUSES:
-        errors["status"] = "Choose Pending, Resolved or Discarded."
-    else:
-        filters.status = raw["status"]
-    if raw["channel"] and raw["channel"] not in CHANNELS:
-        errors["channel"] = "Choose mail or SMS."
-    else:
-        filters.channel = raw["channel"]
-    if len(raw["code"]) > MAX_TEMPLATE_CHARS:
-        errors["code"] = f"An error code has at most {MAX_TEMPLATE_CHARS} characters."
-    else:
-        filters.code = raw["code"]
-    if raw["tenant"] and all_tenants:
+    filters = DeadLetterFilters.read(source, ("status", "channel", "code", "tenant"))
+    filters.status = filters.choice(
+        "status", TRIAGE_STATUSES, "Choose Pending, Resolved or Discarded."
+    )
+    filters.channel = filters.choice("channel", CHANNELS, "Choose mail or SMS.")
+    filters.code = filters.code_text("code", "An error code")
+    raw = filters.raw["tenant"]
+    if raw and all_tenants:
         # The platform tier is -1; every other tenant id is positive.
-        filters.tenant = -1 if raw["tenant"] == "-1" else parse_id(raw["tenant"])
+        filters.tenant = -1 if raw == "-1" else parse_id(raw)
         if filters.tenant is None:
-            errors["tenant"] = "Choose a tenant from the list."
-    if raw["before"]:
-        filters.before = parse_id(raw["before"])
-        if filters.before is None:
-            errors["before"] = "That page link is broken: start again from the newest."
-    return filters
+            filters.errors["tenant"] = "Choose a tenant from the list."
+    return filters.cursor()
 
 
 def waiting_by_tenant() -> dict[int, int]:
@@ -386,13 +372,7 @@ def update(letter_id: int) -> ResponseReturnValue:
         .execution_options(synchronize_session=False)
     )
     if done.rowcount:  # type: ignore[attr-defined]
-        audit(
-            AuditAction.DEAD_LETTER_TRIAGE,
-            tenant_id=letter.tenant_id,
-            target_type="dead_letter",
-            target_id=letter.id,
-            remark=f"{decision}: {remark}",
-        )
+        audit_row(AuditAction.DEAD_LETTER_TRIAGE, "dead_letter", letter, f"{decision}: {remark}")
     db.session.commit()
     db.session.refresh(letter)
     if not done.rowcount:  # type: ignore[attr-defined]

@@ -81,6 +81,16 @@ class ListFilters:
             return ""
         return value
 
+    def code_text(self, name: str, what: str) -> str:
+        """The field ``name``, a code (a template's, an error's: ``what`` names it, "A template
+        code"): ``plain``, with at most ``MAX_TEMPLATE_CHARS`` characters."""
+        return self.plain(
+            name,
+            MAX_TEMPLATE_CHARS,
+            f"{what} has at most {MAX_TEMPLATE_CHARS} characters.",
+            f"{what} has no control characters.",
+        )
+
     def cursor(self) -> Self:
         """The keyset cursor ``before`` read (a list's own problems are named first)."""
         if self.raw.get("before"):
@@ -129,12 +139,7 @@ def parse_filters(source: Mapping[str, str]) -> Filters:
     else:
         filters.q = raw["q"]
     filters.status = filters.choice("status", STATUSES, "Choose a status from the list.")
-    filters.template = filters.plain(
-        "template",
-        MAX_TEMPLATE_CHARS,
-        f"A template code has at most {MAX_TEMPLATE_CHARS} characters.",
-        "A template code has no control characters.",
-    )
+    filters.template = filters.code_text("template", "A template code")
     filters.tests = filters.choice(
         "tests", ("hide", "only"), "Choose whether test sends are shown."
     )
