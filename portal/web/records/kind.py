@@ -19,11 +19,10 @@ from portal.web.records.filters import MAX_ID
 
 @dataclass(frozen=True)
 class Search:
-    """The conditions a search box adds, and (subject search) where its window stops."""
+    """The conditions a search box adds, and how the list names them."""
 
     clauses: list[ColumnElement[bool]]
     description: str
-    floor: int | None = None  # the oldest id the window reached; None: it reached the end
 
 
 @dataclass(frozen=True)

@@ -28,11 +28,6 @@ from portal.web.records.kind import Kind, Search
 PAGE_SIZE = 50
 
 
-# A subject search has no index to walk (ILIKE '%x%'), so each page reads at most this many of
-# the newest records (by the tenant's id index) and offers "Older" to go on from there.
-SUBJECT_WINDOW = 20_000
-
-
 # What every list row needs, whatever the channel; the heavy columns (bodies) stay unloaded.
 COMMON_LIST_COLUMNS = (
     "id",
@@ -121,10 +116,7 @@ def list_page(kind: Kind, filters: Filters, tenant: int | None) -> RecordPage:
     elif filters.before is not None:
         stmt = stmt.where(model.id < filters.before)
     rows = db.session.scalars(stmt.where(*where).order_by(*order).limit(PAGE_SIZE + 1)).all()
-    if len(rows) > PAGE_SIZE:
-        older: int | None = rows[PAGE_SIZE - 1].id
-    else:
-        older = search.floor if search is not None else None
+    older = rows[PAGE_SIZE - 1].id if len(rows) > PAGE_SIZE else None
     return RecordPage(rows[:PAGE_SIZE], older, search, tenant_names(tenant))
 
 
@@ -140,7 +132,6 @@ def index_view(kind: Kind) -> ResponseReturnValue:
         all_tenants=tenant is None,
         statuses=STATUSES,
         page_size=PAGE_SIZE,
-        window=SUBJECT_WINDOW,
         bulk_cap=BULK_CAP,
     )
     return html, 422 if filters.errors else 200
