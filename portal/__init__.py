@@ -14,7 +14,7 @@ from sqlalchemy.engine import Engine
 
 from portal.config import INSTANCE_DIR, Settings
 from portal.extensions import csrf, db, migrate
-from portal.messaging.templating import rendering as templating
+from portal.messaging.templating import limits as template_limits
 from portal.models import secretbox
 
 log = logging.getLogger(__name__)
@@ -46,7 +46,7 @@ def create_app(config: Settings | Mapping[str, Any] | None = None) -> Flask:
     if isinstance(config, Mapping):
         app.config.update({k: v for k, v in config.items() if k.isupper()})
     secretbox.configure(settings.secret_key)
-    templating.configure(settings)
+    template_limits.configure(settings)
 
     db.init_app(app)
     with app.app_context():

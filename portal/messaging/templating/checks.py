@@ -2,7 +2,7 @@
 send scope's tier (by code: enabled; by id: even disabled, for a test send), and, when the
 template is strict, that the variables hold every name it needs.
 
-A template's needs come from ``templating.variable_needs`` and depend only on its content,
+A template's needs come from ``variables.variable_needs`` and depend only on its content,
 so they are kept per (channel, id, version) for the life of the process. The look-up by code
 is kept too, per (channel, tier, code), for at most ``FRESH_S`` (1 s): a template saved in
 another process is seen within a second, and one saved in this process at once (the ORM
@@ -22,7 +22,8 @@ from typing import Any
 
 from sqlalchemy import event
 
-from portal.messaging.templating import rendering as templating
+from portal.messaging.templating.parsing import TemplateRenderError
+from portal.messaging.templating.variables import VariableNeeds, variable_needs
 from portal.models import MailTemplate, SmsTemplate
 
 FRESH_S = 1.0
@@ -75,9 +76,7 @@ class _Cache:
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.needs: OrderedDict[tuple[str, int, int], tuple[templating.VariableNeeds, ...]] = (
-            OrderedDict()
-        )
+        self.needs: OrderedDict[tuple[str, int, int], tuple[VariableNeeds, ...]] = OrderedDict()
         self.by_code: dict[tuple[str, int, str], tuple[float, TemplateFacts]] = {}
 
     def clear(self) -> None:
@@ -95,7 +94,7 @@ def forget() -> None:
 
 def _needs(
     fetch: Fetch, channel: str, template_id: int, version: int
-) -> tuple[int, tuple[templating.VariableNeeds, ...]]:
+) -> tuple[int, tuple[VariableNeeds, ...]]:
     """The needs of each part of the template's version (from the cache, else parsed now);
     the version may be newer than asked when it was saved meanwhile."""
     key = (channel, template_id, version)
@@ -106,16 +105,16 @@ def _needs(
             return version, found
     row = fetch(_SOURCES[channel], (template_id,))
     if row is None:
-        return version, tuple(templating.VariableNeeds((), ()) for _ in PARTS[channel])
+        return version, tuple(VariableNeeds((), ()) for _ in PARTS[channel])
     version = int(row[0])
     needs = []
     for source in row[1:]:
         try:
-            needs.append(templating.variable_needs([source]))
-        except templating.TemplateRenderError:
+            needs.append(variable_needs([source]))
+        except TemplateRenderError:
             # A template that does not parse fails at preparation, naming the error; its
             # sends are not refused here for names nobody can tell.
-            needs.append(templating.VariableNeeds((), ()))
+            needs.append(VariableNeeds((), ()))
     result = tuple(needs)
     with _cache.lock:
         _cache.needs[(channel, template_id, version)] = result
@@ -185,7 +184,7 @@ def needs_of(channel: str, sources: tuple[str | None, ...]) -> TemplateFacts:
     for kind, source in zip(kinds, sources, strict=True):
         if not source:
             continue
-        found = templating.variable_needs([source])
+        found = variable_needs([source])
         (subject if kind == "subject" else body).update(found.needed)
         optional.update(found.optional)
     needed = subject | body
@@ -239,9 +238,9 @@ def unmet(
         found = []
         for source in sources:
             try:
-                found.append(templating.variable_needs([source]))
-            except templating.TemplateRenderError:
-                found.append(templating.VariableNeeds((), ()))  # the render names the error
+                found.append(variable_needs([source]))
+            except TemplateRenderError:
+                found.append(VariableNeeds((), ()))  # the render names the error
         parts = tuple(found)
         with _cache.lock:
             _cache.needs[key] = parts

@@ -18,7 +18,10 @@ from typing import Any
 from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 
-from portal.messaging.templating import rendering as templating
+from portal.messaging.templating import rendering
+from portal.messaging.templating.html_text import html_to_text
+from portal.messaging.templating.parsing import TemplateRenderError
+from portal.messaging.templating.variables import variable_needs
 from portal.models import MailSendRecord, MailTemplate, Scope, SmsSendRecord, SmsTemplate
 from portal.tenancy import PLATFORM_TENANT_ID
 
@@ -79,15 +82,15 @@ def _render(channel: str, sources: tuple[str | None, ...], variables: dict[str, 
     """The message as preparation would render it, as one text (TemplateRenderError)."""
     if channel == "mail":
         subject, html, text = sources
-        mail = templating.render_mail(subject, html, text, variables)
-        body = mail.text or (templating.html_to_text(mail.html) if mail.html else "")
+        mail = rendering.render_mail(subject, html, text, variables)
+        body = mail.text or (html_to_text(mail.html) if mail.html else "")
         if not body.strip() and not (mail.html or "").strip():
-            raise templating.TemplateRenderError("the body renders empty")
+            raise TemplateRenderError("the body renders empty")
         return f"Subject: {mail.subject}\n\n{body}"
     (content,) = sources
-    rendered = templating.render(content or "", variables, html=False).strip()
+    rendered = rendering.render(content or "", variables, html=False).strip()
     if not rendered:
-        raise templating.TemplateRenderError("the content renders empty")
+        raise TemplateRenderError("the content renders empty")
     return rendered
 
 
@@ -116,8 +119,8 @@ def run(
         records, result.from_sample = [(0, sample)], True
     result.found = len(records)
     try:
-        needs = templating.variable_needs(list(new_sources), draft=True)
-    except templating.TemplateRenderError as exc:
+        needs = variable_needs(list(new_sources), draft=True)
+    except TemplateRenderError as exc:
         result.failed = result.checked = result.found
         result.errors.append(str(exc))
         return result
@@ -134,7 +137,7 @@ def run(
             continue
         try:
             new = _render(channel, new_sources, given)
-        except templating.TemplateRenderError as exc:
+        except TemplateRenderError as exc:
             result.failed += 1
             if len(result.errors) < FIRST_ERRORS:
                 result.errors.append(f"record {record_id}: {exc}")
@@ -143,7 +146,7 @@ def run(
         if samples and len(result.samples) < SAMPLES:
             try:
                 before = _render(channel, current, given)
-            except templating.TemplateRenderError as exc:
+            except TemplateRenderError as exc:
                 before = f"(does not render: {exc})"
             result.samples.append(Sample(record_id, before, new))
     return result

@@ -45,7 +45,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from portal.messaging.templating.html_text import html_to_text
-from portal.messaging.templating.limits import TemplateLimits, configure, configured_limits
+from portal.messaging.templating.limits import TemplateLimits, configured_limits
 from portal.messaging.templating.parsing import (
     ShapeError,
     TemplateRenderError,
@@ -75,7 +75,6 @@ __all__ = [
     "TemplateRenderError",
     "VariableNeeds",
     "compile_check",
-    "configure",
     "configured_limits",
     "html_to_text",
     "limit_problems",
