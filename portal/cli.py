@@ -16,7 +16,7 @@ from flask import Flask
 from sqlalchemy import func, select, update
 
 from portal.extensions import db
-from portal.importer import PLATFORM_SLUG, ConfigImportError, import_config
+from portal.importer import ConfigImportError, import_config, tenant_by_slug
 from portal.models import ApiKey, ApiScope, AppUser, Role, Tenant
 from portal.models.tenant import DEFAULT_API_SCOPES, new_api_token, password_problem
 from portal.tenancy import PLATFORM_TENANT_ID
@@ -81,9 +81,7 @@ def seed_demo(if_empty: bool, smtp_port: int | None) -> None:
 
 
 def _tenant_id(slug: str) -> int:
-    if slug == PLATFORM_SLUG:
-        return PLATFORM_TENANT_ID
-    tenant_id = db.session.scalar(select(Tenant.id).where(Tenant.slug == slug))
+    tenant_id = tenant_by_slug(db.session(), slug)
     if tenant_id is None:
         raise click.ClickException(f"no tenant with slug {slug!r}")
     return tenant_id

@@ -296,9 +296,7 @@ class _Importer:
 
     def tenant_id(self, entry: _Entry) -> int:
         slug = entry.req("tenant", 64)
-        if slug == PLATFORM_SLUG:
-            return PLATFORM_TENANT_ID
-        tenant_id = self.session.scalar(select(Tenant.id).where(Tenant.slug == slug))
+        tenant_id = tenant_by_slug(self.session, slug)
         if tenant_id is None:
             raise entry.fail(f"tenant {slug!r} does not exist (list it under tenants first)")
         return tenant_id
@@ -493,7 +491,8 @@ class _Importer:
         row.priority = 100 if priority is None else priority
 
     def _mailTemplates(self, e: _Entry) -> None:
-        from portal.messaging.templating.rendering import TemplateRenderError, compile_check
+        from portal.messaging.templating.parsing import TemplateRenderError
+        from portal.messaging.templating.rendering import compile_check
 
         tenant_id = self.tenant_id(e)
         row = self._upsert(
@@ -564,7 +563,8 @@ class _Importer:
         )
 
     def _smsTemplates(self, e: _Entry) -> None:
-        from portal.messaging.templating.rendering import TemplateRenderError, compile_check
+        from portal.messaging.templating.parsing import TemplateRenderError
+        from portal.messaging.templating.rendering import compile_check
 
         tenant_id = self.tenant_id(e)
         row = self._upsert(
@@ -673,6 +673,13 @@ class _Importer:
         row.mail_monthly_limit = e.number("mailMonthlyLimit")
         row.sms_monthly_limit = e.number("smsMonthlyLimit")
         row.updated_by = "import-config"
+
+
+def tenant_by_slug(session: Session, slug: str) -> int | None:
+    """The id of the tenant ``slug`` names (``PLATFORM_SLUG``: the platform tier), or None."""
+    if slug == PLATFORM_SLUG:
+        return PLATFORM_TENANT_ID
+    return session.scalar(select(Tenant.id).where(Tenant.slug == slug))
 
 
 def callback_endpoints_full(session: Session, tenant_id: int, limit: int) -> str | None:
