@@ -5,7 +5,9 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from sqlalchemy import Engine
 
@@ -21,37 +23,40 @@ from portal.models import Channel, MailSendRecord, SmsSendRecord
 log = logging.getLogger("portal.delivery")
 
 
-def mail_spec(engine: Engine, settings: Settings) -> ChannelSpec:
-    """The mail pool: one SMTP connection pool per worker."""
+# Each channel's table, what a worker keeps between records (mail: its SMTP connections; SMS:
+# its HTTP client, made in the worker's own thread) and one attempt.
+_CHANNELS: dict[
+    Channel,
+    tuple[
+        type[MailSendRecord] | type[SmsSendRecord],
+        type[MailContext] | type[SmsContext],
+        Callable[[Any, Any], None],
+    ],
+] = {
+    Channel.MAIL: (MailSendRecord, MailContext, process_mail),
+    Channel.SMS: (SmsSendRecord, SmsContext, process_sms),
+}
+
+
+def channel_spec(channel: Channel, engine: Engine, settings: Settings) -> ChannelSpec:
+    """A channel's pool: MAIL_SEND_CONCURRENCY or SMS_SEND_CONCURRENCY workers, each with a
+    context of its own."""
+    model, context, process = _CHANNELS[channel]
     policy = BackoffPolicy.from_settings(settings)
 
-    def make_context() -> MailContext:
-        return MailContext(engine=engine, settings=settings, policy=policy)
+    def make_context() -> MailContext | SmsContext:
+        return context(engine=engine, settings=settings, policy=policy)
 
     return ChannelSpec(
-        channel=Channel.MAIL,
-        model=MailSendRecord,
-        concurrency=settings.mail_send_concurrency,
+        channel=channel,
+        model=model,
+        concurrency=(
+            settings.mail_send_concurrency
+            if channel == Channel.MAIL
+            else settings.sms_send_concurrency
+        ),
         make_context=make_context,
-        process=process_mail,
-        broadcast_max_share=settings.broadcast_max_share,
-        max_hold_s=settings.stuck_send_threshold_s / 2,
-    )
-
-
-def sms_spec(engine: Engine, settings: Settings) -> ChannelSpec:
-    """The SMS pool: one HTTP client per worker, made in the worker's own thread."""
-    policy = BackoffPolicy.from_settings(settings)
-
-    def make_context() -> SmsContext:
-        return SmsContext(engine=engine, settings=settings, policy=policy)
-
-    return ChannelSpec(
-        channel=Channel.SMS,
-        model=SmsSendRecord,
-        concurrency=settings.sms_send_concurrency,
-        make_context=make_context,
-        process=process_sms,
+        process=process,
         broadcast_max_share=settings.broadcast_max_share,
         max_hold_s=settings.stuck_send_threshold_s / 2,
     )
@@ -106,7 +111,7 @@ class DeliveryService:
     settings: Settings
 
     def __post_init__(self) -> None:
-        specs = [mail_spec(self.engine, self.settings), sms_spec(self.engine, self.settings)]
+        specs = [channel_spec(c, self.engine, self.settings) for c in _CHANNELS]
         self.pools = {
             spec.channel: ChannelPool(self.engine, spec, self.settings.poll_interval_s)
             for spec in specs
