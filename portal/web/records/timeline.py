@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import String, and_, cast, or_, select
+from sqlalchemy import ColumnElement, String, and_, cast, or_, select
 from sqlalchemy.orm import Session
 
 from portal.messaging.after_send.events import events_for
@@ -183,16 +183,21 @@ def timeline(session: Session, channel: Channel, record: Any, *, operator: bool)
     return _stretches(entries, record)
 
 
+def _about(
+    model: type[RecordEvent] | type[CallbackDelivery], channel: Channel, record: Any
+) -> tuple[ColumnElement[bool], ...]:
+    """Which of ``model``'s rows are about ``record``: its channel, its id, in its tenant."""
+    return (
+        model.channel == channel.value,
+        model.record_id == record.id,
+        model.tenant_id == record.tenant_id,
+    )
+
+
 def _steps(session: Session, channel: Channel, record: Any) -> list[Entry]:
     """The record's own events (``record_event``)."""
     rows = session.scalars(
-        select(RecordEvent)
-        .where(
-            RecordEvent.channel == channel.value,
-            RecordEvent.record_id == record.id,
-            RecordEvent.tenant_id == record.tenant_id,
-        )
-        .order_by(RecordEvent.id)
+        select(RecordEvent).where(*_about(RecordEvent, channel, record)).order_by(RecordEvent.id)
     )
     entries = []
     for row in rows:
@@ -212,11 +217,7 @@ def _callbacks(session: Session, channel: Channel, record: Any) -> list[Entry]:
     rows = session.execute(
         select(CallbackDelivery, CallbackEndpoint.name)
         .join(CallbackEndpoint, CallbackEndpoint.id == CallbackDelivery.endpoint_id)
-        .where(
-            CallbackDelivery.channel == channel.value,
-            CallbackDelivery.record_id == record.id,
-            CallbackDelivery.tenant_id == record.tenant_id,
-        )
+        .where(*_about(CallbackDelivery, channel, record))
         .order_by(CallbackDelivery.id)
     )
     entries = []
