@@ -467,21 +467,24 @@ def _twilio(params: dict[str, str], raw: bytes) -> ProviderEvent:
     if not sid or not status:
         raise BadEvent("a Twilio status callback carries MessageSid and MessageStatus")
     code = _clean(params.get("ErrorCode"), 100)
-    if status == "delivered":
-        event_type = EventType.DELIVERED
-    elif status in ("undelivered", "failed") and code in TWILIO_PERMANENT:
-        event_type = EventType.BOUNCED
-    else:
-        event_type = EventType.OTHER
+    permanent = status in ("undelivered", "failed") and code in TWILIO_PERMANENT
     return ProviderEvent(
         dedup_key=f"{sid}:{status}:{code or ''}",
-        event_type=event_type,
+        event_type=_sms_event_type(status, permanent),
         provider_message_id=sid,
         recipient=_clean(params.get("To"), 320),
         code=code,
         description=f"Twilio status {status}" + (f", error {code}" if code else ""),
         detail={"status": status},
     )
+
+
+def _sms_event_type(status: str, permanent: bool) -> EventType:
+    """An SMS provider's status as an event: delivered; a failure whose code says it is for
+    good (``permanent``), a bounce; anything else, other."""
+    if status == "delivered":
+        return EventType.DELIVERED
+    return EventType.BOUNCED if permanent else EventType.OTHER
 
 
 def _vonage(item: dict[str, Any], raw: bytes) -> ProviderEvent:
@@ -496,15 +499,10 @@ def _vonage(item: dict[str, Any], raw: bytes) -> ProviderEvent:
     code = _clean(item.get("err-code"), 100)
     if code is None and isinstance(error, dict):
         code = _clean(error.get("title"), 100)
-    if status == "delivered":
-        event_type = EventType.DELIVERED
-    elif status in ("failed", "rejected") and code in VONAGE_PERMANENT and not messages_api:
-        event_type = EventType.BOUNCED
-    else:
-        event_type = EventType.OTHER
+    permanent = status in ("failed", "rejected") and code in VONAGE_PERMANENT and not messages_api
     return ProviderEvent(
         dedup_key=f"{message_id}:{status}:{code or ''}",
-        event_type=event_type,
+        event_type=_sms_event_type(status, permanent),
         provider_message_id=message_id,
         recipient=_e164(_clean(item.get("to") if messages_api else item.get("msisdn"), 32)),
         occurred_at=_when(item.get("timestamp") if messages_api else item.get("message-timestamp")),
