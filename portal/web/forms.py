@@ -179,6 +179,24 @@ def owned(model: type[M], row_id: int, tenant_id: int) -> M:
     return row
 
 
+class _Parent(Protocol):
+    @property
+    def id(self) -> int: ...
+
+    @property
+    def tenant_id(self) -> int: ...
+
+
+def owned_under(model: type[M], row_id: int, parent: _Parent, parent_key: str) -> M:
+    """The row ``row_id`` of ``model`` if it is ``parent``'s (its ``parent_key`` column names
+    ``parent``, a row already found in the viewed tier), and so in ``parent``'s tenant;
+    otherwise 404."""
+    row = owned(model, row_id, parent.tenant_id)
+    if getattr(row, parent_key) != parent.id:
+        abort(404)
+    return row
+
+
 def viewed_tier() -> int:
     """The tier whose configuration the page edits: the user's own tenant, or for an operator
     the tenant chosen in the header (the platform tier by default, and on "all")."""

@@ -33,6 +33,7 @@ from portal.web.forms import (
     form_data,
     is_htmx,
     owned,
+    owned_under,
     settings,
     tier_name,
     varies,
@@ -255,9 +256,7 @@ def test(endpoint_id: int) -> ResponseReturnValue:
 def resend(endpoint_id: int, delivery_id: int) -> ResponseReturnValue:
     """Post one delivery again (same webhook-id), due now with a fresh retry window."""
     endpoint = owned(CallbackEndpoint, endpoint_id, viewed_tier())
-    delivery = owned(CallbackDelivery, delivery_id, endpoint.tenant_id)
-    if delivery.endpoint_id != endpoint.id:
-        abort(404)
+    delivery = owned_under(CallbackDelivery, delivery_id, endpoint, "endpoint_id")
     problem = callbacks.check_at_save(endpoint.url, settings())
     if problem:  # checked at resend too: the URL may have come to resolve privately
         return _back(endpoint, f"Not resent: {problem}.", "error")
