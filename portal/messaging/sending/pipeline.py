@@ -190,8 +190,8 @@ def _deadline(
     window = ctx.settings.resend_window_s
     if isinstance(ctx, SmsContext):
         provider, _account, _problem = _usable_provider(ctx, config_id)
-        if provider is not None and provider.retry_window_s is not None:
-            window = provider.retry_window_s
+        if provider is not None:
+            window = _sms_window(ctx, provider)
     ends = [record.expires_at] if record.expires_at is not None else []
     if record.first_claimed_at is not None:
         ends.append(record.first_claimed_at + timedelta(seconds=window))
@@ -425,7 +425,8 @@ class _Steps(Generic[Ctx, R, P, C, T]):
     # The server or provider as it is now, what the transport needs of it, else why not.
     route: Callable[[Ctx, P], tuple[C | None, T | None, str]]
     rechoose: Callable[[Engine, R, Claimed, P], tuple[P, Claimed] | None]
-    window: Callable[[Ctx, C | None], float | None]  # the resend window (None: expiry only)
+    # The config's own resend window, checked once it is known; None: the service's, at once.
+    window: Callable[[Ctx, C], float] | None
     send: Callable[[Ctx, Claimed, R, P, C, T, dict[str, str]], None]  # and its outcome
 
 
@@ -434,8 +435,9 @@ def _attempt(steps: _Steps[Ctx, R, P, C, T], ctx: Ctx, record: R, holding: _Hold
     preparation on the first attempt, the server or provider as it is now (chosen again after
     a manual retry of its failure), its gate and rate limits, then the send."""
     claimed = holding.claimed
-    window = steps.window(ctx, None)
-    if past_deadline(ctx.engine, claimed, record, window):
+    own_window = steps.window
+    early = ctx.settings.resend_window_s if own_window is None else None  # None: expiry only
+    if past_deadline(ctx.engine, claimed, record, early):
         return
     skip = _suppressed(ctx.engine, claimed, record)
     if skip is None:
@@ -479,8 +481,9 @@ def _attempt(steps: _Steps[Ctx, R, P, C, T], ctx: Ctx, record: R, holding: _Hold
         return
     claimed = replace(claimed, provider=config.name)
     holding.claimed = claimed
-    own = steps.window(ctx, config)
-    if own != window and past_deadline(ctx.engine, claimed, record, own):
+    if own_window is not None and past_deadline(
+        ctx.engine, claimed, record, own_window(ctx, config)
+    ):
         return  # past the provider's own resend window
     if not _cleared(ctx, claimed, record, None if gated else gate, config):
         return
@@ -548,10 +551,6 @@ def _mail_route(
         return config, CONFIGS.get(key, lambda: _server(config, ctx.settings)), problem
     except SecretUnavailable as exc:
         return config, None, str(exc)
-
-
-def _mail_window(ctx: MailContext, _config: MailSendServerConfig | None) -> float:
-    return ctx.settings.resend_window_s
 
 
 def _send_mail(
@@ -625,7 +624,7 @@ def _send_mail(
 
 
 _MAIL = _Steps(
-    Channel.MAIL, build_mail, frozen_mail, _mail_route, rechoose_server, _mail_window, _send_mail
+    Channel.MAIL, build_mail, frozen_mail, _mail_route, rechoose_server, None, _send_mail
 )
 
 
@@ -691,11 +690,8 @@ def _sms_route(
     return _usable_provider(ctx, prepared.config_id)
 
 
-def _sms_window(ctx: SmsContext, config: SmsProviderConfig | None) -> float | None:
-    """The provider's own resend window, else the service's; None until the provider is
-    known (only the expiry is checked then)."""
-    if config is None:
-        return None
+def _sms_window(ctx: SmsContext, config: SmsProviderConfig) -> float:
+    """The provider's own resend window, else the service's."""
     return ctx.settings.resend_window_s if config.retry_window_s is None else config.retry_window_s
 
 
