@@ -182,7 +182,8 @@ def transport_alone(args: Any) -> list[list[Any]]:
     """The transport without the database: one SmtpConnectionPool sending the same mail over
     and over to the sink offering PIPELINING, off and on in blocks in turns (off, on, on,
     off); wall time, this thread's CPU and the sink's CPU per mail."""
-    from portal.messaging.sending.transports.smtp import OutgoingMail, Security, SmtpServer
+    from portal.messaging.sending.transports.mail_message import OutgoingMail
+    from portal.messaging.sending.transports.smtp import Security, SmtpServer
 
     sink = PipeliningSink("subprocess")
     sink.rtt_ms = args.rtt_ms

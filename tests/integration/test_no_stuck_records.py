@@ -28,12 +28,8 @@ from portal.messaging.sending.backoff import BackoffPolicy
 from portal.messaging.sending.claim import claim_due
 from portal.messaging.sending.pipeline import MailContext, process_mail
 from portal.messaging.sending.sweeper import SWEEP_LOCK_KEY, sweep_if_overdue
-from portal.messaging.sending.transports.smtp import (
-    OutgoingMail,
-    SendResult,
-    SmtpConnectionPool,
-    SmtpServer,
-)
+from portal.messaging.sending.transports.mail_message import OutgoingMail
+from portal.messaging.sending.transports.smtp import SendResult, SmtpConnectionPool, SmtpServer
 from portal.models import (
     ChoreRun,
     MailSendRecord,

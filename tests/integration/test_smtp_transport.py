@@ -12,14 +12,12 @@ from typing import Any
 
 import pytest
 
+from portal.messaging.sending.transports.mail_message import Attachment, OutgoingMail, build_message
 from portal.messaging.sending.transports.smtp import (
-    Attachment,
-    OutgoingMail,
     Security,
     SmtpConnectionPool,
     SmtpSendError,
     SmtpServer,
-    build_message,
 )
 from portal.messaging.sending.transports.smtp import test_connection as check_connection
 from tests.support.smtp_server import ScriptedSmtpServer

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from portal.messaging.records.validation import AcceptanceError, _email
-from portal.messaging.sending.transports.smtp import (
+from portal.messaging.sending.transports.mail_message import (
     OutgoingMail,
     message_bytes,
     needs_smtputf8,

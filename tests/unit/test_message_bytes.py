@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from portal.messaging.sending.transports import smtp
-from portal.messaging.sending.transports.smtp import (
+from portal.messaging.sending.transports import mail_message
+from portal.messaging.sending.transports.mail_message import (
     Attachment,
     OutgoingMail,
     build_message,
@@ -114,7 +114,7 @@ def test_headers_fold_and_mean_the_same() -> None:
 def test_the_common_mail_takes_the_direct_path() -> None:
     # Not the stdlib generator: its boundaries are decimal, ours hex; its headers fold the same.
     raw = same_meaning(mail(text="plain", html="<p>html</p>"))
-    assert smtp._ascii_header_lines(smtp._header_fields(mail())) is not None
+    assert mail_message._ascii_header_lines(mail_message._header_fields(mail())) is not None
     assert b'boundary="===============' in raw
 
 

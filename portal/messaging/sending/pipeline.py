@@ -49,9 +49,8 @@ from portal.messaging.sending.ratelimit import RateLimiter
 from portal.messaging.sending.suppressed import suppressed_recipients
 from portal.messaging.sending.transports import sms as sms_transport
 from portal.messaging.sending.transports import smtp
+from portal.messaging.sending.transports.mail_message import Attachment, OutgoingMail
 from portal.messaging.sending.transports.smtp import (
-    Attachment,
-    OutgoingMail,
     Security,
     SmtpConnectionPool,
     SmtpSendError,

@@ -2,7 +2,7 @@
 
 The file is rebuilt from the frozen record (what preparation froze: subject, bodies, Reply-To,
 priority, attachments, Message-ID) by the transport's own code (``pipeline.outgoing_mail`` and
-``smtp.message_bytes``), with the attempt's Date. Bcc is never in it (the transport keeps Bcc
+``message_bytes``), with the attempt's Date. Bcc is never in it (the transport keeps Bcc
 in the envelope only), nor are recipients the suppression list left out. The From comes from
 the server as it is now: the headers page warns when the server was saved after the attempt.
 """
@@ -21,7 +21,7 @@ from sqlalchemy import select
 from portal.extensions import db
 from portal.messaging.sending.pipeline import frozen_mail, outgoing_mail
 from portal.messaging.sending.preparation import SUPPRESSED
-from portal.messaging.sending.transports.smtp import message_bytes
+from portal.messaging.sending.transports.mail_message import message_bytes
 from portal.models import MailSendServerConfig, SendAttempt
 from portal.tenancy import PLATFORM_TENANT_ID, names_config
 from portal.web.access import Permission, is_operator, requires, viewed_tenant
