@@ -11,12 +11,13 @@ import sys
 from pathlib import Path
 
 import click
-from email_validator import EmailNotValidError, validate_email
+from email_validator import EmailNotValidError
 from flask import Flask
 from sqlalchemy import func, select, update
 
 from portal.extensions import db
 from portal.importer import ConfigImportError, import_config, tenant_by_slug
+from portal.messaging.records.addresses import typed_email
 from portal.models import ApiKey, ApiScope, AppUser, Role, Tenant
 from portal.models.tenant import DEFAULT_API_SCOPES, new_api_token, password_problem
 from portal.tenancy import PLATFORM_TENANT_ID
@@ -101,7 +102,7 @@ def create_user(email: str, tenant_slug: str, role: str, name: str, password: st
     if role != Role.PLATFORM_OPERATOR and tenant_id == PLATFORM_TENANT_ID:
         raise click.ClickException("the platform tier's users are platform_operator users")
     try:
-        email = validate_email(email, check_deliverability=False).normalized.lower()
+        email = typed_email(email)
     except EmailNotValidError as exc:
         raise click.ClickException(f"{email!r} is not a valid email address: {exc}") from None
     if (problem := password_problem(password)) is not None:

@@ -20,11 +20,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from email_validator import EmailNotValidError, validate_email
+from email_validator import EmailNotValidError
 from sqlalchemy import func, inspect, select
 from sqlalchemy.orm import Session
 
 from portal.config import Settings
+from portal.messaging.records.addresses import typed_email
 from portal.messaging.records.search import country_code
 from portal.messaging.records.validation import text_problem
 from portal.models import (
@@ -181,8 +182,7 @@ class _Entry:
         if value is None:
             return None
         try:
-            # Lower-cased whole: one mailbox, one account, whatever case it was typed in.
-            return validate_email(value, check_deliverability=False).normalized.lower()
+            return typed_email(value)
         except EmailNotValidError as exc:
             raise self.fail(f"{name} is not a valid email address: {exc}") from None
 

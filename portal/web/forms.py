@@ -17,11 +17,12 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Protocol, TypeVar
 
 import phonenumbers
-from email_validator import EmailNotValidError, validate_email
+from email_validator import EmailNotValidError
 from flask import Response, abort, current_app, request, url_for
 
 from portal.config import Settings
 from portal.extensions import db
+from portal.messaging.records.addresses import typed_email
 from portal.messaging.records.validation import text_problem
 from portal.models import Tenant
 from portal.web.access import viewed_tenant
@@ -98,8 +99,7 @@ class Form:
         if value is None:
             return None
         try:
-            # Lower-cased whole, as import-config does: one mailbox whatever the case.
-            return validate_email(value, check_deliverability=False).normalized.lower()
+            return typed_email(value)
         except EmailNotValidError as exc:
             self.fail(name, f"is not a valid email address: {exc}")
             return None

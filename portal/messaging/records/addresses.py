@@ -46,6 +46,13 @@ def email_address(value: Any, name: str) -> str:
         raise AddressError(name, f"{name} is not a valid email address: {exc}") from None
 
 
+def typed_email(value: str) -> str:
+    """An address people type for the portal to keep (a user's, a From or Reply-To):
+    email_validator's normalized form lower-cased whole, so that it is one mailbox and one
+    account whatever case it was typed in. ``EmailNotValidError`` when it is not an address."""
+    return validate_email(value, check_deliverability=False).normalized.lower()
+
+
 _CASE_INSENSITIVE = frozenset(CASE_INSENSITIVE_MAILBOX_NAMES)
 
 
