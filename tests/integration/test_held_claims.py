@@ -139,3 +139,22 @@ def test_a_busy_worker_claims_more_at_a_time_while_its_claims_come_back_full(
     assert sorted(m.rcpt_tos[0] for m in smtp.messages) == sorted(
         f"b{i}@example.com" for i in range(30)
     )
+
+
+def test_a_prepared_record_held_too_long_is_left_to_the_sweep(app: Flask) -> None:
+    """A held record an earlier attempt prepared (a due Retry) is not sent after the pool's
+    ``max_hold_s``: the sweep may have given it to another worker meanwhile. An unprepared
+    one goes on (preparation writes by version, so a record taken from it stops there)."""
+    from portal.delivery.pool import ChannelPool, ChannelSpec
+
+    acme = tenant("acme").id
+    ids = [accept_mail(app, acme, to=[f"u{i}@example.com"]) for i in range(2)]
+    prepared, fresh = claim_due(db.engine, MailSendRecord, 2)
+    prepared.prepared_at = fresh.created_time  # any time: an earlier attempt prepared it
+    spec = ChannelSpec(Channel.MAIL, MailSendRecord, 2, object, lambda _c, _r: None, 0.75, 0.0)
+    pool = ChannelPool(db.engine, spec, 30.0)
+    long_ago = time.monotonic() - 1.0
+    pool._held().extend([(prepared, long_ago), (fresh, long_ago)])
+    assert pool._next_held() is fresh
+    assert pool._next_held() is None
+    assert {record(i).status for i in ids} == {"Sending"}
