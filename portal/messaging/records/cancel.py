@@ -37,6 +37,16 @@ MAX_BULK = 1000
 _CANCEL = transitions.change(Cause.CANCELLED, SendStatus.CANCELLED)
 CANCELLABLE = _CANCEL.froms  # Pending, Retry
 
+
+def picked(model: Model, ids: Sequence[int], tenant_id: int | None) -> list[ColumnElement[bool]]:
+    """The conditions for the records among ``ids`` a bulk action (cancel, retry) may touch:
+    the tenant's own, or any tenant's for the platform (``tenant_id`` None)."""
+    owned: list[ColumnElement[bool]] = [model.id.in_(ids)]
+    if tenant_id is not None:
+        owned.append(model.tenant_id == tenant_id)
+    return owned
+
+
 REFUSAL_REASONS = {
     SendStatus.SENDING.value: "being sent: a worker claimed it first",
     SendStatus.SENT.value: "already sent: the server or provider accepted it",
@@ -85,9 +95,7 @@ def cancel_records(
     report = CancelReport()
     if not wanted:
         return report
-    owned: list[ColumnElement[bool]] = [model.id.in_(wanted)]
-    if tenant_id is not None:
-        owned.append(model.tenant_id == tenant_id)
+    owned = picked(model, wanted, tenant_id)
     target: list[ColumnElement[bool]] = list(owned)
     if versions is not None:
         pairs = [(i, versions[i]) for i in wanted if i in versions]

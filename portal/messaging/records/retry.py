@@ -34,7 +34,7 @@ from sqlalchemy.orm import Session
 
 from portal.config import Settings
 from portal.messaging import transitions
-from portal.messaging.records import acceptance, timeline, validation
+from portal.messaging.records import acceptance, cancel, timeline, validation
 from portal.messaging.transitions import Cause
 from portal.models import (
     Channel,
@@ -96,9 +96,7 @@ def retry_records(
     report = RetryReport()
     if not wanted:
         return report
-    owned: list[ColumnElement[bool]] = [model.id.in_(wanted)]
-    if tenant_id is not None:
-        owned.append(model.tenant_id == tenant_id)
+    owned = cancel.picked(model, wanted, tenant_id)
     live: list[ColumnElement[bool]] = []
     values: dict[str, Any] = {
         **_REQUEUE.values,
