@@ -21,9 +21,11 @@ with a short timeout.
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import logging
 import socket
+import ssl
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -399,3 +401,15 @@ def test_slot(settings: Settings, tenant_id: int) -> Iterator[None]:
 
 # pytest would otherwise try to collect the function above when a test imports it by name.
 test_slot.__test__ = False  # type: ignore[attr-defined]
+
+
+@functools.cache
+def tls_context(verify: bool) -> ssl.SSLContext:
+    """The TLS context of a connection a configuration causes (SMTP, IMAP): certificates and
+    host names checked, unless the operator marked the server as self-signed (``verify``
+    false). One per process and kind: loading the trusted certificates costs milliseconds."""
+    context = ssl.create_default_context()
+    if not verify:
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+    return context

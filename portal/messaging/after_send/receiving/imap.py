@@ -66,14 +66,6 @@ class Fetched:
         return len(self.data) < self.size
 
 
-def _tls_context(verify: bool) -> ssl.SSLContext:
-    context = ssl.create_default_context()
-    if not verify:
-        context.check_hostname = False
-        context.verify_mode = ssl.CERT_NONE
-    return context
-
-
 class _Checked(imaplib.IMAP4):
     """IMAP connecting to the address the outbound policy checked (no second lookup); the
     host name stays the TLS server name (STARTTLS)."""
@@ -130,13 +122,13 @@ class ReadOnlyMailbox:
                     a.host,
                     a.port,
                     allow_private=a.allow_private,
-                    context=_tls_context(a.verify_tls),
+                    context=outbound.tls_context(a.verify_tls),
                     timeout=a.timeout_s,
                 )
             else:
                 imap = _Checked(a.host, a.port, allow_private=a.allow_private, timeout=a.timeout_s)
                 if a.security is SmtpSecurity.STARTTLS:
-                    imap.starttls(_tls_context(a.verify_tls))
+                    imap.starttls(outbound.tls_context(a.verify_tls))
             self._imap = imap
             imap.login(a.username, a.password)
             typ, data = imap.select(_quoted(a.folder), readonly=True)  # EXAMINE

@@ -13,7 +13,6 @@ import logging
 import re
 import smtplib
 import socket
-import ssl
 import time
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -190,16 +189,6 @@ def _default_local_hostname() -> str:
     return socket.getfqdn()
 
 
-@functools.cache
-def _tls_context(verify: bool) -> ssl.SSLContext:
-    context = ssl.create_default_context()
-    if not verify:
-        # Only for servers the operator explicitly marked as self-signed.
-        context.check_hostname = False
-        context.verify_mode = ssl.CERT_NONE
-    return context
-
-
 class _Checked(smtplib.SMTP):
     """SMTP connecting to the address the outbound policy checked (no second lookup); the
     host name stays the TLS server name, for SSL and STARTTLS alike."""
@@ -238,7 +227,7 @@ def _open(server: SmtpServer) -> smtplib.SMTP:
             smtp = _CheckedSSL(
                 local_hostname=local_hostname,
                 timeout=server.connect_timeout_s,
-                context=_tls_context(server.verify_tls),
+                context=outbound.tls_context(server.verify_tls),
             )
         else:
             smtp = _Checked(local_hostname=local_hostname, timeout=server.connect_timeout_s)
@@ -254,7 +243,7 @@ def _open(server: SmtpServer) -> smtplib.SMTP:
             stage = "starttls"
             # Raises SMTPNotSupportedError when STARTTLS is not offered: never fall back to
             # plain text when the config asks for TLS.
-            code, reply = smtp.starttls(context=_tls_context(server.verify_tls))
+            code, reply = smtp.starttls(context=outbound.tls_context(server.verify_tls))
             if code != 220:
                 raise smtplib.SMTPResponseException(code, reply)
             stage = "ehlo"
