@@ -16,14 +16,14 @@ At most ``pool size - 1`` workers are in flight to any one server or provider: e
 runs inside ``scan.gating_routes(self.routes)``, and the attempt asks ``scan.enter_route``
 once its server or provider is chosen.
 
-While the backlog is deep a worker claims several records in its Sent write (``held``): one
-at first, twice as many after a claim that came back full, up to ``claim.NEXT_CLAIM_MAX``;
-one again after a claim that did not. It works through the records it holds, in the fair
-order they were claimed in, before it claims again; each keeps its own status and version
-and is prepared just before its own send. A worker that holds any broadcast record holds one
-broadcast slot, whatever their number. After a kill -9 the records a worker held and had not
-begun are swept as a retry of a record never prepared, so never resent as ambiguous: the
-one in flight is, as before.
+While one tenant's backlog is deep a worker claims several records in its Sent write
+(``held``): one at first, twice as many after a claim that came back full and of one tenant,
+up to ``claim.NEXT_CLAIM_MAX``; one again after a claim that did not. It works through the
+records it holds, in the fair order (``in_turns``), before it claims again; each keeps its
+own status and version and is prepared just before its own send. A worker that holds any
+broadcast record holds one broadcast slot, whatever their number. After a kill -9 the
+records a worker held and had not begun are swept as a retry of a record never prepared, so
+never resent as ambiguous: the one in flight is, as before.
 """
 
 from __future__ import annotations
@@ -85,6 +85,19 @@ def broadcast_cap(workers: int, share: float) -> int:
 
 def _is_broadcast(record: Any) -> bool:
     return getattr(record, "stream", None) == Stream.BROADCAST.value
+
+
+def in_turns(records: list[Any]) -> list[Any]:
+    """A claim's records in the fair order, as near as the records tell it (the statement
+    returns them in no order): transactional first; within a stream each tenant's first, then
+    each one's second, ...; a tenant's oldest first."""
+    rank: dict[tuple[bool, int], int] = {}
+    keyed = []
+    for record in sorted(records, key=lambda r: r.id):
+        key = (_is_broadcast(record), record.tenant_id)
+        rank[key] = rank.get(key, -1) + 1
+        keyed.append(((key[0], rank[key], record.tenant_id, record.id), record))
+    return [record for _key, record in sorted(keyed, key=lambda pair: pair[0])]
 
 
 class ChannelPool:
@@ -301,10 +314,12 @@ class ChannelPool:
                 self.claimed_total += len(records)
                 self.claimed_with_sent += len(records)
                 self.claims_with_sent += 1
-            full = len(records) == following.k
-            self._current.want = min(following.k * 2, NEXT_CLAIM_MAX) if full else 1
+            # More at a time only while one tenant's backlog fills the claims: with several
+            # tenants due, a record held behind others waits for their sends.
+            deep = len(records) == following.k and len({r.tenant_id for r in records}) == 1
+            self._current.want = min(following.k * 2, NEXT_CLAIM_MAX) if deep else 1
             now = time.monotonic()
-            held.extend((r, now) for r in records)
+            held.extend((r, now) for r in in_turns(records))
         if held:
             return self._next_held()
         return None if following.ran else self._claim_own()

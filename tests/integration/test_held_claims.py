@@ -115,8 +115,8 @@ def test_after_a_kill_the_records_held_and_not_begun_are_swept_as_never_prepared
 def test_a_busy_worker_claims_more_at_a_time_while_its_claims_come_back_full(
     app: Flask, smtp: ScriptedSmtpServer
 ) -> None:
-    """One worker, 30 mails due: its claims in the Sent writes take 1, 2, 4, 8, 8, ...
-    records (fewer claims than records), and every mail goes out once."""
+    """One worker, 30 mails of one tenant due: its claims in the Sent writes take 1, 2, 4,
+    4, ... records (fewer claims than records), and every mail goes out once."""
     acme = tenant("acme").id
     mail_server(acme, smtp)
     db.session.commit()
@@ -135,7 +135,7 @@ def test_a_busy_worker_claims_more_at_a_time_while_its_claims_come_back_full(
     pool = service.pools[Channel.MAIL]
     assert pool.claimed_total == 30
     assert pool.claimed_with_sent >= 28
-    assert pool.claims_with_sent <= 10
+    assert pool.claims_with_sent <= 12
     assert sorted(m.rcpt_tos[0] for m in smtp.messages) == sorted(
         f"b{i}@example.com" for i in range(30)
     )
