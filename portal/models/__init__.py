@@ -25,8 +25,8 @@ from portal.models.events import (
     ReceivedMail,
     Suppression,
 )
+from portal.models.inbox import Notification, NotificationRead
 from portal.models.mail import MailSendRecipient, MailSendRecord, MailSendServerConfig, MailTemplate
-from portal.models.notifications import Notification, NotificationRead
 from portal.models.quota import TenantMessageQuota, TenantMessageUsage
 from portal.models.record_events import RecordEvent, RecordEventKind
 from portal.models.search import MailSendSubject, RecipientToken
