@@ -43,7 +43,7 @@ def healthy(url: str) -> bool:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(240)
 def test_run_command_serves_the_api_and_delivers_to_its_smtp_sink(tmp_path: Path) -> None:
     port, smtp_port = free_port(), free_port()
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
@@ -68,7 +68,9 @@ def test_run_command_serves_the_api_and_delivers_to_its_smtp_sink(tmp_path: Path
     )
     url = f"http://127.0.0.1:{port}"
     try:
-        wait_for(lambda: healthy(url), 60, "the portal")
+        # Migrating, seeding the demo (its passwords hashed at the production cost) and
+        # starting four processes: 15 s on an idle machine, over 60 s beside a busy test run.
+        wait_for(lambda: healthy(url), 150, "the portal")
         assert (instance / "postroom.db").exists()  # SQLite under the instance folder
         token = DEMO["apiKeys"][0]["token"]
         body = json.dumps(

@@ -170,8 +170,10 @@ class Worker:
         self.seen_children |= set(roles.values())
         return roles
 
-    def wait_ready(self, timeout_s: float = 20.0) -> dict[str, int]:
-        """Until delivery started and both chore children run; returns the children's pids."""
+    def wait_ready(self, timeout_s: float = 60.0) -> dict[str, int]:
+        """Until delivery started and both chore children run; returns the children's pids.
+        A wait for readiness, not a speed check: a start-up beside three busy test workers on
+        2 cores has taken over 20 s, and only a worker that never starts should fail here."""
 
         def ready() -> dict[str, int] | None:
             assert self.process.poll() is None, f"{self.name} exited with {self.process.poll()}"
