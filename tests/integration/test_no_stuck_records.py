@@ -288,7 +288,7 @@ def test_a_worker_sweeps_while_redis_is_down(
             db.session.rollback()
             return record(stuck).status == "Sent"
 
-        wait_for(sent, 20.0, "the stuck record swept by the worker and sent")
+        wait_for(sent, 60.0, "the stuck record swept by the worker and sent")
         row = record(stuck)
         assert (row.retry_count, row.ambiguous_attempt) == (1, False)
         assert worker.logged(
