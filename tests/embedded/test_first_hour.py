@@ -196,6 +196,32 @@ class Visitor:
         )
         assert answer.status_code == 303 or answer.status_code == 302, answer.text[:500]
 
+    def still_slow(self) -> list[tuple[str, float]]:
+        """The slow pages that stay slow: each slow GET is timed again, up to three times.
+
+        A page that answered over budget once may have met a moment when every core was busy
+        (the whole suite runs beside this test); one that is over budget on every try is slow
+        by itself, as the 30 s dashboard and the lock-waiting record pages were.
+        """
+        confirmed = []
+        for what, took in self.slow:
+            method, path = what.split(" ", 1)
+            if method != "GET":
+                # A form cannot be sent twice to time it again: three times the budget.
+                if took >= 3 * PAGE_BUDGET_S:
+                    confirmed.append((what, took))
+                continue
+            best = took
+            for _ in range(3):
+                started = time.monotonic()
+                self.client.get(path)
+                best = min(best, time.monotonic() - started)
+                if best < PAGE_BUDGET_S:
+                    break
+            if best >= PAGE_BUDGET_S:
+                confirmed.append((what, round(best, 2)))
+        return confirmed
+
 
 def _endpoint(app: Any, path: str) -> str | None:
     adapter = app.url_map.bind("localhost")
@@ -288,6 +314,9 @@ def _wait_status(
     raise AssertionError(f"{channel} {record_id} stayed {status}, not one of {statuses}")
 
 
+# The run command's start-up (up to 180 s on a busy machine), a dead letter after the demo's
+# retry schedule, and every page as every demo user: far longer than a unit test.
+@pytest.mark.timeout(600)
 def test_first_hour_on_the_embedded_default(service: Service) -> None:
     app = create_app(settings_for_tests(f"sqlite:///{service.instance / 'postroom.db'}"))
     api = httpx.Client(
@@ -318,7 +347,7 @@ def test_first_hour_on_the_embedded_default(service: Service) -> None:
         "/mail-receivers/",
         data={
             "csrf_token": admin.csrf,
-            "name": "bounces",
+            "name": f"bounces-{secrets.token_hex(4)}",
             "host": "imap.example.com",
             "security": "ssl",
             "username": "bounces@acme.example.com",
@@ -391,7 +420,7 @@ def test_first_hour_on_the_embedded_default(service: Service) -> None:
         if e not in NOT_PAGES and not e.startswith(("api.", "operator_api."))
     }
     missed = sorted(pages - set(reached))
-    slow = [s for v in visitors for s in v.slow]
+    slow = [s for v in visitors for s in v.still_slow()]
     errors = [e for v in visitors for e in v.errors]
     log = service.log()
     locks = [line for line in log.splitlines() if LOCK_ERRORS.search(line)]
