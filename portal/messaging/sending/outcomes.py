@@ -259,23 +259,10 @@ def finish(
     """End the attempt without a send, by version: ``status`` Failed (expired, past the retry
     window), Uncertain (the same after an ambiguous attempt) or Suppressed (``_ENDS``);
     ``ambiguous_attempt`` is never cleared. False when the race was lost."""
-    model = MODELS[claimed.channel]
     with Session(engine) as session, session.begin():
-        result = session.execute(
-            update(model)
-            .where(model.id == claimed.id, model.version == claimed.version)
-            .values(
-                **_ENDS[status].values,
-                version=model.version + 1,
-                updated_time=db_now(),
-                next_retry_at=None,
-                error_code=stored_text(code, 100),
-                error_message=stored_text(message, MAX_ERROR_CHARS),
-                **more,
-            )
-            .execution_options(synchronize_session=False)
-        )
-        if result.rowcount != 1:  # type: ignore[attr-defined]
+        if not _write_unattempted(
+            session, claimed, _ENDS[status], code, message, next_retry_at=None, **more
+        ):
             return False
         _note(session, claimed, RecordEventKind.ENDED, code, message)
     outcome = "failed" if status is SendStatus.FAILED else status.value.lower()
@@ -304,22 +291,16 @@ def defer(
     False when the race was lost."""
     model = MODELS[claimed.channel]
     with Session(engine) as session, session.begin():
-        result = session.execute(
-            update(model)
-            .where(model.id == claimed.id, model.version == claimed.version)
-            .values(
-                **_DEFERRED.values,
-                version=model.version + 1,
-                updated_time=db_now(),
-                next_retry_at=db_now_plus(delay_s) if until is None else until,
-                waiting_config_id=waiting_on,
-                error_code=stored_text(code, 100),
-                error_message=stored_text(message, MAX_ERROR_CHARS),
-                deferral_count=model.deferral_count + 1,
-            )
-            .execution_options(synchronize_session=False)
-        )
-        if result.rowcount != 1:  # type: ignore[attr-defined]
+        if not _write_unattempted(
+            session,
+            claimed,
+            _DEFERRED,
+            code,
+            message,
+            next_retry_at=db_now_plus(delay_s) if until is None else until,
+            waiting_config_id=waiting_on,
+            deferral_count=model.deferral_count + 1,
+        ):
             return False
         _note_deferral(session, claimed, code, message)
     log.info(
@@ -328,6 +309,34 @@ def defer(
         extra=_extra(claimed, error_code=code, retry_count=claimed.retry_count),
     )
     return True
+
+
+def _write_unattempted(
+    session: Session,
+    claimed: Claimed,
+    change: transitions.Change,
+    code: str,
+    message: str,
+    **values: Any,
+) -> bool:
+    """A change made without an attempt (``finish``, ``defer``), by version in the caller's
+    transaction: ``change``, the error ``code`` and ``message``, and ``values``; False when the
+    race was lost."""
+    model = MODELS[claimed.channel]
+    result = session.execute(
+        update(model)
+        .where(model.id == claimed.id, model.version == claimed.version)
+        .values(
+            **change.values,
+            version=model.version + 1,
+            updated_time=db_now(),
+            error_code=stored_text(code, 100),
+            error_message=stored_text(message, MAX_ERROR_CHARS),
+            **values,
+        )
+        .execution_options(synchronize_session=False)
+    )
+    return bool(result.rowcount == 1)  # type: ignore[attr-defined]
 
 
 def handle_failure(
