@@ -20,7 +20,7 @@ from typing import Any
 from urllib.parse import quote
 
 import httpx
-from flask import Blueprint, abort, flash, redirect, request, url_for
+from flask import Blueprint, flash, redirect, request, url_for
 from flask.typing import ResponseReturnValue
 from sqlalchemy import select
 
@@ -39,7 +39,15 @@ from portal.models import (
 from portal.models.secretbox import SecretUnavailable
 from portal.web.access import Permission, audit, requires
 from portal.web.configuration import config_pages
-from portal.web.forms import MAX_INT, Form, owned, replace_secret, settings, viewed_tier
+from portal.web.forms import (
+    MAX_INT,
+    Form,
+    owned,
+    owned_under,
+    replace_secret,
+    settings,
+    viewed_tier,
+)
 from portal.web.machine.webhooks import SIGNATURE_HEADER
 
 bp = Blueprint("sms_providers", __name__, url_prefix="/sms-providers")
@@ -375,9 +383,7 @@ def _route_deletion(provider: SmsProviderConfig, route: SmsProviderRegion) -> co
 def delete_route(provider_id: int, route_id: int) -> ResponseReturnValue:
     """Say what removing a country route would do; with ``confirm=yes``, remove it."""
     provider = owned(SmsProviderConfig, provider_id, viewed_tier())
-    route = owned(SmsProviderRegion, route_id, provider.tenant_id)
-    if route.provider_id != provider.id:
-        abort(404)
+    route = owned_under(SmsProviderRegion, route_id, provider, "provider_id")
     if not config_pages.confirmed():
         return config_pages.confirm_page(_route_deletion(provider, route))
     _audit_route(AuditAction.CONFIG_DELETE, provider, route, "removed")

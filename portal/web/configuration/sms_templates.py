@@ -16,7 +16,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from flask import abort, flash, redirect, request, url_for
+from flask import flash, redirect, request, url_for
 from flask.typing import ResponseReturnValue
 from sqlalchemy import select
 
@@ -27,7 +27,7 @@ from portal.models import SmsProviderConfig, SmsTemplate, SmsTemplateProviderBin
 from portal.web.access import Permission, requires
 from portal.web.configuration import config_pages, sms_providers, template_pages
 from portal.web.configuration.template_pages import Kind, Preview, TestSend, editor, form_of
-from portal.web.forms import Form, owned, viewed_tier
+from portal.web.forms import Form, owned, owned_under, viewed_tier
 
 LABELS = template_pages.LABELS | {"content": "Content", "phone": "Phone number"}
 BINDING_LABELS = {
@@ -238,9 +238,7 @@ def create_binding(template_id: int) -> ResponseReturnValue:
 def delete_binding(template_id: int, binding_id: int) -> ResponseReturnValue:
     """Remove one binding."""
     template = owned(SmsTemplate, template_id, viewed_tier())
-    binding = owned(SmsTemplateProviderBinding, binding_id, template.tenant_id)
-    if binding.template_id != template.id:
-        abort(404)
+    binding = owned_under(SmsTemplateProviderBinding, binding_id, template, "template_id")
     db.session.delete(binding)
     where = f"for {binding.country_code}" if binding.country_code else "for any country"
     template_pages.audit_save(SMS, template, f"unbound from provider {binding.provider_id} {where}")
