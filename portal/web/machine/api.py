@@ -9,6 +9,7 @@ connection was lost before anything could be written is tried once more first.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from flask import Blueprint, Response, g, jsonify, request
@@ -77,48 +78,6 @@ def _batch_items(data: Any) -> Any:
     return data["items"]
 
 
-@bp.post("/mail")
-@once_more_if_connection_lost
-@api_key_required(ApiScope.SEND)
-def mail_create() -> tuple[Response, int]:
-    """Accept one mail."""
-    result = acceptance.send_mail_committed(db.session(), json_body(), settings=app_settings())
-    (item,) = _accepted("mail", [result])
-    return jsonify(item), 202
-
-
-@bp.post("/mail/batch")
-@once_more_if_connection_lost
-@api_key_required(ApiScope.SEND)
-def mail_batch() -> tuple[Response, int]:
-    """Accept up to 500 mails at once, all or none."""
-    items = _batch_items(json_body())
-    results = acceptance.send_mail_batch(db.session(), items, settings=app_settings())
-    db.session.commit()
-    return jsonify({"items": _accepted("mail", results)}), 202
-
-
-@bp.post("/sms")
-@once_more_if_connection_lost
-@api_key_required(ApiScope.SEND)
-def sms_create() -> tuple[Response, int]:
-    """Accept one SMS."""
-    result = acceptance.send_sms_committed(db.session(), json_body(), settings=app_settings())
-    (item,) = _accepted("sms", [result])
-    return jsonify(item), 202
-
-
-@bp.post("/sms/batch")
-@once_more_if_connection_lost
-@api_key_required(ApiScope.SEND)
-def sms_batch() -> tuple[Response, int]:
-    """Accept up to 500 SMS at once, all or none."""
-    items = _batch_items(json_body())
-    results = acceptance.send_sms_batch(db.session(), items, settings=app_settings())
-    db.session.commit()
-    return jsonify({"items": _accepted("sms", results)}), 202
-
-
 def _own_record(model: type[MailSendRecord] | type[SmsSendRecord], record_id: int) -> Any:
     tenant_id = acting_tenant(f"no such {'mail' if model is MailSendRecord else 'SMS'} record")
     if record_id > validation.MAX_ID:
@@ -142,42 +101,56 @@ def _attempts(record: MailSendRecord | SmsSendRecord) -> dict[str, Any]:
     return {"attempts": attempts_json(db.session(), rows, g.tenant_id)}
 
 
-@bp.get("/mail")
-@api_key_required(ApiScope.READ)
-def mail_list() -> Response:
-    """The caller's mail records, newest first, filtered, in pages (``listing``)."""
-    return listing.record_list("mail")
+def _add_channel_routes(
+    channel: acceptance.ChannelAcceptance[Any, Any],
+    noun: str,
+    record_json: Callable[[Any, int, dict[int, int]], dict[str, Any]],
+) -> None:
+    """A channel's routes, each ``<channel>_<view>``: POST /<channel> (one message, committed)
+    and /<channel>/batch (up to 500, all or none); GET /<channel> (its records) and
+    /<channel>/<id> (one record). ``noun`` names a record of it in errors."""
+    name = channel.channel
+
+    @once_more_if_connection_lost
+    @api_key_required(ApiScope.SEND)
+    def create() -> tuple[Response, int]:
+        """Accept one message."""
+        result = channel.committed(db.session(), json_body(), settings=app_settings())
+        (item,) = _accepted(name, [result])
+        return jsonify(item), 202
+
+    @once_more_if_connection_lost
+    @api_key_required(ApiScope.SEND)
+    def batch() -> tuple[Response, int]:
+        """Accept up to 500 messages at once, all or none."""
+        items = _batch_items(json_body())
+        results = channel.batch(db.session(), items, settings=app_settings())
+        db.session.commit()
+        return jsonify({"items": _accepted(name, results)}), 202
+
+    @api_key_required(ApiScope.READ)
+    def records() -> Response:
+        """The caller's records, newest first, filtered, in pages (``listing``)."""
+        return listing.record_list(name)
+
+    @api_key_required(ApiScope.READ)
+    def show(record_id: int) -> Response:
+        """One of the caller's records, with its status, last error and diagnosis."""
+        record = _own_record(channel.model, record_id)
+        if record is None:
+            return error_response(404, "not_found", f"no such {noun} record", "id")
+        tiers = record_tiers(db.session(), name, [record])
+        diagnosis = diagnosis_json(db.session(), record, app_settings(), g.tenant_id)
+        return jsonify(record_json(record, g.tenant_id, tiers) | _attempts(record) | diagnosis)
+
+    bp.add_url_rule(f"/{name}", f"{name}_create", create, methods=["POST"])
+    bp.add_url_rule(f"/{name}/batch", f"{name}_batch", batch, methods=["POST"])
+    bp.add_url_rule(f"/{name}", f"{name}_list", records, methods=["GET"])
+    bp.add_url_rule(f"/{name}/<int:record_id>", f"{name}_show", show, methods=["GET"])
 
 
-@bp.get("/sms")
-@api_key_required(ApiScope.READ)
-def sms_list() -> Response:
-    """The caller's SMS records, newest first, filtered, in pages (``listing``)."""
-    return listing.record_list("sms")
-
-
-@bp.get("/mail/<int:record_id>")
-@api_key_required(ApiScope.READ)
-def mail_show(record_id: int) -> Response:
-    """One of the caller's mail records, with its status, last error and diagnosis."""
-    record = _own_record(MailSendRecord, record_id)
-    if record is None:
-        return error_response(404, "not_found", "no such mail record", "id")
-    tiers = record_tiers(db.session(), "mail", [record])
-    diagnosis = diagnosis_json(db.session(), record, app_settings(), g.tenant_id)
-    return jsonify(mail_record_json(record, g.tenant_id, tiers) | _attempts(record) | diagnosis)
-
-
-@bp.get("/sms/<int:record_id>")
-@api_key_required(ApiScope.READ)
-def sms_show(record_id: int) -> Response:
-    """One of the caller's SMS records, with its status, last error and diagnosis."""
-    record = _own_record(SmsSendRecord, record_id)
-    if record is None:
-        return error_response(404, "not_found", "no such SMS record", "id")
-    tiers = record_tiers(db.session(), "sms", [record])
-    diagnosis = diagnosis_json(db.session(), record, app_settings(), g.tenant_id)
-    return jsonify(sms_record_json(record, g.tenant_id, tiers) | _attempts(record) | diagnosis)
+_add_channel_routes(acceptance.MAIL, "mail", mail_record_json)
+_add_channel_routes(acceptance.SMS, "SMS", sms_record_json)
 
 
 # --- cancel and resolve ----------------------------------------------------------------
