@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 from typing import Any
@@ -148,44 +149,57 @@ def json_body(response: httpx.Response) -> dict[str, Any] | None:
 NOT_UNDERSTOOD = "an answer in no format we read (not shown)"
 
 
-def error_result(
-    response: httpx.Response,
-    *,
-    provider: str,
-    provider_code: str | None,
-    provider_message: str | None,
-    kind: str,
-    codes: Mapping[str, str],
-    own_code_prefix: str = "",
-) -> SmsResult:
-    """The result of a refused request (not 2xx) by a provider of ``kind``.
+@dataclass(frozen=True)
+class Refusals:
+    """How a provider of ``kind`` says no in its JSON body: its own code under ``code_key``, its
+    message under the first of ``message_keys`` that holds one. ``codes`` maps its codes to
+    ours (``SmsErrorCode``); one we do not know is kept as it is, after ``own_code_prefix``
+    ("TWILIO_21999")."""
 
-    The status decides for 401/403 (AUTH), 408/425/5xx (TRANSIENT) and 429 (QUOTA): the code is
-    ``HTTP_<status>``. Any other status is decided by the provider's code: ``codes`` maps it
-    to one of ours (``SmsErrorCode``); a provider code we do not know is kept as it is (with
-    ``own_code_prefix``: "TWILIO_21999"), and a body we do not understand gives ``HTTP_<status>``.
-    """
-    status = response.status_code
-    wait = retry_after_s(response)
-    if provider_code is None:
-        # Without the provider's code the body may be anything the URL answers: never echoed.
-        text = NOT_UNDERSTOOD
+    kind: str
+    codes: Mapping[str, str]
+    own_code_prefix: str = ""
+    code_key: str = "code"
+    message_keys: tuple[str, ...] = ("message",)
+
+    def result(
+        self, response: httpx.Response, body: dict[str, Any] | None, provider: str
+    ) -> SmsResult:
+        """The result of a refused request (not 2xx), ``body`` its ``json_body``.
+
+        The status decides for 401/403 (AUTH), 408/425/5xx (TRANSIENT) and 429 (QUOTA): the
+        code is ``HTTP_<status>``. Any other status is decided by the provider's code through
+        ``codes``, and a body we do not understand gives ``HTTP_<status>``.
+        """
+        code = said = None
+        if body:
+            code = body.get(self.code_key)
+            for key in self.message_keys:
+                said = body.get(key)
+                if said:
+                    break
+        status = response.status_code
+        wait = retry_after_s(response)
+        if code is None:
+            # Without the provider's code the body may be anything the URL answers: never echoed.
+            text = NOT_UNDERSTOOD
+            return SmsResult.failed(
+                f"HTTP_{status}",
+                f"{provider} answered HTTP {status}: {text}",
+                retry_after_s=wait,
+                connection=unavailable(Reach.ANSWERED, kind=self.kind, status=status),
+                reply=str(status),
+            )
+        provider_code = str(code)
+        shown = ((str(said) if said is not None else "") or "(no message)")[:_MESSAGE_CHARS]
+        message = f"{provider} {provider_code[:40]}: {shown} (HTTP {status})"
+        own = self.codes.get(provider_code) or f"{self.own_code_prefix}{provider_code}"
         return SmsResult.failed(
-            f"HTTP_{status}",
-            f"{provider} answered HTTP {status}: {text}",
+            f"HTTP_{status}" if status in _STATUS_DECIDES else own,
+            message,
             retry_after_s=wait,
-            connection=unavailable(Reach.ANSWERED, kind=kind, status=status),
-            reply=str(status),
+            connection=unavailable(
+                Reach.ANSWERED, kind=self.kind, status=status, provider_code=provider_code, code=own
+            ),
+            reply=f"{status} {provider_code}"[:100],
         )
-    said = (provider_message or "(no message)")[:_MESSAGE_CHARS]
-    message = f"{provider} {provider_code[:40]}: {said} (HTTP {status})"
-    own = codes.get(provider_code) or f"{own_code_prefix}{provider_code}"
-    return SmsResult.failed(
-        f"HTTP_{status}" if status in _STATUS_DECIDES else own,
-        message,
-        retry_after_s=wait,
-        connection=unavailable(
-            Reach.ANSWERED, kind=kind, status=status, provider_code=provider_code, code=own
-        ),
-        reply=f"{status} {provider_code}"[:100],
-    )

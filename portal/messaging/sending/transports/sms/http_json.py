@@ -52,6 +52,9 @@ CODES: dict[str, str] = {
     "SERVICE_UNAVAILABLE": SmsErrorCode.PROVIDER_ERROR,
 }
 
+# A refusal names the gateway's code in "code" and says why in "message".
+REFUSALS = _http.Refusals("http_json", CODES)
+
 
 def sign(body: bytes, secret: str) -> str:
     """The value of the signature header for ``body``."""
@@ -104,13 +107,4 @@ def send(client: httpx.Client, account: ProviderAccount, sms: OutgoingSms) -> Sm
             str(gateway_id) if gateway_id else None,
             f"{label}: idempotency key {sms.idempotency_key} was already accepted",
         )
-    code = data.get("code") if data else None
-    message = data.get("message") if data else None
-    return _http.error_result(
-        answer,
-        provider=label,
-        provider_code=str(code) if code is not None else None,
-        provider_message=str(message) if message is not None else None,
-        kind="http_json",
-        codes=CODES,
-    )
+    return REFUSALS.result(answer, data, label)

@@ -55,6 +55,9 @@ CODES: dict[str, str] = {
     "21730": SmsErrorCode.PROVIDER_ERROR,  # System under maintenance
 }
 
+# A refusal is a JSON exception: Twilio's error number in "code", its text in "message".
+REFUSALS = _http.Refusals("twilio", CODES, own_code_prefix="TWILIO_")
+
 
 def send(client: httpx.Client, account: ProviderAccount, sms: OutgoingSms) -> SmsResult:
     """Create one Message."""
@@ -92,14 +95,4 @@ def send(client: httpx.Client, account: ProviderAccount, sms: OutgoingSms) -> Sm
     if answer.is_success:
         sid = body.get("sid") if body else None
         return SmsResult.sent(str(sid) if sid else None)
-    code = body.get("code") if body else None
-    message = body.get("message") if body else None
-    return _http.error_result(
-        answer,
-        provider=label,
-        provider_code=str(code) if code is not None else None,
-        provider_message=str(message) if message is not None else None,
-        kind="twilio",
-        codes=CODES,
-        own_code_prefix="TWILIO_",
-    )
+    return REFUSALS.result(answer, body, label)

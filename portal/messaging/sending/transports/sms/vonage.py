@@ -50,6 +50,15 @@ CODES: dict[str, str] = {
     "33": SmsErrorCode.RECIPIENT_REFUSED,  # Number de-activated
 }
 
+# A refused request (not 2xx) says why in "status" and "error-text" (or a problem's "title").
+REFUSALS = _http.Refusals(
+    "vonage",
+    CODES,
+    own_code_prefix="VONAGE_",
+    code_key="status",
+    message_keys=("error-text", "title"),
+)
+
 # GSM 03.38 basic character set and its extension table: anything else needs type=unicode.
 _GSM = frozenset(
     "@£$¥èéùìòÇ\nØø\rÅåΔ_ΦΓΛΩΠΨΣΘΞÆæßÉ !\"#¤%&'()*+,-./0123456789:;<=>?¡ABCDEFGHIJKLMNOPQRSTUVWXYZ"
@@ -92,17 +101,7 @@ def send(client: httpx.Client, account: ProviderAccount, sms: OutgoingSms) -> Sm
         return answer
     body = _http.json_body(answer)
     if not answer.is_success:
-        code = body.get("status") if body else None
-        text = (body.get("error-text") or body.get("title")) if body else None
-        return _http.error_result(
-            answer,
-            provider=label,
-            provider_code=str(code) if code is not None else None,
-            provider_message=str(text) if text is not None else None,
-            kind="vonage",
-            codes=CODES,
-            own_code_prefix="VONAGE_",
-        )
+        return REFUSALS.result(answer, body, label)
     parts = body.get("messages") if body else None
     if not isinstance(parts, list) or not parts or not all(isinstance(p, dict) for p in parts):
         # A 200 we cannot read may still mean it was accepted: do not assume it failed.
