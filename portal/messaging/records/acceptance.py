@@ -21,7 +21,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -61,6 +60,7 @@ from portal.models import (
     SmsTemplate,
 )
 from portal.models.record import Stream
+from portal.process_thread import ProcessThread
 from portal.tenancy import current_tenant_id, current_trace_id, new_trace_id
 
 log = logging.getLogger(__name__)
@@ -552,43 +552,31 @@ class Notifier:
         self.interval_s = interval_s
         self._lock = threading.Lock()
         self._due: set[tuple[Engine, str]] = set()
-        self._wake = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._pid = 0
+        self._thread = ProcessThread("notify", self._send)
         self.sent = 0  # NOTIFY statements sent by this process (for tests and benchmarks)
 
     def request(self, pending: Iterable[tuple[Engine, str]]) -> None:
         with self._lock:
             self._due.update(pending)
-            if self._thread is None or self._pid != os.getpid() or not self._thread.is_alive():
-                # First use in this process (gunicorn forks after import): start the thread.
-                self._pid = os.getpid()
-                self._wake = threading.Event()
-                self._thread = threading.Thread(target=self._run, name="notify", daemon=True)
-                self._thread.start()
-            self._wake.set()
+            self._thread.wake()
 
-    def _run(self) -> None:
-        wake = self._wake
-        while True:
-            wake.wait()
-            wake.clear()
-            with self._lock:
-                due, self._due = self._due, set()
-            by_engine: dict[Engine, list[str]] = {}
-            for engine, channel in due:
-                by_engine.setdefault(engine, []).append(channel)
-            for engine, channels in by_engine.items():
-                try:
-                    notify = ", ".join(
-                        f"pg_notify('{NOTIFY_CHANNEL[channel]}', '')"
-                        for channel in sorted(channels)
-                    )
-                    _autocommit(engine, f"SELECT {notify}")
-                    self.sent += len(channels)
-                except Exception as exc:  # a hint only: the poll finds the work
-                    log.warning("NOTIFY failed (%s); the workers' poll will find the work", exc)
-            time.sleep(self.interval_s)
+    def _send(self) -> None:
+        """In the thread: one NOTIFY per marked channel, then the pause."""
+        with self._lock:
+            due, self._due = self._due, set()
+        by_engine: dict[Engine, list[str]] = {}
+        for engine, channel in due:
+            by_engine.setdefault(engine, []).append(channel)
+        for engine, channels in by_engine.items():
+            try:
+                notify = ", ".join(
+                    f"pg_notify('{NOTIFY_CHANNEL[channel]}', '')" for channel in sorted(channels)
+                )
+                _autocommit(engine, f"SELECT {notify}")
+                self.sent += len(channels)
+            except Exception as exc:  # a hint only: the poll finds the work
+                log.warning("NOTIFY failed (%s); the workers' poll will find the work", exc)
+        time.sleep(self.interval_s)
 
 
 NOTIFIER = Notifier()

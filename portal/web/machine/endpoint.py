@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
 import re
 import threading
 import time
@@ -33,6 +32,7 @@ from portal.extensions import connection_lost, csrf, db
 from portal.messaging.records import acceptance
 from portal.models import ApiKey, AuditAction, MailSendRecord, SmsSendRecord, Tenant
 from portal.models.tenant import ApiScope, hash_api_token
+from portal.process_thread import ProcessThread
 from portal.tenancy import PLATFORM_TENANT_ID, new_trace_id, tenant_context
 from portal.web.access import Permission, audit, can, viewed_tenant
 from portal.web.machine.openapi import openapi_document
@@ -175,9 +175,7 @@ class KeyUses:
         self._lock = threading.Lock()
         self._writing = threading.Lock()  # held while a batch is written (flush waits on it)
         self._due: dict[tuple[Engine, int], datetime] = {}
-        self._wake = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._pid = 0
+        self._thread = ProcessThread("key-uses", self.flush)
         self.written = 0  # UPDATE statements run by this process (for tests and benchmarks)
 
     def used(self, cache_key: tuple[int, str], key_id: int) -> None:
@@ -194,26 +192,12 @@ class KeyUses:
                 self._noted.clear()
             self._noted[cache_key] = now
             self._due[(db.engine, key_id)] = datetime.now(UTC)
-            if self._thread is None or self._pid != os.getpid() or not self._thread.is_alive():
-                # First use in this process (gunicorn forks after import): start the thread.
-                self._pid = os.getpid()
-                self._wake = threading.Event()
-                self._thread = threading.Thread(target=self._run, name="key-uses", daemon=True)
-                self._thread.start()
-            self._wake.set()
+            self._thread.wake()
 
     def flush(self) -> None:
-        """Write what is due now, in this thread (tests; the thread does it otherwise)."""
+        """Write what is due now, in the calling thread (the key-uses thread; tests)."""
         with self._writing:
             self._write()
-
-    def _run(self) -> None:
-        wake = self._wake
-        while True:
-            wake.wait()
-            wake.clear()
-            with self._writing:
-                self._write()
 
     def _write(self) -> None:
         with self._lock:
