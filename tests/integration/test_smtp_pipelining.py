@@ -1,10 +1,10 @@
 """SMTP PIPELINING (RFC 2920): where the server's EHLO offers it, MAIL FROM, the RCPT TOs and
 DATA go out together; everything the transport promises without it holds with it.
 
-The transport's sending tests run again here against aiosmtpd offering PIPELINING (the same
-tests, these fixtures); servers written line by line check what reaches the wire: the group
-before any reply, one command at a time when PIPELINING is not offered, and the lone dot after
-a DATA a server accepted with no recipient.
+The transport's tests (``test_smtp_transport.py``) run against a server offering PIPELINING
+and one that does not; here, servers written line by line check what reaches the wire: the
+group before any reply, one command at a time when PIPELINING is not offered, and the lone dot
+after a DATA a server accepted with no recipient.
 """
 
 from __future__ import annotations
@@ -19,68 +19,16 @@ import pytest
 
 from portal.messaging.sending.transports import smtp as transport
 from portal.messaging.sending.transports.smtp import SmtpConnectionPool, SmtpSendError
-from tests.integration.test_smtp_transport import (
-    USERS,
-    config,
-    outgoing,
-    test_a_fresh_connection_that_drops_is_not_retried,
-    test_a_new_config_version_opens_a_new_connection_and_idle_ones_close,
-    test_all_refused_raises_the_first_refusal,
-    test_bad_password_keeps_the_535_code,
-    test_connection_is_reused_across_sends,
-    test_drop_after_data_is_ambiguous_and_never_resent,
-    test_hang_after_data_times_out_as_ambiguous,
-    test_leading_dots_survive_the_trip,
-    test_message_id_is_the_same_on_every_attempt,
-    test_partial_refusal_is_recorded,
-    test_reconnects_once_when_the_server_dropped_an_idle_connection,
-    test_reconnects_when_a_reused_connection_answers_421_to_mail_from,
-    test_reply_codes_map_to_the_error_code,
-    test_reply_without_enhanced_status_keeps_the_bare_code,
-    test_retries_a_dropped_connection_only_once,
-    test_send_over_plain_delivers_to_every_recipient_bcc_only_in_the_envelope,
-    test_send_over_starttls_with_auth,
-    test_sender_refused_at_mail_from,
-    test_session_stays_usable_after_a_refusal_but_not_after_421,
-)
+from tests.integration.test_smtp_transport import config, outgoing
 from tests.support.smtp_server import ScriptedSmtpServer
 
 pytestmark = pytest.mark.timeout(15)
 
-# The transport's sending tests, collected again in this module: with the fixtures below they
-# run against a server offering PIPELINING.
-AGAIN_WITH_PIPELINING = (
-    test_a_fresh_connection_that_drops_is_not_retried,
-    test_a_new_config_version_opens_a_new_connection_and_idle_ones_close,
-    test_all_refused_raises_the_first_refusal,
-    test_bad_password_keeps_the_535_code,
-    test_connection_is_reused_across_sends,
-    test_drop_after_data_is_ambiguous_and_never_resent,
-    test_hang_after_data_times_out_as_ambiguous,
-    test_leading_dots_survive_the_trip,
-    test_message_id_is_the_same_on_every_attempt,
-    test_partial_refusal_is_recorded,
-    test_reconnects_once_when_the_server_dropped_an_idle_connection,
-    test_reconnects_when_a_reused_connection_answers_421_to_mail_from,
-    test_reply_codes_map_to_the_error_code,
-    test_reply_without_enhanced_status_keeps_the_bare_code,
-    test_retries_a_dropped_connection_only_once,
-    test_send_over_plain_delivers_to_every_recipient_bcc_only_in_the_envelope,
-    test_send_over_starttls_with_auth,
-    test_sender_refused_at_mail_from,
-    test_session_stays_usable_after_a_refusal_but_not_after_421,
-)
-
 
 @pytest.fixture
 def smtp_server() -> Iterator[ScriptedSmtpServer]:
+    """aiosmtpd offering PIPELINING."""
     with ScriptedSmtpServer(pipelining=True) as server:
-        yield server
-
-
-@pytest.fixture
-def tls_server() -> Iterator[ScriptedSmtpServer]:
-    with ScriptedSmtpServer(tls=True, auth_users=USERS, pipelining=True) as server:
         yield server
 
 

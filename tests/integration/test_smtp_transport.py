@@ -27,15 +27,22 @@ pytestmark = pytest.mark.timeout(10)
 USERS = {"user": "secret"}
 
 
+@pytest.fixture(params=[False, True], ids=["one-at-a-time", "pipelining"])
+def offers_pipelining(request: pytest.FixtureRequest) -> bool:
+    """Every test that talks to a server runs twice: against a server that takes one command
+    at a time, and against one offering PIPELINING (RFC 2920), which the pool then uses."""
+    return bool(request.param)
+
+
 @pytest.fixture
-def smtp_server() -> Iterator[ScriptedSmtpServer]:
-    with ScriptedSmtpServer() as server:
+def smtp_server(offers_pipelining: bool) -> Iterator[ScriptedSmtpServer]:
+    with ScriptedSmtpServer(pipelining=offers_pipelining) as server:
         yield server
 
 
 @pytest.fixture
-def tls_server() -> Iterator[ScriptedSmtpServer]:
-    with ScriptedSmtpServer(tls=True, auth_users=USERS) as server:
+def tls_server(offers_pipelining: bool) -> Iterator[ScriptedSmtpServer]:
+    with ScriptedSmtpServer(tls=True, auth_users=USERS, pipelining=offers_pipelining) as server:
         yield server
 
 
