@@ -99,7 +99,7 @@ def test_run_command_serves_the_api_and_delivers_to_its_smtp_sink(tmp_path: Path
             with urllib.request.urlopen(shown, timeout=5) as response:
                 return str(json.loads(response.read())["status"])
 
-        wait_for(lambda: status() == "Sent", 10, "the record to be Sent")
+        wait_for(lambda: status() == "Sent", 60, "the record to be Sent")
     finally:
         process.send_signal(signal.SIGTERM)
         try:
