@@ -207,19 +207,15 @@ def import_config(session: Session, data: Any) -> ImportReport:
     return importer.report
 
 
+# What a mail server and a bounce mailbox both are: a named connection to a server.
+_CONNECTION = {"tenant", "name", "host", "port", "security", "verifyTls", "username", "password"}
+
 _ALLOWED: dict[str, set[str]] = {
     "tenants": {"slug", "name", "active", "mailRetentionDays", "smsRetentionDays", "country"},
     "users": {"email", "name", "password", "role", "tenant", "active"},
     "apiKeys": {"tenant", "name", "token", "scopes"},
     "mailServers": {
-        "tenant",
-        "name",
-        "host",
-        "port",
-        "security",
-        "verifyTls",
-        "username",
-        "password",
+        *_CONNECTION,
         "fromAddress",
         "fromName",
         "replyTo",
@@ -272,18 +268,7 @@ _ALLOWED: dict[str, set[str]] = {
     },
     "quotas": {"tenant", "mailMonthlyLimit", "smsMonthlyLimit"},
     "callbacks": {"tenant", "name", "url", "events", "secret", "enabled"},
-    "mailReceivers": {
-        "tenant",
-        "name",
-        "host",
-        "port",
-        "security",
-        "verifyTls",
-        "username",
-        "password",
-        "folder",
-        "enabled",
-    },
+    "mailReceivers": {*_CONNECTION, "folder", "enabled"},
 }
 
 
