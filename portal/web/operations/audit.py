@@ -25,7 +25,7 @@ from portal.tenancy import PLATFORM_TENANT_ID
 from portal.web.access import Permission, is_operator, requires, viewed_tenant
 from portal.web.records.filters import ListFilters, day_end, day_start, parse_date, parse_id
 from portal.web.records.kind import Kind
-from portal.web.records.listing import tenant_names as all_tenant_names
+from portal.web.records.listing import tenant_column
 from portal.web.records.mail_records import MAIL
 from portal.web.records.sms_records import SMS
 
@@ -195,8 +195,7 @@ def index() -> ResponseReturnValue:
         filters=filters,
         page=page,
         actions=ACTIONS,
-        all_tenants=tenant is None,
-        names=all_tenant_names(tenant),
+        **tenant_column(tenant),
         action_text=action_text,
         target_text=target_text,
         target_link=lambda event: target_link(event, tenant),

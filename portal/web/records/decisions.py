@@ -31,7 +31,7 @@ from portal.web.access import Permission, requires, viewed_tenant
 from portal.web.records import explain
 from portal.web.records.filters import parse_id
 from portal.web.records.kind import Kind, tenant_scope
-from portal.web.records.listing import COMMON_LIST_COLUMNS, PAGE_SIZE, tenant_names
+from portal.web.records.listing import COMMON_LIST_COLUMNS, PAGE_SIZE, tenant_column
 from portal.web.records.mail_records import MAIL
 from portal.web.records.record_page import diagnoses, viewer_role
 from portal.web.records.sms_records import SMS
@@ -124,8 +124,7 @@ def index() -> ResponseReturnValue:
         sections=sections,
         bad=False,
         only=only,
-        all_tenants=tenant is None,
-        names=tenant_names(tenant),
+        **tenant_column(tenant),
         label=explain.label,
         who_can=lambda found: explain.who_can(found, viewer_role()),
     )

@@ -84,6 +84,12 @@ def tenant_names(tenant: int | None) -> dict[int, str]:
     return {tid: ("Platform tier" if tid < 0 else name) for tid, name in rows}
 
 
+def tenant_column(tenant: int | None) -> dict[str, Any]:
+    """What a page's Tenant column needs, for the viewed ``tenant`` (None: all of them):
+    ``all_tenants``, whether to show it, and ``names``, what it shows."""
+    return {"all_tenants": tenant is None, "names": tenant_names(tenant)}
+
+
 def list_page(kind: Kind, filters: Filters, tenant: int | None) -> RecordPage:
     """One page of matching records, newest first (keyset on id: no OFFSET, any depth).
 

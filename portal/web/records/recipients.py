@@ -41,7 +41,7 @@ from portal.web.access import Permission, can, requires, viewed_tenant
 from portal.web.records import explain
 from portal.web.records.filters import parse_id
 from portal.web.records.kind import Kind, visible
-from portal.web.records.listing import COMMON_LIST_COLUMNS, PAGE_SIZE, tenant_names
+from portal.web.records.listing import COMMON_LIST_COLUMNS, PAGE_SIZE, tenant_column
 from portal.web.records.mail_records import MAIL
 from portal.web.records.record_page import diagnoses, viewer_role
 from portal.web.records.sms_records import SMS
@@ -239,8 +239,7 @@ def show(token: str) -> ResponseReturnValue:
         suppressed=suppressed,
         can_unsuppress=can(Permission.SUPPRESSION) and can(Permission.EDIT_CONFIG),
         tenant_name=db.session.scalar(select(Tenant.name).where(Tenant.id == who.tenant_id)),
-        all_tenants=tenant is None,
-        names=tenant_names(tenant),
+        **tenant_column(tenant),
         token=token,
     )
     # The page names the address: never let a link out of it carry the URL elsewhere.

@@ -39,7 +39,7 @@ from portal.web.access import actor_label, audit, is_operator, viewed_tenant
 from portal.web.forms import is_htmx
 from portal.web.records import explain
 from portal.web.records.kind import Kind, find_record
-from portal.web.records.listing import tenant_names
+from portal.web.records.listing import tenant_column
 from portal.web.records.timeline import timeline
 from portal.web.security import safe_next
 
@@ -234,8 +234,7 @@ def _row_response(
             f"{kind.blueprint}/_row.html",
             kind=kind,
             r=row,
-            all_tenants=tenant is None,
-            names=tenant_names(tenant),
+            **tenant_column(tenant),
             row_message=message,
             ask_first=ask_first,
         )

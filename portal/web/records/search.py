@@ -21,7 +21,7 @@ from portal.models import Channel
 from portal.web.access import Permission, requires, viewed_tenant
 from portal.web.records.filters import parse_id, search_problem
 from portal.web.records.kind import Kind
-from portal.web.records.listing import COMMON_LIST_COLUMNS, PAGE_SIZE, tenant_names
+from portal.web.records.listing import COMMON_LIST_COLUMNS, PAGE_SIZE, tenant_column
 from portal.web.records.mail_records import MAIL
 from portal.web.records.search_box import understood, where
 from portal.web.records.sms_records import SMS
@@ -144,7 +144,6 @@ def index() -> ResponseReturnValue:
         searched=searched,
         older={f"{c.value}_before": v for c, v in older.items()} if older else None,
         paged=paged,
-        all_tenants=tenant is None,
-        names=tenant_names(tenant),
+        **tenant_column(tenant),
     )
     return html, 422 if error else 200
