@@ -127,13 +127,15 @@ class DeliveryService:
         self.sweep_watch = SweepWatch(self.engine, self.settings)
         self.callbacks = CallbackPool(self.engine, self.settings)
 
+    def _parts(self) -> list[ChannelPool | Listener | SweepWatch | CallbackPool]:
+        """What the service runs, in the order it starts and stops them: the pools, the LISTEN
+        thread (PostgreSQL), the sweep watch and the status-callback pool."""
+        listener = [] if self.listener is None else [self.listener]
+        return [*self.pools.values(), *listener, self.sweep_watch, self.callbacks]
+
     def start(self) -> None:
-        for pool in self.pools.values():
-            pool.start()
-        if self.listener is not None:
-            self.listener.start()
-        self.sweep_watch.start()
-        self.callbacks.start()
+        for part in self._parts():
+            part.start()
         log.info(
             "delivery started",
             extra={"pools": {c.value: p.spec.concurrency for c, p in self.pools.items()}},
@@ -141,12 +143,8 @@ class DeliveryService:
 
     def stop(self) -> None:
         """First stage: claim nothing more."""
-        for pool in self.pools.values():
-            pool.stop()
-        if self.listener is not None:
-            self.listener.close()
-        self.sweep_watch.stop()
-        self.callbacks.stop()
+        for part in self._parts():
+            part.stop()
 
     def wait(self, grace_s: float) -> bool:
         """Wait at most ``grace_s`` for sends in flight; True when all finished."""

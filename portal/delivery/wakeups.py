@@ -37,18 +37,18 @@ class Listener:
             else make_url(direct_url).set(drivername="postgresql").render_as_string(False)
         )
         self.wake = {NOTIFY_CHANNEL[name]: event for name, event in wake.items()}
-        self.stop = threading.Event()
+        self.stopping = threading.Event()
         self.thread = threading.Thread(target=self._run, name="listen-notify", daemon=True)
 
     def start(self) -> None:
         self.thread.start()
 
-    def close(self) -> None:
-        self.stop.set()
+    def stop(self) -> None:
+        self.stopping.set()
 
     def _run(self) -> None:
         backoff = 0.5
-        while not self.stop.is_set():
+        while not self.stopping.is_set():
             try:
                 with psycopg.connect(self.conninfo, autocommit=True, connect_timeout=5) as conn:
                     for channel in self.wake:
@@ -57,12 +57,12 @@ class Listener:
                     # Everything that became due while we were away is found by the poll.
                     for event in self.wake.values():
                         event.set()
-                    while not self.stop.is_set():
+                    while not self.stopping.is_set():
                         for note in conn.notifies(timeout=1.0):
                             woken = self.wake.get(note.channel)
                             if woken is not None:
                                 woken.set()
             except psycopg.Error as exc:
                 log.warning("LISTEN connection lost (%s); polling meanwhile", exc)
-                self.stop.wait(backoff)
+                self.stopping.wait(backoff)
                 backoff = min(backoff * 2, 10.0)
