@@ -58,6 +58,7 @@ class MailSendRecord(SendRecordMixin, Base):
 
     __tablename__ = "mail_send_record"
     __table_args__ = record_table_args("mail_send")
+    channel = Channel.MAIL
 
     # The caller's request.
     to_addrs: Mapped[list[str]] = mapped_column(JSON)

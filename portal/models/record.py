@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from datetime import datetime
 from enum import StrEnum
-from typing import Any
+from typing import Any, ClassVar
 
 from sqlalchemy import JSON, Boolean, Index, Integer, String, Text, text
 from sqlalchemy.orm import Mapped, mapped_column
 
 from portal.models.base import BigId, UTCDateTime, db_now
-from portal.models.enums import Scope, SendStatus
+from portal.models.enums import Channel, Scope, SendStatus
 
 
 class Stream(StrEnum):
@@ -100,8 +100,10 @@ class SendRecordMixin:
 
     The record is the queue: ``status``/``version``/``next_retry_at`` are what the delivery loop
     scans and claims by; the rest is the caller's request, what preparation froze, and what
-    happened after.
+    happened after. Each channel's record declares its ``channel``.
     """
+
+    channel: ClassVar[Channel]
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True)
     tenant_id: Mapped[int] = mapped_column(BigId)

@@ -88,6 +88,7 @@ class SmsSendRecord(SendRecordMixin, Base):
     """One SMS to one number."""
 
     __tablename__ = "sms_send_record"
+    channel = Channel.SMS
     __table_args__ = record_table_args(
         "sms_send", Index("idx_sms_send_recipient", "tenant_id", "phone_number", "id")
     )

@@ -38,6 +38,7 @@ from portal.models import (
     db_now,
     db_now_plus,
 )
+from portal.models.by_channel import PARTS
 from portal.tenancy import tenant_context
 
 log = logging.getLogger("portal.events")
@@ -86,10 +87,6 @@ class Stored:
     record_id: int | None = None
     applied: bool = False
     event_id: int | None = None
-
-
-def model_for(channel: Channel) -> type[MailSendRecord] | type[SmsSendRecord]:
-    return MailSendRecord if channel is Channel.MAIL else SmsSendRecord
 
 
 def _route_column(channel: Channel) -> Any:
@@ -208,7 +205,7 @@ def match_waiting(
     """
     looked = applied = 0
     for channel in Channel:
-        model = model_for(channel)
+        model = PARTS[channel].record
         has_record = exists().where(
             _route_column(channel) == DeliveryEvent.config_id,
             model.provider_message_id == DeliveryEvent.provider_message_id,
@@ -253,7 +250,7 @@ def _find(
 ) -> MailSendRecord | SmsSendRecord | None:
     if not row.provider_message_id:
         return None
-    model = model_for(channel)
+    model = PARTS[channel].record
     record: MailSendRecord | SmsSendRecord | None = session.scalar(  # type: ignore[assignment]
         select(model)
         .where(
@@ -328,7 +325,7 @@ def _raise_outcome(
 ) -> bool:
     """Set the delivery outcome by version unless it is already as high; a permanent bounce
     also turns a Sent record into Failed with the code."""
-    model = model_for(channel)
+    model = PARTS[channel].record
     rank = case({k.value: v for k, v in RANK.items()}, value=model.delivery_outcome, else_=0)
     code = str((row.detail or {}).get("code") or "BOUNCED")
     description = (row.detail or {}).get("description")
@@ -409,7 +406,7 @@ def _suppress(
 def apply_retained(session: Session, channel: Channel, record_id: int) -> int:
     """Apply the unmatched events kept for this record's route and provider id (oldest first);
     called once the provider id is written. Returns how many were applied."""
-    model = model_for(channel)
+    model = PARTS[channel].record
     record: MailSendRecord | SmsSendRecord | None = session.get(  # type: ignore[assignment]
         model, record_id, populate_existing=True
     )

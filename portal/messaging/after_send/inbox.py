@@ -27,7 +27,6 @@ from portal.config import Settings
 from portal.messaging.sending import health
 from portal.models import (
     CallbackEndpoint,
-    Channel,
     DeadLetterMessage,
     MailReceiveConfig,
     MailReceiveState,
@@ -40,6 +39,7 @@ from portal.models import (
     TriageStatus,
     db_now,
 )
+from portal.models.by_channel import PARTS
 from portal.models.record import NEEDS_DECISION
 from portal.tenancy import PLATFORM_TENANT_ID, tenant_context
 
@@ -182,13 +182,13 @@ def _incidents(session: Session, window_s: float) -> list[Notice]:
         if since is None:
             continue
         stamp = since.strftime("%Y%m%dT%H%M%S")
-        noun = "mail server" if channel is Channel.MAIL else "SMS provider"
-        link = "/mail-servers/" if channel is Channel.MAIL else "/sms-providers/"
+        parts = PARTS[channel]
+        noun, link = parts.config_noun, parts.config_pages
         key = f"down:{channel.value}:{config.id}:{stamp}"
         title = f"{noun.capitalize()} {config.name} is failing"
         out.append(Notice(config.tenant_id, "server_down", key, title, state.text, link))
         if config.tenant_id == PLATFORM_TENANT_ID:  # tenants hear of the platform's, unnamed
-            service = "mail" if channel is Channel.MAIL else "SMS"
+            service = parts.noun
             for tenant_id in tenants:
                 out.append(
                     Notice(

@@ -46,6 +46,7 @@ from portal.models import (
     TriageStatus,
     db_now,
 )
+from portal.models.by_channel import PARTS
 
 log = logging.getLogger("portal.retention")
 
@@ -62,10 +63,6 @@ SETTLED = (
     SendStatus.CANCELLED.value,
     SendStatus.SUPPRESSED.value,
 )
-MODELS: dict[Channel, type[MailSendRecord] | type[SmsSendRecord]] = {
-    Channel.MAIL: MailSendRecord,
-    Channel.SMS: SmsSendRecord,
-}
 
 
 def retention_days(tenant: Tenant, channel: Channel, settings: Settings) -> int | None:
@@ -122,7 +119,7 @@ def count_purgeable(
     """How many records a run would delete now with a retention of ``days``."""
     now = session.scalar(select(db_now()))
     assert now is not None
-    model = MODELS[channel]
+    model = PARTS[channel].record
     where = _purgeable(
         model,
         channel,
@@ -222,7 +219,7 @@ def delete_records(session: Session, channel: Channel, ids: list[int]) -> Counte
     out: Counter[str] = Counter()
     if not ids:
         return out
-    model = MODELS[channel]
+    model = PARTS[channel].record
     text_ids = [str(i) for i in ids]
     if session.get_bind().dialect.name == "postgresql":
         row = session.execute(
@@ -318,7 +315,8 @@ def purge(
         tenants = list(session.scalars(select(Tenant)))
         session.expunge_all()
     for tenant in tenants:
-        for channel, model in MODELS.items():
+        for channel, parts in PARTS.items():
+            model = parts.record
             days = retention_days(tenant, channel, settings)
             if days is None:
                 continue
@@ -379,7 +377,7 @@ def purge(
 
 def oldest_kept(session: Session, tenant_id: int, channel: Channel) -> datetime | None:
     """When the tenant's oldest record of ``channel`` still kept was created."""
-    model = MODELS[channel]
+    model = PARTS[channel].record
     first = session.scalar(select(func.min(model.id)).where(model.tenant_id == tenant_id))
     if first is None:
         return None

@@ -33,6 +33,7 @@ from portal.models import (
     SendAttempt,
     SmsSendRecord,
 )
+from portal.models.by_channel import PARTS
 
 MAX_ID = 2**63 - 1
 # Our own Message-IDs are "<mail-<record id>@<domain>>" (preparation.message_id_for).
@@ -283,9 +284,7 @@ def _branch(
     channel's."""
     if channel not in term.channels:
         return None
-    model: type[MailSendRecord] | type[SmsSendRecord] = (
-        MailSendRecord if channel is Channel.MAIL else SmsSendRecord
-    )
+    model = PARTS[channel].record
     column: Any
     match term.kind:
         case TermKind.RECORD_ID:
@@ -365,9 +364,7 @@ def conditions(
     (the keyset cursor) goes into each; ``newest`` takes only that many of each, newest
     first, for a page that needs no more (the results page; a list with more filters cannot).
     """
-    model: type[MailSendRecord] | type[SmsSendRecord] = (
-        MailSendRecord if channel is Channel.MAIL else SmsSendRecord
-    )
+    model = PARTS[channel].record
     parts: list[Select[Any]] = []
     for term in understanding.terms:
         branch = _branch(term, channel, scope)

@@ -34,6 +34,7 @@ from portal.models import (
     SmsSendRecord,
     db_now,
 )
+from portal.models.by_channel import PARTS
 
 MAX_REASON_CHARS = 2000
 RESOLVED_FAILED = MarkerCode.RESOLVED_FAILED.value
@@ -76,7 +77,7 @@ def resolve_uncertain(
     provider id is taken on that route, 422 a missing provider id or reason.
     """
     channel = Channel(channel)
-    model = events.model_for(channel)
+    model = PARTS[channel].record
     where: list[Any] = [model.id == record_id]
     if tenant_id is not None:
         where.append(model.tenant_id == tenant_id)

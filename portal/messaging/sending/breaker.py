@@ -52,6 +52,7 @@ from portal.messaging import transitions
 from portal.messaging.sending.classify import DeferralCode
 from portal.messaging.transitions import Cause
 from portal.models import BreakerState, Channel, MailSendRecord, SmsSendRecord, db_now
+from portal.models.by_channel import PARTS
 
 log = logging.getLogger("portal.delivery")
 
@@ -686,9 +687,7 @@ def release(
     ``limit``; ``skip``: a record id left waiting), and wake the workers; returns how many.
     ``limit=1`` is the record released for a due probe: the one with the fewest retries used,
     so the probes' retries are spread over the records."""
-    model: type[MailSendRecord] | type[SmsSendRecord] = (
-        MailSendRecord if channel is Channel.MAIL else SmsSendRecord
-    )
+    model = PARTS[channel].record
     size = batch if limit is None else min(batch, limit)
     waiting = (
         select(model.id)

@@ -45,6 +45,7 @@ from portal.models import (
     SendAttempt,
     SmsProviderConfig,
 )
+from portal.models.by_channel import PARTS
 
 # How far back "recent" looks: the default of the setting ``health_window_s``.
 HEALTH_WINDOW_S = 1800.0
@@ -138,9 +139,7 @@ def short_error(code: str | None, message: str | None) -> str:
 def _states_statement(channel: Channel) -> Select[Any]:
     """The statement ``states`` runs for ``channel``, built once: building it took longer than
     running it (about 9 ms of Python a call, every dashboard view)."""
-    model: type[MailSendServerConfig] | type[SmsProviderConfig] = (
-        MailSendServerConfig if channel is Channel.MAIL else SmsProviderConfig
-    )
+    model = PARTS[channel].config
     # Aliases, each correlated to the config row only (never to one another).
     answer, fail = aliased(SendAttempt), aliased(SendAttempt)
     last_answer = (

@@ -43,22 +43,17 @@ from portal.models import (
     Channel,
     DeadLetterMessage,
     DeadLetterSource,
-    MailSendRecord,
     RecordEventKind,
     SendAttempt,
     SendStatus,
-    SmsSendRecord,
     db_now,
     db_now_plus,
 )
 from portal.models.base import UTCDateTime
+from portal.models.by_channel import PARTS
 
 log = logging.getLogger("portal.delivery")
 
-MODELS: dict[Channel, type[MailSendRecord] | type[SmsSendRecord]] = {
-    Channel.MAIL: MailSendRecord,
-    Channel.SMS: SmsSendRecord,
-}
 MAX_ERROR_CHARS = 2000
 
 # The transitions written here, all from Sending and by version (no guard on the status).
@@ -289,7 +284,7 @@ def defer(
     ``waiting_on``: the server or provider whose breaker it waits for, which makes it due
     (``breaker.release``); it is then due by itself only ``until`` (its deadline). By version;
     False when the race was lost."""
-    model = MODELS[claimed.channel]
+    model = PARTS[claimed.channel].record
     with Session(engine) as session, session.begin():
         if not _write_unattempted(
             session,
@@ -322,7 +317,7 @@ def _write_unattempted(
     """A change made without an attempt (``finish``, ``defer``), by version in the caller's
     transaction: ``change``, the error ``code`` and ``message``, and ``values``; False when the
     race was lost."""
-    model = MODELS[claimed.channel]
+    model = PARTS[claimed.channel].record
     result = session.execute(
         update(model)
         .where(model.id == claimed.id, model.version == claimed.version)
@@ -371,7 +366,7 @@ def handle_failure(
         decision = policy.decide(category, claimed.retry_count, retry_after_s=retry_after_s)
     else:
         decision = deferral(policy, category, retry_after_s)
-    model = MODELS[claimed.channel]
+    model = PARTS[claimed.channel].record
     message = stored_text(message, MAX_ERROR_CHARS)
     values: dict[str, Any] = {
         "version": model.version + 1,
@@ -486,7 +481,7 @@ def write_outcome(
     """A failure's write, by version (and ``conditions``), in the caller's transaction, with
     the attempt's row when there is one (PostgreSQL: one statement); False when the race was
     lost."""
-    model = MODELS[claimed.channel]
+    model = PARTS[claimed.channel].record
     statement = update(model).where(
         model.id == claimed.id, model.version == claimed.version, *conditions
     )

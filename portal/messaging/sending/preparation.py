@@ -447,7 +447,7 @@ def _freeze_statement(model: type[MailSendRecord] | type[SmsSendRecord]) -> Upda
 def _charged_and_frozen(model: type[MailSendRecord] | type[SmsSendRecord]) -> Direct:
     """PostgreSQL: the charge and the write-back in one statement (data-modifying CTEs); the
     write-back happens only when the charge did. Returns (charged, frozen) counts."""
-    channel = Channel.MAIL if model is MailSendRecord else Channel.SMS
+    channel = model.channel
     charged = quota.charge_statement(channel, "postgresql").cte("charged")
     frozen = (
         _freeze_statement(model)

@@ -47,7 +47,6 @@ from portal.messaging.sending import claim, group_commit
 from portal.messaging.sending.outcomes import (
     _ATTEMPT_FIELDS,
     MAX_ERROR_CHARS,
-    MODELS,
     Attempt,
     Claimed,
     _attempt_insert,
@@ -66,6 +65,7 @@ from portal.models import (
     SmsSendRecord,
     db_now,
 )
+from portal.models.by_channel import PARTS
 from portal.models.direct import Direct
 
 log = logging.getLogger("portal.delivery")
@@ -98,7 +98,7 @@ def _sent_update(
     whether delivery events for the record's route and provider id wait unmatched (and with
     ``with_tenant`` the record's tenant, where the next claim's turn goes on from). With
     ``with_attempt`` it counts the attempt and returns what its row needs."""
-    model = MODELS[channel]
+    model = PARTS[channel].record
     values = _sent_values(model, bindparam("pmid", type_=model.provider_message_id.type))
     if with_refused:
         refused = MailSendRecord.refused_recipients
@@ -114,7 +114,7 @@ def _sent_update(
         return statement.returning(model.attempt_count) if with_attempt else statement
     # PostgreSQL: the look for waiting events rides on the write, made exact by the event
     # lock (migration 0006), which the WHERE takes before the row lock.
-    route = model.server_config_id if channel is Channel.MAIL else model.provider_config_id  # type: ignore[union-attr]
+    route = PARTS[channel].route
     pmid = bindparam("pmid", type_=model.provider_message_id.type)
     locked = func.postroom_event_lock(channel.value, route, pmid, type_=Boolean)
     waiting = func.postroom_waiting_events(
@@ -157,7 +157,7 @@ def _sent_and_claim_statement(
     sent = _sent_update(
         channel, with_refused, meet_events=True, with_tenant=True, with_attempt=with_attempt
     ).cte(claim.SENT_CTE)
-    claimed = claim.claim_statement(MODELS[channel], k).cte("claimed")
+    claimed = claim.claim_statement(PARTS[channel].record, k).cte("claimed")
     outcome = select(
         func.count().label("written"), func.bool_or(sent.c.waiting).label("waiting")
     ).subquery("outcome")
@@ -173,8 +173,8 @@ def _sent_and_claim_statement(
 
 def _retained_statement(channel: Channel) -> Direct:
     """Whether delivery events for this record's route and provider id wait unmatched."""
-    model = MODELS[channel]
-    route = model.server_config_id if channel is Channel.MAIL else model.provider_config_id  # type: ignore[union-attr]
+    model = PARTS[channel].record
+    route = PARTS[channel].route
     waiting = exists().where(
         model.id == bindparam("rid"),
         DeliveryEvent.channel == channel.value,
@@ -246,13 +246,13 @@ def _sent_batch_statement(channel: Channel, claims: int) -> Direct:
     ran (as in ``_sent_and_claim_statement``). One row per claimed record (one row with
     NULLs when none): the ids written Sent, the versions they were written by and whether
     events wait for each, as arrays, then the claimed record's columns."""
-    model = MODELS[channel]
+    model = PARTS[channel].record
     rows = (
         func.json_to_recordset(cast(bindparam("batch", type_=Text), JSON))
         .table_valued(*(column(name, kind) for name, kind in _BATCH_FIELDS.items()))
         .render_derived(name="v", with_types=True)
     )
-    route = model.server_config_id if channel is Channel.MAIL else model.provider_config_id  # type: ignore[union-attr]
+    route = PARTS[channel].route
     values = _sent_values(model, rows.c.pmid)
     values["attempt_count"] = model.attempt_count + case(
         (rows.c.a_started.is_not(None), 1), else_=0
@@ -412,7 +412,7 @@ def _flush_sent(batch: list[_SentWrite]) -> None:
         entry.error = None
     if not wanting:
         return
-    loader = claim.loader_for(MODELS[first.claimed.channel])
+    loader = claim.loader_for(PARTS[first.claimed.channel].record)
     claimed = [row[3:] for row in rows if row[3 + loader.pk_index] is not None]
     # In the fair order, each worker its k of them in turn, the first its first k.
     for entry in wanting:
@@ -480,7 +480,7 @@ def record_sent(
     if meet_events:
         # Written with the other workers' Sent writes that come meanwhile (group commit),
         # the next claim with it when this worker wants one.
-        request = claim.next_claim_for(MODELS[claimed.channel])
+        request = claim.next_claim_for(PARTS[claimed.channel].record)
         write = _SentWrite(engine, claimed, params, request)
         if claimed.channel in SENT_BATCH_CHANNELS:
             _committer(engine, claimed.channel).submit(write, batch_wait_s)

@@ -35,7 +35,6 @@ from portal.messaging.records import timeline
 from portal.messaging.sending.backoff import BackoffPolicy
 from portal.messaging.sending.classify import MarkerCode
 from portal.messaging.sending.outcomes import (
-    MODELS,
     Attempt,
     Claimed,
     dead_letter_row,
@@ -47,15 +46,13 @@ from portal.models import (
     AttemptOutcome,
     Channel,
     ChoreRun,
-    MailSendRecord,
-    MailSendServerConfig,
     RecordEventKind,
     SendStatus,
-    SmsProviderConfig,
     UncertainPolicy,
     db_now,
     db_now_plus,
 )
+from portal.models.by_channel import PARTS
 from portal.tenancy import tenant_context
 
 log = logging.getLogger("portal.sweeper")
@@ -84,7 +81,8 @@ class SweepReport:
 def sweep_stuck_sends(engine: Engine, settings: Settings) -> SweepReport:
     """One sweep over both channels: at most 200 records each, oldest first."""
     report = SweepReport()
-    for channel, model in MODELS.items():
+    for channel, parts in PARTS.items():
+        model = parts.record
         with Session(engine) as session:
             stuck = session.execute(
                 select(
@@ -175,13 +173,12 @@ def sweep_if_overdue(engine: Engine, settings: Settings) -> SweepReport | None:
 
 
 def _route(channel: Channel) -> Any:
-    model = MODELS[channel]
-    return model.server_config_id if model is MailSendRecord else model.provider_config_id  # type: ignore[union-attr]
+    return PARTS[channel].route
 
 
 def _holding_routes(session: Session, channel: Channel) -> set[int]:
     """The ids of the configs of this channel whose uncertain policy is ``hold``."""
-    config = MailSendServerConfig if channel is Channel.MAIL else SmsProviderConfig
+    config = PARTS[channel].config
     return set(
         session.scalars(
             select(config.id).where(config.uncertain_policy == UncertainPolicy.HOLD.value)
@@ -191,7 +188,7 @@ def _holding_routes(session: Session, channel: Channel) -> set[int]:
 
 def _route_names(session: Session, channel: Channel, ids: set[Any]) -> dict[int, str]:
     """The names of these mail servers or SMS providers (for the attempts' rows)."""
-    config = MailSendServerConfig if channel is Channel.MAIL else SmsProviderConfig
+    config = PARTS[channel].config
     ids.discard(None)
     if not ids:
         return {}
@@ -207,7 +204,7 @@ def _transition(
     hold: bool = False,
     attempt: Attempt | None = None,
 ) -> str | None:
-    model = MODELS[claimed.channel]
+    model = PARTS[claimed.channel].record
     exhausted = BackoffPolicy.from_settings(settings).used_up(claimed.retry_count)
     reason = (
         f"stuck in Sending for over {settings.stuck_send_threshold_s:g} s: the worker that "

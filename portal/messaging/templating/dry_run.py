@@ -22,7 +22,8 @@ from portal.messaging.templating import rendering
 from portal.messaging.templating.html_text import html_to_text
 from portal.messaging.templating.parsing import TemplateRenderError
 from portal.messaging.templating.variables import variable_needs
-from portal.models import MailSendRecord, MailTemplate, Scope, SmsSendRecord, SmsTemplate
+from portal.models import MailTemplate, Scope, SmsTemplate
+from portal.models.by_channel import PARTS
 from portal.tenancy import PLATFORM_TENANT_ID
 
 RECENT = 200
@@ -62,7 +63,7 @@ class DryRun:
 def _recent(session: Session, template: MailTemplate | SmsTemplate) -> list[tuple[int, Any]]:
     """(id, variables) of the last records that named this template, newest first; by id or
     code, in the template's tier (a platform template: platform-scope sends of any tenant)."""
-    model = MailSendRecord if isinstance(template, MailTemplate) else SmsSendRecord
+    model = PARTS[template.channel].record
     named = or_(model.template_id == template.id, model.template_code == template.code)
     if template.tenant_id == PLATFORM_TENANT_ID:
         where = [model.scope == Scope.PLATFORM.value, named]
@@ -95,9 +96,7 @@ def _render(channel: str, sources: tuple[str | None, ...], variables: dict[str, 
 
 
 def sources_of(template: MailTemplate | SmsTemplate) -> tuple[str | None, ...]:
-    if isinstance(template, MailTemplate):
-        return (template.subject, template.html_body, template.text_body)
-    return (template.content,)
+    return tuple(getattr(template, name) for name in template.sources)
 
 
 def run(
@@ -111,7 +110,7 @@ def run(
     sample: dict[str, Any] | None = None,
 ) -> DryRun:
     """Render ``new_sources`` against the recent records' variables (see the module)."""
-    channel = "mail" if isinstance(template, MailTemplate) else "sms"
+    channel = template.channel.value
     deadline = time.monotonic() + budget_s
     result = DryRun()
     records = _recent(session, template)

@@ -52,7 +52,7 @@ LABELS = {
 
 
 def channel_of(template: AnyTemplate) -> str:
-    return "mail" if isinstance(template, MailTemplate) else "sms"
+    return template.channel.value
 
 
 def _fields(template: AnyTemplate) -> tuple[str, ...]:

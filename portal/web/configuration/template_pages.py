@@ -44,12 +44,11 @@ from portal.messaging.templating import versions as template_versions
 from portal.models import (
     AuditAction,
     Channel,
-    MailSendRecord,
     MailTemplate,
     Scope,
-    SmsSendRecord,
     SmsTemplate,
 )
+from portal.models.by_channel import PARTS
 from portal.models.record import Stream
 from portal.redis_store import connect
 from portal.tenancy import PLATFORM_TENANT_ID, new_trace_id, tenant_context
@@ -732,7 +731,7 @@ def mark_test(kind: Kind[T], tenant_id: int, record_id: int, version: int | None
     """A test send is marked on its record: a badge in lists and on its
     page, a filter that hides them, and a count apart in the quota's usage. ``version``: the
     template version it renders (part 3), whatever is saved before it is prepared."""
-    model = MailSendRecord if kind.channel == Channel.MAIL else SmsSendRecord
+    model = PARTS[kind.channel].record
     db.session.execute(
         update(model)
         .where(model.id == record_id, model.tenant_id == tenant_id)

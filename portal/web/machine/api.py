@@ -21,7 +21,8 @@ from portal.extensions import csrf, db
 from portal.messaging.records import acceptance, cancel, uncertain, validation
 from portal.messaging.records.validation import AcceptanceError
 from portal.metrics import MESSAGE_ACCEPTED
-from portal.models import AuditAction, MailSendRecord, SendAttempt, SmsSendRecord
+from portal.models import AuditAction, Channel, MailSendRecord, SendAttempt, SmsSendRecord
+from portal.models.by_channel import PARTS
 from portal.models.tenant import ApiScope
 from portal.web.access import Permission, actor_label, can
 from portal.web.machine import listing
@@ -79,7 +80,7 @@ def _batch_items(data: Any) -> Any:
 
 
 def _own_record(model: type[MailSendRecord] | type[SmsSendRecord], record_id: int) -> Any:
-    tenant_id = acting_tenant(f"no such {'mail' if model is MailSendRecord else 'SMS'} record")
+    tenant_id = acting_tenant(f"no such {PARTS[model.channel].noun} record")
     if record_id > validation.MAX_ID:
         return None
     where = [model.id == record_id]
@@ -190,12 +191,6 @@ def _portal_form() -> dict[str, Any] | None:
     return {k: v for k, v in request.form.items() if k != "csrf_token"}
 
 
-CHANNEL_MODELS: dict[str, type[MailSendRecord] | type[SmsSendRecord]] = {
-    "mail": MailSendRecord,
-    "sms": SmsSendRecord,
-}
-
-
 def _ids_body() -> list[int]:
     ids: Any
     if _portal_form() is not None:  # the records list's checkboxes: ids=1&ids=2
@@ -223,7 +218,7 @@ def cancel_one(channel: str, record_id: int) -> Response:
         return _for_portal(error_response(exc.status, exc.code, exc.message, exc.field))
     if record_id > validation.MAX_ID:
         return _for_portal(error_response(404, "not_found", "no such record", "id"))
-    model = CHANNEL_MODELS[channel]
+    model = PARTS[Channel(channel)].record
     report = cancel.cancel_records(db.session(), model, [record_id], tenant_id, by=actor_label())
     if report.cancelled:
         audit_records(AuditAction.CANCEL, model, report.cancelled, tenant_id, "")
@@ -249,7 +244,7 @@ def cancel_many(channel: str) -> Response:
         ids = _ids_body()
     except ApiError as exc:
         return _for_portal(error_response(exc.status, exc.code, exc.message, exc.field))
-    model = CHANNEL_MODELS[channel]
+    model = PARTS[Channel(channel)].record
     report = cancel.cancel_records(db.session(), model, ids, tenant_id, by=actor_label())
     if report.cancelled:
         remark = f"{len(report.cancelled)} cancelled, {len(report.skipped)} skipped"
@@ -321,7 +316,7 @@ def _resolve(channel: str, record_id: int) -> Response:
     if reason:
         remark += f": {reason}"
     audit_records(
-        AuditAction.RESOLVE, CHANNEL_MODELS[channel], [result.id], result.tenant_id, remark
+        AuditAction.RESOLVE, PARTS[Channel(channel)].record, [result.id], result.tenant_id, remark
     )
     db.session.commit()
     return jsonify(

@@ -28,7 +28,8 @@ from sqlalchemy import select
 from portal.extensions import db
 from portal.messaging.records import validation
 from portal.messaging.records.addresses import AddressError, email_address, parse_phone_number
-from portal.models import MailSendRecipient, MailSendRecord, SendStatus, SmsSendRecord
+from portal.models import Channel, MailSendRecipient, MailSendRecord, SendStatus, SmsSendRecord
+from portal.models.by_channel import PARTS
 from portal.models.record import Stream
 from portal.redis_store import connect
 from portal.web.machine.endpoint import ApiError, acting_tenant, app_settings, error_response
@@ -195,8 +196,9 @@ def record_list(channel: str) -> Response:
     limited = _rate_limited()
     if limited is not None:
         return limited
-    model = MailSendRecord if channel == "mail" else SmsSendRecord
-    tenant = acting_tenant(f"no such {'mail' if channel == 'mail' else 'SMS'} record", "tenantId")
+    parts = PARTS[Channel(channel)]
+    model = parts.record
+    tenant = acting_tenant(f"no such {parts.noun} record", "tenantId")
     limit = _limit(request.args.get("limit"))
     before = _cursor_id(request.args.get("cursor"))
     query = _filtered(model, tenant)

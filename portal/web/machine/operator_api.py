@@ -28,7 +28,7 @@ from portal.messaging.records.retry import (
 )
 from portal.messaging.records.validation import AcceptanceError
 from portal.messaging.sending import quota
-from portal.models import AuditAction, Channel, MailSendRecord, SmsSendRecord
+from portal.models import AuditAction, MailSendRecord, SmsSendRecord
 from portal.models.enums import RETRYABLE_BY_HAND
 from portal.models.tenant import ApiScope
 from portal.tenancy import PLATFORM_TENANT_ID
@@ -93,7 +93,7 @@ def _would_fail_again(
     if tenant_id is not None:
         stmt = stmt.where(model.tenant_id == tenant_id)
     records = list(db.session.scalars(stmt))
-    channel = Channel.MAIL if model is MailSendRecord else Channel.SMS
+    channel = model.channel
     operator = g.tenant_id is None or g.tenant_id == PLATFORM_TENANT_ID
     found = diagnosis.diagnose_many(
         db.session(), channel, records, current_app.config["SETTINGS"], operator=operator

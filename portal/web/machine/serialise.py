@@ -14,12 +14,11 @@ from portal.messaging.records import diagnosis
 from portal.models import (
     Channel,
     MailSendRecord,
-    MailSendServerConfig,
     Scope,
     SendAttempt,
-    SmsProviderConfig,
     SmsSendRecord,
 )
+from portal.models.by_channel import PARTS
 from portal.tenancy import PLATFORM_TENANT_ID, names_config
 
 # What a tenant sees instead of a platform-tier server's or provider's name.
@@ -31,7 +30,7 @@ def config_tiers(session: Session, channel: str, ids: Iterable[int | None]) -> d
     wanted = {i for i in ids if i is not None}
     if not wanted:
         return {}
-    config = MailSendServerConfig if channel == "mail" else SmsProviderConfig
+    config = PARTS[Channel(channel)].config
     rows = session.execute(select(config.id, config.tenant_id).where(config.id.in_(wanted)))
     return {config_id: tenant_id for config_id, tenant_id in rows}
 

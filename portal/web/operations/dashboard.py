@@ -26,11 +26,10 @@ from portal.messaging.sending import health
 from portal.models import (
     Channel,
     DeadLetterMessage,
-    MailSendServerConfig,
     SendStatus,
-    SmsProviderConfig,
     TriageStatus,
 )
+from portal.models.by_channel import PARTS
 from portal.tenancy import PLATFORM_TENANT_ID, names_config
 from portal.web.access import Permission, can, is_operator, requires, viewed_tenant
 from portal.web.forms import is_htmx, settings
@@ -395,8 +394,8 @@ NONE_CHOSEN = "none chosen"  # the line of records that failed before a server w
 def _routes(kind: Kind, tenant: int, day: datetime) -> list[RouteFailures]:
     """Failure rate by server or provider and stream, of the day's records that ended."""
     model: Any = kind.model
-    column = model.server_config_id if kind.channel is Channel.MAIL else model.provider_config_id
-    config_model: Any = MailSendServerConfig if kind.channel is Channel.MAIL else SmsProviderConfig
+    parts = PARTS[kind.channel]
+    column, config_model = parts.route, parts.config
     rows = db.session.execute(
         select(
             column,

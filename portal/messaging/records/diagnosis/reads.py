@@ -26,6 +26,7 @@ from portal.models import (
     Tenant,
     TenantMessageUsage,
 )
+from portal.models.by_channel import PARTS
 from portal.tenancy import PLATFORM_TENANT_ID, names_config
 
 Record = MailSendRecord | SmsSendRecord
@@ -59,8 +60,9 @@ class Reads:
         self.operator = operator
         bind = session.get_bind()
         self.engine: Engine = bind if isinstance(bind, Engine) else bind.engine
-        self.noun = "mail server" if channel is Channel.MAIL else "SMS provider"
-        self.model: Any = MailSendServerConfig if channel is Channel.MAIL else SmsProviderConfig
+        self.parts = PARTS[channel]
+        self.noun = self.parts.config_noun
+        self.model: Any = self.parts.config
         self.month = quota.current_month()
         self._names: dict[int, str] = {}
         self._quota: dict[int, tuple[int, int | None]] = {}
@@ -222,4 +224,4 @@ class Reads:
             return f"the {self.noun}"
         if names_config(row.tenant_id if row is not None else None, self.operator):
             return f"the {self.noun} {name!r}"
-        return f"the platform {'mail' if self.channel is Channel.MAIL else 'SMS'} service"
+        return f"the platform {self.parts.noun} service"

@@ -122,7 +122,7 @@ def verdict_of(
                 else f"the quota of {name} has room for {limit - used:,} more "
                 f"({used:,} of {limit:,}) and this selection needs more; raise it first"
             )
-            noun = "mail" if reads.channel is Channel.MAIL else "SMS"
+            noun = reads.parts.noun
             return Verdict(
                 Reason.QUOTA_FULL,
                 why,
