@@ -159,7 +159,10 @@ def test_one_tenants_retry_backlog_does_not_hold_back_another_tenants_new_mail(
     # B's three went while A's were being drained, not after them.
     last_b = max(i for i, t in enumerate(taken) if t == b)
     assert last_b < 6 * WORKERS, taken
-    assert taken.count(a) >= 3, taken
+    # And A's were taken among them. Not strictly in turns: the turn is read from the last
+    # committed claim, so workers claiming at the same moment may all see B's turn (under
+    # load, B's three have gone one after another).
+    assert a in taken[:last_b], taken
 
 
 def test_due_retries_take_the_tenants_turn_too(app: Flask) -> None:
