@@ -18,7 +18,8 @@ once its server or provider is chosen.
 
 While one tenant's backlog is deep a worker claims several records in its Sent write
 (``held``): one at first, twice as many after a claim that came back full and of one tenant,
-up to ``claim.NEXT_CLAIM_MAX``; one again after a claim that did not. It works through the
+up to ``claim.NEXT_CLAIM_MAX``; one again after a claim that did not, and one whenever another
+worker of the pool is waiting for work. It works through the
 records it holds, in the fair order (``in_turns``), before it claims again; each keeps its
 own status and version and is prepared just before its own send. A worker that holds any
 broadcast record holds one broadcast slot, whatever their number. After a kill -9 the
@@ -333,7 +334,11 @@ class ChannelPool:
         current = getattr(self._current, "record", None)
         reserved = self._reserve(1, handing_over=current is not None and _is_broadcast(current))
         self._current.reserved = reserved
-        return getattr(self._current, "want", 1) if reserved == 1 else 0
+        if reserved != 1:
+            return 0
+        # One only while another worker of this pool waits for work: records held here
+        # would wait behind this worker's sends while that one sits idle.
+        return 1 if self._idle > self.handoff.qsize() else getattr(self._current, "want", 1)
 
     def _claim_own(self) -> Any:
         """This worker's next record, claimed by itself (None: nothing due, or stopping)."""

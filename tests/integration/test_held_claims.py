@@ -6,6 +6,7 @@ resent as ambiguous), while the one it had prepared is swept as ambiguous as bef
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 
@@ -13,6 +14,7 @@ import pytest
 from flask import Flask
 from sqlalchemy import update
 
+from portal.delivery.pool import ChannelPool, ChannelSpec
 from portal.delivery.service import DeliveryService
 from portal.extensions import db
 from portal.messaging.sending import claim, sent_write
@@ -158,3 +160,33 @@ def test_a_prepared_record_held_too_long_is_left_to_the_sweep(app: Flask) -> Non
     assert pool._next_held() is fresh
     assert pool._next_held() is None
     assert {record(i).status for i in ids} == {"Sending"}
+
+
+def test_a_worker_claims_one_at_a_time_while_another_of_its_pool_waits_for_work(
+    app: Flask,
+) -> None:
+    """Holding records while another worker of the pool sits idle would make them wait behind
+    this worker's sends: the Sent write is then asked for one, whatever the claims before."""
+    spec = ChannelSpec(
+        channel=Channel.MAIL,
+        model=MailSendRecord,
+        concurrency=4,
+        make_context=lambda: None,
+        process=lambda _context, _record: None,
+    )
+    pool = ChannelPool(db.engine, spec, poll_interval_s=30.0)
+    pool._current.want = NEXT_CLAIM_MAX  # claims came back full: it would take the most
+    assert pool._may_claim() == NEXT_CLAIM_MAX
+    waiting = threading.Thread(target=pool._wait_for_work)
+    waiting.start()  # another worker waits for work, and nothing is handed over yet
+    try:
+        deadline = time.monotonic() + 5.0
+        while pool._idle == 0:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        assert pool._may_claim() == 1
+    finally:
+        pool.stop()
+        waiting.join(5.0)
+    assert not waiting.is_alive()
+    assert pool._may_claim() == 0  # stopping: none
