@@ -49,6 +49,8 @@ from portal.messaging.sending.claim import (
     claim_due,
     claiming_next,
     gating_routes,
+    in_turns,
+    is_broadcast,
 )
 from portal.models import Channel, MailSendRecord, SmsSendRecord
 from portal.models.direct import holding
@@ -82,23 +84,6 @@ def broadcast_cap(workers: int, share: float) -> int:
     """How many of ``workers`` broadcast records may hold at once: ``share`` of them, rounded
     down, and at most all but one; at least one (a pool of one worker shares it)."""
     return max(1, min(math.floor(share * workers), workers - 1))
-
-
-def _is_broadcast(record: Any) -> bool:
-    return getattr(record, "stream", None) == Stream.BROADCAST.value
-
-
-def in_turns(records: list[Any]) -> list[Any]:
-    """A claim's records in the fair order, as near as the records tell it (the statement
-    returns them in no order): transactional first; within a stream each tenant's first, then
-    each one's second, ...; a tenant's oldest first."""
-    rank: dict[tuple[bool, int], int] = {}
-    keyed = []
-    for record in sorted(records, key=lambda r: r.id):
-        key = (_is_broadcast(record), record.tenant_id)
-        rank[key] = rank.get(key, -1) + 1
-        keyed.append(((key[0], rank[key], record.tenant_id, record.id), record))
-    return [record for _key, record in sorted(keyed, key=lambda pair: pair[0])]
 
 
 class ChannelPool:
@@ -170,7 +155,7 @@ class ChannelPool:
 
     def _settle(self, reserved: int, records: list[Any]) -> None:
         """Keep a reserved slot for each broadcast record claimed; free the rest."""
-        used = sum(1 for record in records if _is_broadcast(record))
+        used = sum(1 for record in records if is_broadcast(record))
         with self._lock:
             self._broadcast -= reserved - used
 
@@ -269,7 +254,7 @@ class ChannelPool:
 
     def _let_go(self, record: Any) -> None:
         """A worker holds one broadcast slot while any broadcast record is in its hands."""
-        if _is_broadcast(record) and not any(_is_broadcast(r) for r, _t in self._held()):
+        if is_broadcast(record) and not any(is_broadcast(r) for r, _t in self._held()):
             with self._lock:
                 self._broadcast -= 1
 
@@ -306,7 +291,7 @@ class ChannelPool:
         reserved, self._current.reserved = self._current.reserved, 0
         records = following.records if following.ran else []
         # The worker's one slot, kept when any of the records it now holds is broadcast.
-        used = 1 if any(_is_broadcast(r) for r in records) else 0
+        used = 1 if any(is_broadcast(r) for r in records) else 0
         with self._lock:
             self._broadcast -= reserved - used
         held = self._held()
@@ -332,7 +317,7 @@ class ChannelPool:
         if self.stop_claiming.is_set() or self._held():
             return 0
         current = getattr(self._current, "record", None)
-        reserved = self._reserve(1, handing_over=current is not None and _is_broadcast(current))
+        reserved = self._reserve(1, handing_over=current is not None and is_broadcast(current))
         self._current.reserved = reserved
         if reserved != 1:
             return 0

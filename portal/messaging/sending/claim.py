@@ -450,6 +450,23 @@ def claim_due(
     return _CLAIMS[model](engine, k, streams)
 
 
+def is_broadcast(record: Any) -> bool:
+    return getattr(record, "stream", None) == Stream.BROADCAST.value
+
+
+def in_turns(records: list[Any]) -> list[Any]:
+    """A claim's records in the fair order, as near as the records tell it (an UPDATE ...
+    RETURNING returns them in no order): transactional first; within a stream each tenant's
+    first, then each one's second, ...; a tenant's oldest first."""
+    rank: dict[tuple[bool, int], int] = {}
+    keyed = []
+    for record in sorted(records, key=lambda r: r.id):
+        key = (is_broadcast(record), record.tenant_id)
+        rank[key] = rank.get(key, -1) + 1
+        keyed.append(((key[0], rank[key], record.tenant_id, record.id), record))
+    return [record for _key, record in sorted(keyed, key=lambda pair: pair[0])]
+
+
 # --- the next claim, in the Sent write's statement ---------------------------------------------
 
 

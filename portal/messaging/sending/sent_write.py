@@ -413,13 +413,15 @@ def _flush_sent(batch: list[_SentWrite]) -> None:
     if not wanting:
         return
     loader = claim.loader_for(PARTS[first.claimed.channel].record)
-    claimed = [row[3:] for row in rows if row[3 + loader.pk_index] is not None]
-    # In the fair order, each worker its k of them in turn, the first its first k.
+    # In the fair order (the statement returns its rows in the order it met them), each
+    # worker its k of them in turn, the first its first k.
+    claimed = claim.in_turns(
+        [loader.load(row[3:]) for row in rows if row[3 + loader.pk_index] is not None]
+    )
     for entry in wanting:
         assert entry.request is not None
         entry.request.ran = True
-        mine, claimed = claimed[: entry.request.k], claimed[entry.request.k :]
-        entry.request.records = [loader.load(record) for record in mine]
+        entry.request.records, claimed = claimed[: entry.request.k], claimed[entry.request.k :]
 
 
 _committers: weakref.WeakKeyDictionary[Engine, dict[Channel, group_commit.GroupCommit[_SentWrite]]]
