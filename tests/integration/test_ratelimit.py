@@ -425,8 +425,15 @@ class Worker:
 
 def start_workers(tmp_path: Path, secret_key: str, n: int = 2) -> list[Worker]:
     (tmp_path / "instance").mkdir(exist_ok=True)
+    # ROUTE_WAIT_S: a worker waits its turn on the one test server rather than defer its
+    # record as SERVER_BUSY, which a loaded run once did after 1 s: every record here ends Sent
+    # or over its quota, nothing else (tests/process/test_concurrency.py's burst does the same).
     env = worker_env(
-        tmp_path / "instance", secret_key, MAIL_SEND_CONCURRENCY="4", SMS_SEND_CONCURRENCY="10"
+        tmp_path / "instance",
+        secret_key,
+        MAIL_SEND_CONCURRENCY="4",
+        SMS_SEND_CONCURRENCY="10",
+        ROUTE_WAIT_S="30",
     )
     workers = []
     for i in range(n):
