@@ -19,9 +19,7 @@ once its server or provider is chosen.
 While one tenant's backlog is deep a worker claims several records in its Sent write
 (``held``): one at first, twice as many after a claim that came back full and of one tenant,
 up to ``claim.NEXT_CLAIM_MAX``; one again after a claim that did not, and one whenever another
-worker of the pool is waiting for work. The pool's first worker (of two or more) never holds:
-it claims one record after each send, so another tenant's new mail waits for one of its sends
-rather than behind every worker's held records. A worker works through the
+worker of the pool is waiting for work. It works through the
 records it holds, in the fair order (``in_turns``), before it claims again; each keeps its
 own status and version and is prepared just before its own send. A worker that holds any
 broadcast record holds one broadcast slot, whatever their number. After a kill -9 the
@@ -118,11 +116,7 @@ class ChannelPool:
     def start(self) -> None:
         name = self.spec.channel.value
         for i in range(self.spec.concurrency):
-            # The first worker of a pool of several never holds (``_may_claim``).
-            holds = i > 0 or self.spec.concurrency == 1
-            thread = threading.Thread(
-                target=self._work, args=(holds,), name=f"{name}-worker-{i}", daemon=True
-            )
+            thread = threading.Thread(target=self._work, name=f"{name}-worker-{i}", daemon=True)
             thread.start()
             self._threads.append(thread)
         poller = threading.Thread(target=self._poll, name=f"{name}-poller", daemon=True)
@@ -219,8 +213,7 @@ class ChannelPool:
 
     # --- working -------------------------------------------------------------------------
 
-    def _work(self, holds: bool = True) -> None:
-        self._current.holds = holds
+    def _work(self) -> None:
         context = self.spec.make_context()
         try:
             # A backlog waiting at start is taken at once, not after the first poll interval.
@@ -328,13 +321,9 @@ class ChannelPool:
         self._current.reserved = reserved
         if reserved != 1:
             return 0
-        # One only while another worker of this pool waits for work (records held here
-        # would wait behind this worker's sends while that one sits idle), and always one
-        # for the pool's first worker: it claims after every send, so another tenant's new
-        # record waits for one send of it, not for every worker's held records.
-        if self._idle > self.handoff.qsize() or not getattr(self._current, "holds", True):
-            return 1
-        return int(getattr(self._current, "want", 1))
+        # One only while another worker of this pool waits for work: records held here
+        # would wait behind this worker's sends while that one sits idle.
+        return 1 if self._idle > self.handoff.qsize() else getattr(self._current, "want", 1)
 
     def _claim_own(self) -> Any:
         """This worker's next record, claimed by itself (None: nothing due, or stopping)."""

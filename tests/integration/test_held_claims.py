@@ -9,7 +9,6 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
-from types import SimpleNamespace
 
 import pytest
 from flask import Flask
@@ -191,45 +190,3 @@ def test_a_worker_claims_one_at_a_time_while_another_of_its_pool_waits_for_work(
         waiting.join(5.0)
     assert not waiting.is_alive()
     assert pool._may_claim() == 0  # stopping: none
-
-
-@pytest.mark.parametrize("workers", [1, 3])
-def test_a_pools_first_worker_never_holds(app: Flask, workers: int) -> None:
-    """Another tenant's new mail waits for one send of the pool's first worker, not behind
-    every worker's held records: of a busy pool of several (none waiting for work, every
-    claim full), the first worker asks its Sent write for one record, the others for the
-    most; a pool of one holds (its sends are the whole pool's)."""
-    acme = tenant("acme").id
-    for i in range(workers):
-        accept_mail(app, acme, to=[f"u{i}@example.com"])
-    all_busy = threading.Barrier(workers, timeout=10.0)
-    asked: dict[str, int] = {}
-
-    def process(_context: object, _record: object) -> None:
-        all_busy.wait()  # every worker holds a record: none waits for work
-        with one_at_a_time:
-            pool._current.want = NEXT_CLAIM_MAX  # its claims came back full
-            asked[threading.current_thread().name] = pool._may_claim()
-            with pool._lock:  # the broadcast slot it reserved, as the Sent write gives back
-                pool._broadcast -= pool._current.reserved
-
-    one_at_a_time = threading.Lock()
-    no_context = SimpleNamespace(close=lambda: None)
-    spec = ChannelSpec(Channel.MAIL, MailSendRecord, workers, lambda: no_context, process)
-    pool = ChannelPool(db.engine, spec, poll_interval_s=0.05)
-    pool.start()
-    try:
-        deadline = time.monotonic() + 10.0
-        while len(asked) < workers:
-            assert time.monotonic() < deadline, asked
-            time.sleep(0.01)
-    finally:
-        pool.stop()
-        assert pool.join(time.monotonic() + 5.0)
-    if workers == 1:
-        assert asked == {"mail-worker-0": NEXT_CLAIM_MAX}
-    else:
-        assert asked == {
-            "mail-worker-0": 1,
-            **{f"mail-worker-{i}": NEXT_CLAIM_MAX for i in range(1, workers)},
-        }
