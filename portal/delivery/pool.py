@@ -16,10 +16,12 @@ At most ``pool size - 1`` workers are in flight to any one server or provider: e
 runs inside ``scan.gating_routes(self.routes)``, and the attempt asks ``scan.enter_route``
 once its server or provider is chosen.
 
-While one tenant's backlog is deep a worker claims several records in its Sent write
-(``held``): one at first, twice as many after a claim that came back full and of one tenant,
-up to ``claim.NEXT_CLAIM_MAX``; one again after a claim that did not, and one whenever another
-worker of the pool is waiting for work. It works through the
+A worker may claim several records in its Sent write (``held``), at most
+``claim.NEXT_CLAIM_MAX``, which is 1: measured end to end, holding bought no throughput and
+made other tenants' mail wait (see there). Above 1, while one tenant's backlog is deep: one at
+first, twice as many after a claim that came back full and of one tenant; one again after a
+claim that did not, and one whenever another worker of the pool is waiting for work. It
+works through the
 records it holds, in the fair order (``in_turns``), before it claims again; each keeps its
 own status and version and is prepared just before its own send. A worker that holds any
 broadcast record holds one broadcast slot, whatever their number. After a kill -9 the
@@ -43,7 +45,6 @@ from sqlalchemy import Engine
 
 from portal.messaging.sending.claim import (
     ALL_STREAMS,
-    NEXT_CLAIM_MAX,
     TRANSACTIONAL_ONLY,
     RouteGate,
     claim_due,
@@ -303,7 +304,7 @@ class ChannelPool:
             # More at a time only while one tenant's backlog fills the claims: with several
             # tenants due, a record held behind others waits for their sends.
             deep = len(records) == following.k and len({r.tenant_id for r in records}) == 1
-            self._current.want = min(following.k * 2, NEXT_CLAIM_MAX) if deep else 1
+            self._current.want = following.k * 2 if deep else 1  # capped by the claim
             now = time.monotonic()
             held.extend((r, now) for r in in_turns(records))
         if held:

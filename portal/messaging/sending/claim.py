@@ -470,11 +470,15 @@ def in_turns(records: list[Any]) -> list[Any]:
 # --- the next claim, in the Sent write's statement ---------------------------------------------
 
 
-# At most this many records claimed for one worker in one statement (``NextClaim.k``). In
-# bench/budget.py's statements, 8 claimed in every 8th Sent write cost PostgreSQL 300 us a
-# record against 490 for one in every Sent write; 4 keeps most of that while another
-# tenant's new mail waits behind fewer held records (bench/fairness.py).
-NEXT_CLAIM_MAX = 4
+# At most this many records claimed for one worker in one statement (``NextClaim.k``): one,
+# so a worker holds no record it has not begun. In bench/budget.py's statements alone, 8
+# claimed in every 8th Sent write cost PostgreSQL 300 us a record against 490 for one in
+# every Sent write; end to end it bought nothing: at full size (bench/README.md, "How many to
+# hold") mail/s over bare smtplib was the same at 1, 2 and 4 (0.63-0.69 at 1 and 4 workers),
+# while at 2 and 4 another tenant's mail waited behind the held records (its median 13 ->
+# 44-54 ms, its p99 2.12x alone once) and a backlog drained slower beside it (0.76-0.90 of
+# alone, goal 0.9). The mechanism stays, tested at 4: a larger k is this constant away.
+NEXT_CLAIM_MAX = 1
 
 
 @dataclass
