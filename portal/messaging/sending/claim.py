@@ -474,10 +474,11 @@ def in_turns(records: list[Any]) -> list[Any]:
 # so a worker holds no record it has not begun. In bench/budget.py's statements alone, 8
 # claimed in every 8th Sent write cost PostgreSQL 300 us a record against 490 for one in
 # every Sent write; end to end it bought nothing: at full size (bench/README.md, "How many to
-# hold") mail/s over bare smtplib was the same at 1, 2 and 4 (0.63-0.69 at 1 and 4 workers),
-# while at 2 and 4 another tenant's mail waited behind the held records (its median 13 ->
-# 44-54 ms, its p99 2.12x alone once) and a backlog drained slower beside it (0.76-0.90 of
-# alone, goal 0.9). The mechanism stays, tested at 4: a larger k is this constant away.
+# hold") mail/s over bare smtplib moved as much between two runs of one setting as between
+# 1, 2 and 4 (0.60-0.75 at 1 and 4 workers), while at 2 and 4 another tenant's mail waited
+# behind the held records (its median 13 -> 44-54 ms, its p99 2.12x alone once) and a
+# backlog drained slower beside it (0.76-0.90 of alone, goal 0.9). The mechanism stays,
+# tested at 4: a larger k is this constant away.
 NEXT_CLAIM_MAX = 1
 
 
