@@ -352,8 +352,21 @@ def root_dir() -> Path:
     return Path(__file__).resolve().parent.parent
 
 
+_RERUNS: list[tuple[str, str]] = []
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Keep what each rerun test failed on (pytest-rerunfailures names it only)."""
+    if report.outcome == "rerun":
+        _RERUNS.append((report.nodeid, report.longreprtext))
+
+
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
-    """A skipped test fails the run: CI accepts no skip reason (none, for now)."""
+    """What each rerun test failed on the first time, so it can be made sturdier; and a
+    skipped test fails the run: CI accepts no skip reason (none, for now)."""
+    for nodeid, failure in _RERUNS:
+        terminalreporter.write_sep("-", f"first failure of {nodeid} (then rerun)")
+        terminalreporter.write_line(failure[-4000:])
     skipped = terminalreporter.stats.get("skipped", [])
     if skipped:
         terminalreporter.write_line(
