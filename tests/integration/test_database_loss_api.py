@@ -71,8 +71,11 @@ def mail(subject: str, key: str | None = None) -> dict[str, Any]:
 
 
 def written() -> dict[str, list[tuple[int, int]]]:
-    """subject -> [(record id, its recipient rows)], from a fresh session."""
+    """subject -> [(record id, its recipient rows)], from a fresh session on a fresh
+    connection: the terminator's last kill may have ended a pooled one too recently for the
+    pool's ping (connections idle over 1 s) to notice, as a loaded run once saw."""
     db.session.remove()
+    db.engine.dispose()
     rows = db.session.execute(
         select(MailSendRecord.subject, MailSendRecord.id, func.count(MailSendRecipient.id))
         .outerjoin(MailSendRecipient, MailSendRecipient.record_id == MailSendRecord.id)

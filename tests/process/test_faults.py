@@ -143,14 +143,9 @@ def wait_gone(pids: Iterable[int], timeout_s: float, what: str) -> None:
 def test_sigkill_mid_data_is_recovered_by_the_sweep_and_sent(
     app: Flask, audit: StatusAudit, tmp_path: Path
 ) -> None:
-    # A send in flight longer than STUCK_SEND_THRESHOLD_S is swept as stuck and sent again:
-    # FAULT_ENV's 2 s is within reach of a send on a loaded run (this test was rerun in two of
-    # three full runs, cause not printed), and every record here must arrive exactly once but
-    # the one the kill left behind. 5 s still has the sweep recover that one within seconds.
-    env = FAULT_ENV | {"STUCK_SEND_THRESHOLD_S": "5"}
     with (
         ScriptedSmtpServer(hang_s=30.0) as smtp,
-        worker_group(tmp_path, app.config["SETTINGS"].secret_key, **env) as workers,
+        worker_group(tmp_path, app.config["SETTINGS"].secret_key, **FAULT_ENV) as workers,
     ):
         acme = setup_tenant(smtp)
         early = accept_many(app, acme, 3)
@@ -165,8 +160,9 @@ def test_sigkill_mid_data_is_recovered_by_the_sweep_and_sent(
 
         first.process.kill()
         assert first.wait_exit(5) == -signal.SIGKILL
-        # PR_SET_PDEATHSIG: the chore children go with it.
-        wait_gone(children.values(), 10.0, f"chore children {children} of the killed worker")
+        # PR_SET_PDEATHSIG: the chore children go with it. They get SIGTERM and stop as rq
+        # does (a loaded run saw both still up after 10 s), so the wait is generous.
+        wait_gone(children.values(), 30.0, f"chore children {children} of the killed worker")
 
         smtp.script("slow@example.com", "250", "data")
         meanwhile = accept_many(app, acme, 2, prefix="meanwhile")
