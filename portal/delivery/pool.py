@@ -21,12 +21,11 @@ A worker may claim several records in its Sent write (``held``), at most
 made other tenants' mail wait (see there). Above 1, while one tenant's backlog is deep: one at
 first, twice as many after a claim that came back full and of one tenant; one again after a
 claim that did not, and one whenever another worker of the pool is waiting for work. It
-works through the
-records it holds, in the fair order (``in_turns``), before it claims again; each keeps its
-own status and version and is prepared just before its own send. A worker that holds any
-broadcast record holds one broadcast slot, whatever their number. After a kill -9 the
-records a worker held and had not begun are swept as a retry of a record never prepared, so
-never resent as ambiguous: the one in flight is, as before.
+works through the records it holds, in the fair order (``in_turns``), before it claims
+again; each keeps its own status and version and is prepared just before its own send. A
+worker that holds any broadcast record holds one broadcast slot, whatever their number.
+After a kill -9 the records a worker held and had not begun are swept as a retry of a record
+never prepared, so never resent as ambiguous: the one in flight is, as before.
 """
 
 from __future__ import annotations
