@@ -87,6 +87,12 @@ def statuses(ids: Iterable[int]) -> dict[int, str]:
     return {rid: status for rid, status in rows}
 
 
+def errors(ids: Iterable[int]) -> dict[int, tuple[str | None, str | None, int]]:
+    """Each record's last error code and message and its version."""
+    found = {rid: row(rid) for rid in ids}
+    return {rid: (r.error_code, r.error_message, r.version) for rid, r in found.items()}
+
+
 def row(record_id: int) -> MailSendRecord:
     db.session.expire_all()
     found = db.session.get(MailSendRecord, record_id)
@@ -301,7 +307,12 @@ def test_sigterm_finishes_the_send_in_flight_claims_nothing_more_and_exits_0(
         took = time.monotonic() - signalled
 
         assert statuses([slow]) == {slow: "Sent"}
-        assert statuses(after) == dict.fromkeys(after, "Pending")
+        # On a failure, what the worker said about these records and the log around the
+        # signal: which part claimed a record accepted after "claiming nothing more".
+        told = [e for e in worker.log_lines() if e.get("record_id") in after] + [
+            e for e in worker.log_lines() if str(e.get("msg", "")).startswith("signal")
+        ]
+        assert statuses(after) == dict.fromkeys(after, "Pending"), (told, errors(after))
         assert {row(rid).version for rid in after} == {0}  # never claimed
         assert len(smtp.messages) == 1
         assert not [c for c in children.values() if alive(c)], "chore children left running"
