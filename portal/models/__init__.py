@@ -8,6 +8,7 @@ from portal.models.callbacks import CallbackDelivery, CallbackEndpoint, Delivery
 from portal.models.chores import ChoreRun, ConfigEpoch
 from portal.models.dead_letters import DeadLetterMessage
 from portal.models.enums import (
+    ApiScope,
     Channel,
     DeadLetterSource,
     Role,
@@ -38,7 +39,7 @@ from portal.models.sms import (
     SmsTemplateProviderBinding,
 )
 from portal.models.template_version import TemplateBlob, TemplateVersion
-from portal.models.tenant import ApiKey, ApiScope, AppUser, Tenant
+from portal.models.tenant import ApiKey, AppUser, Tenant
 
 __all__ = [
     "ApiKey",

@@ -38,6 +38,13 @@ class Channel(StrEnum):
     SMS = "sms"
 
 
+class ApiScope(StrEnum):
+    """What an API key may do: ``send`` accepts messages; ``read`` reads records."""
+
+    SEND = "send"
+    READ = "read"
+
+
 class Role(StrEnum):
     PLATFORM_OPERATOR = "platform_operator"
     TENANT_ADMIN = "tenant_admin"

@@ -5,7 +5,6 @@ from __future__ import annotations
 import hashlib
 import secrets
 from datetime import datetime
-from enum import StrEnum
 
 from argon2 import PasswordHasher
 from argon2.exceptions import InvalidHashError, VerificationError
@@ -26,13 +25,6 @@ from portal.models.enums import Role
 _hasher = PasswordHasher()
 
 API_KEY_PREFIX = "pk_"
-
-
-class ApiScope(StrEnum):
-    """What an API key may do: ``send`` accepts messages; ``read`` reads records."""
-
-    SEND = "send"
-    READ = "read"
 
 
 DEFAULT_API_SCOPES = "send read"

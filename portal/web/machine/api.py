@@ -23,7 +23,7 @@ from portal.messaging.records.validation import AcceptanceError
 from portal.metrics import MESSAGE_ACCEPTED
 from portal.models import AuditAction, Channel, MailSendRecord, SendAttempt, SmsSendRecord
 from portal.models.by_channel import PARTS
-from portal.models.tenant import ApiScope
+from portal.models.enums import ApiScope
 from portal.web.access import Permission, actor_label, can
 from portal.web.machine import listing
 from portal.web.machine.endpoint import (

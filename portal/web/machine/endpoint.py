@@ -31,7 +31,8 @@ from portal.config import Settings
 from portal.extensions import connection_lost, csrf, db
 from portal.messaging.records import acceptance
 from portal.models import ApiKey, AuditAction, MailSendRecord, SmsSendRecord, Tenant
-from portal.models.tenant import ApiScope, hash_api_token
+from portal.models.enums import ApiScope
+from portal.models.tenant import hash_api_token
 from portal.process_thread import ProcessThread
 from portal.tenancy import PLATFORM_TENANT_ID, new_trace_id, tenant_context
 from portal.web.access import Permission, audit, can, viewed_tenant

@@ -29,8 +29,7 @@ from portal.messaging.records.retry import (
 from portal.messaging.records.validation import AcceptanceError
 from portal.messaging.sending import quota
 from portal.models import AuditAction, MailSendRecord, SmsSendRecord
-from portal.models.enums import RETRYABLE_BY_HAND
-from portal.models.tenant import ApiScope
+from portal.models.enums import RETRYABLE_BY_HAND, ApiScope
 from portal.tenancy import PLATFORM_TENANT_ID
 from portal.web.access import Permission, actor_label
 from portal.web.machine.endpoint import (

@@ -17,7 +17,8 @@ from sqlalchemy import select
 
 from portal.extensions import db
 from portal.models import ApiKey, AuditAction
-from portal.models.tenant import ApiScope, new_api_token
+from portal.models.enums import ApiScope
+from portal.models.tenant import new_api_token
 from portal.web.access import Permission, audit_row, requires, user
 from portal.web.configuration.config_pages import confirmed
 from portal.web.forms import Form, owned, tier_name, viewed_tier
