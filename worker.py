@@ -96,7 +96,8 @@ def main() -> int:
     stopping = threading.Event()
     # Each pool's "claim nothing more", set by the handler itself before it says so: waking the
     # main thread to stop the service takes a moment on a loaded machine, and a record accepted
-    # after the line below must not be claimed in it.
+    # after the line below must not be claimed in it. It returns once the claims under way are
+    # over (a poll's claim that began just before the signal would otherwise take such a record).
     claim_stops: list[Callable[[], None]] = []
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:

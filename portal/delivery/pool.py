@@ -80,6 +80,11 @@ class ChannelSpec:
     max_hold_s: float = 150.0
 
 
+# How long ``ChannelPool.stop`` waits for the claims under way (a claim statement takes
+# milliseconds; a database that does not answer is not waited for longer).
+CLAIM_STOP_WAIT_S = 5.0
+
+
 def broadcast_cap(workers: int, share: float) -> int:
     """How many of ``workers`` broadcast records may hold at once: ``share`` of them, rounded
     down, and at most all but one; at least one (a pool of one worker shares it)."""
@@ -97,6 +102,10 @@ class ChannelPool:
         self.wake = threading.Event()
         self.handoff: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._lock = threading.Lock()
+        # Claims under way (a claim statement, or a Sent write asked to claim): ``stop``
+        # waits for them, so that once it returns no claim runs any more.
+        self._claiming = 0
+        self._claims_over = threading.Condition(self._lock)
         self._idle = 0
         self._in_flight = 0
         self._threads: list[threading.Thread] = []
@@ -124,9 +133,28 @@ class ChannelPool:
         self._threads.append(poller)
 
     def stop(self) -> None:
-        """Claim nothing more; workers finish the record in hand and exit."""
+        """Claim nothing more; workers finish the record in hand and exit. Returns once no
+        claim is under way (at most ``CLAIM_STOP_WAIT_S``): a claim that began before the stop
+        may still take a record, none after this returns (a worker's "claiming nothing more"
+        line is said after it)."""
         self.stop_claiming.set()
         self.wake.set()
+        with self._claims_over:
+            self._claims_over.wait_for(lambda: self._claiming == 0, CLAIM_STOP_WAIT_S)
+
+    def _begin_claim(self) -> bool:
+        """Count a claim about to run; False (and not counted) once stopping."""
+        with self._lock:
+            if self.stop_claiming.is_set():
+                return False
+            self._claiming += 1
+            return True
+
+    def _end_claim(self) -> None:
+        with self._lock:
+            self._claiming -= 1
+            if self._claiming == 0:
+                self._claims_over.notify_all()
 
     def join(self, deadline: float) -> bool:
         """Wait until ``deadline`` (monotonic) for the threads; True when all have ended."""
@@ -160,7 +188,16 @@ class ChannelPool:
             self._broadcast -= reserved - used
 
     def _claim(self, k: int) -> list[Any]:
-        """Up to ``k`` due records in the fair order, broadcast ones only into free slots."""
+        """Up to ``k`` due records in the fair order, broadcast ones only into free slots
+        (none once stopping)."""
+        if not self._begin_claim():
+            return []
+        try:
+            return self._claim_slots(k)
+        finally:
+            self._end_claim()
+
+    def _claim_slots(self, k: int) -> list[Any]:
         reserved = self._reserve(k)
         records: list[Any] = []
         try:
@@ -286,8 +323,14 @@ class ChannelPool:
         ends Sent claims the next ones in its Sent write (``scan.claiming_next``: one
         statement and one commit fewer per record); any other outcome claims one on its own."""
         self._current.reserved = 0
-        with claiming_next(self.spec.model, self._may_claim) as following:
-            self._attempt(context, record)
+        self._current.claiming = False
+        try:
+            with claiming_next(self.spec.model, self._may_claim) as following:
+                self._attempt(context, record)
+        finally:
+            if self._current.claiming:  # the Sent write was asked to claim: it is over
+                self._current.claiming = False
+                self._end_claim()
         reserved, self._current.reserved = self._current.reserved, 0
         records = following.records if following.ran else []
         # The worker's one slot, kept when any of the records it now holds is broadcast.
@@ -314,13 +357,20 @@ class ChannelPool:
         """Asked by the Sent write just before it would claim this worker's next records, of
         either stream: how many (none while it holds some, or without a broadcast slot for
         this worker; this record's own counts as free: it is done once the write commits)."""
-        if self.stop_claiming.is_set() or self._held():
+        if self._held():
+            return 0
+        # Counted as a claim under way from the first ask to the end of the Sent write.
+        counted = getattr(self._current, "claiming", False)
+        if self.stop_claiming.is_set() if counted else not self._begin_claim():
             return 0
         current = getattr(self._current, "record", None)
         reserved = self._reserve(1, handing_over=current is not None and is_broadcast(current))
         self._current.reserved = reserved
         if reserved != 1:
+            if not counted:
+                self._end_claim()
             return 0
+        self._current.claiming = True  # ended once the Sent write is over
         # One only while another worker of this pool waits for work: records held here
         # would wait behind this worker's sends while that one sits idle.
         return 1 if self._idle > self.handoff.qsize() else getattr(self._current, "want", 1)

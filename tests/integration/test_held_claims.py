@@ -195,6 +195,9 @@ def test_a_worker_claims_one_at_a_time_while_another_of_its_pool_waits_for_work(
             assert time.monotonic() < deadline
             time.sleep(0.01)
         assert pool._may_claim() == 1
+        # The asks end with the Sent write they were for (ChannelPool._attempt_and_next).
+        pool._current.claiming = False
+        pool._end_claim()
     finally:
         pool.stop()
         waiting.join(5.0)

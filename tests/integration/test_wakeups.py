@@ -3,6 +3,7 @@ stop claims nothing more and lets the send in hand finish."""
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 
@@ -88,6 +89,57 @@ def test_stop_finishes_the_send_in_hand_and_claims_nothing_more(
     finally:
         service.stop()
     assert record(slow).status == "Sent"
+    assert record(later).status == "Pending"
+
+
+def test_stop_returns_only_once_a_claim_under_way_is_over(app: Flask) -> None:
+    """A claim statement that began before the stop may still take a record; stop returns
+    only after it (the worker says "claiming nothing more" then), and no claim begins after:
+    a record accepted once stop has returned is never claimed."""
+    from sqlalchemy import text
+
+    from portal.delivery.pool import ChannelPool, ChannelSpec
+    from portal.models import MailSendRecord
+
+    def waiting_on_a_lock() -> int:
+        with db.engine.connect() as conn:
+            return int(
+                conn.scalar(
+                    text(
+                        "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                        "AND datname = current_database()"
+                    )
+                )
+            )
+
+    acme = tenant("acme").id
+    early = accept_mail(app, acme, to=["early@example.com"])
+    spec = ChannelSpec(Channel.MAIL, MailSendRecord, 2, object, lambda _c, _r: None)
+    pool = ChannelPool(db.engine, spec, poll_interval_s=30.0)
+    claimed: list[int] = []
+    stopped_at: list[float] = []
+    with db.engine.connect() as blocker:
+        # The claim's UPDATE waits for this lock, as a claim slowed by a loaded server would.
+        blocker.execute(text("LOCK TABLE mail_send_record IN EXCLUSIVE MODE"))
+        claiming = threading.Thread(target=lambda: claimed.extend(r.id for r in pool._claim(1)))
+        claiming.start()
+        wait_until(lambda: waiting_on_a_lock() == 1, 5.0)
+        stopping = threading.Thread(
+            target=lambda: (pool.stop(), stopped_at.append(time.monotonic()))
+        )
+        stopping.start()
+        time.sleep(0.3)
+        assert not stopped_at, "stop returned while a claim was under way"
+        assert pool._claim(1) == []  # none begins once stopping
+        blocker.rollback()
+        released_at = time.monotonic()
+    claiming.join(5.0)
+    stopping.join(5.0)
+    assert claimed == [early]  # the claim under way took its record
+    assert stopped_at
+    assert stopped_at[0] >= released_at
+    later = accept_mail(app, acme, to=["later@example.com"])
+    assert pool._claim(1) == []
     assert record(later).status == "Pending"
 
 
