@@ -367,6 +367,47 @@ def test_the_worker_pool_delivers(app: Flask, receiver: CallbackReceiver) -> Non
     assert len({r.webhook_id for r in receiver.received}) == 3
 
 
+def test_an_idle_pool_asks_the_database_from_one_thread(
+    app: Flask, receiver: CallbackReceiver
+) -> None:
+    """With nothing due, one of the pool's threads polls and the others wait for it to find
+    work: idle worker processes cost CPU on both sides of the connection. Work found wakes
+    them all."""
+    from sqlalchemy import event
+
+    settings = app.config["SETTINGS"].replace(callback_concurrency=4, poll_interval_s=0.05)
+    asked: list[float] = []
+
+    def count(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
+        if "callback_delivery" in statement:
+            asked.append(time.monotonic())
+
+    event.listen(db.engine, "before_cursor_execute", count)
+    pool = CallbackPool(db.engine, settings)
+    pool.start()
+    try:
+        time.sleep(0.3)  # every thread has asked once and found nothing
+        since = time.monotonic()
+        time.sleep(1.0)
+        polls = len([t for t in asked if t >= since])
+        # One thread every 50 ms: at most 20 a second (fewer on a loaded machine); four
+        # threads each polling would ask about 80 times.
+        assert 1 <= polls <= 30
+        acme = tenant("acme")
+        db.session.commit()
+        _, secret = endpoint(acme.id, "a", receiver.url(), ["mail.queued"])
+        for _ in range(3):
+            accept_mail(app, acme.id)
+        deadline = time.monotonic() + 10
+        while len(receiver.verified(secret)) < 3 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert len(receiver.verified(secret)) == 3
+    finally:
+        event.remove(db.engine, "before_cursor_execute", count)
+        pool.stop()
+        assert pool.join(time.monotonic() + 5)
+
+
 def test_sms_status_changes_are_events_too(app: Flask) -> None:
     from portal.messaging.records import acceptance
     from portal.models import SmsSendRecord
