@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
+from functools import cache
 from typing import Any
 
 import redis
@@ -72,9 +73,15 @@ SEEN_GRANULARITY_S = 60
 # or a tab left open would never go idle, and they never write the session cookie.
 PASSIVE_ENDPOINTS = frozenset({"inbox.bell"})
 
-# Verify against a real hash even for unknown emails, so timing does not reveal who exists.
-_DUMMY = AppUser(password_hash="")
-_DUMMY.set_password("not-a-real-password")
+
+@cache
+def _dummy() -> AppUser:
+    """A user with a real hash, verified against for unknown emails so that timing does not
+    reveal who exists. Made at the first such sign-in, not at import: every process that builds
+    the app (workers, their rq children) would hash it, a tenth of a second of CPU each."""
+    dummy = AppUser(password_hash="")
+    dummy.set_password("not-a-real-password")
+    return dummy
 
 
 # --- sessions ------------------------------------------------------------------------------
@@ -345,7 +352,7 @@ def login() -> str | Response | WerkzeugResponse | tuple[str, int]:
         return render_template("auth/login.html", email=email, error=LOCKED_OUT), 429
     found = db.session.scalar(select(AppUser).where(AppUser.email == email))
     generation = found.session_generation if found is not None else None
-    ok = (found or _DUMMY).check_password(password[:MAX_PASSWORD_CHARS]) and found is not None
+    ok = (found or _dummy()).check_password(password[:MAX_PASSWORD_CHARS]) and found is not None
     if not ok or found is None or not may_sign_in(found):
         reason = (
             "unknown address"
