@@ -282,7 +282,7 @@ def _clean(app: Flask) -> None:
     from portal.messaging.sending.configcache import CONFIGS
     from portal.messaging.templating import checks as template_checks
 
-    template_checks.forget()
+    template_checks.forget_all()
     CONFIGS.clear()
 
 

@@ -92,6 +92,16 @@ def forget() -> None:
     _cache.clear()
 
 
+def forget_all() -> None:
+    """Drop the parsed needs too, kept by (channel, id, version): only for a process whose
+    database was emptied under it (the tests), where SQLite hands a deleted row's id out again
+    and a new template could meet an old one's needs under the same id and version. The
+    product never deletes a template."""
+    _cache.clear()
+    with _cache.lock:
+        _cache.needs.clear()
+
+
 def _needs(
     fetch: Fetch, channel: str, template_id: int, version: int
 ) -> tuple[int, tuple[VariableNeeds, ...]]:
