@@ -72,6 +72,8 @@ class CallbackPool:
         is) waits a poll interval and asks again; the others wait until a thread finds work.
         Returns whether this thread is the one polling."""
         with self._found:
+            if self.stopping.is_set():  # stop's notify may have come before this wait
+                return polling
             if not polling and self._polling:
                 self._found.wait(self.settings.poll_interval_s * IDLE_WAIT_POLLS)
                 return False
