@@ -361,7 +361,10 @@ class ChannelPool:
             return 0
         # Counted as a claim under way from the first ask to the end of the Sent write.
         counted = getattr(self._current, "claiming", False)
-        if self.stop_claiming.is_set() if counted else not self._begin_claim():
+        if counted:
+            if self.stop_claiming.is_set():
+                return 0
+        elif not self._begin_claim():
             return 0
         current = getattr(self._current, "record", None)
         reserved = self._reserve(1, handing_over=current is not None and is_broadcast(current))
@@ -377,8 +380,6 @@ class ChannelPool:
 
     def _claim_own(self) -> Any:
         """This worker's next record, claimed by itself (None: nothing due, or stopping)."""
-        if self.stop_claiming.is_set():
-            return None
         own = self._claim(1)
         return own[0] if own else None
 

@@ -21,7 +21,7 @@ from portal.messaging.sending import claim, outcomes, sent_write
 from portal.messaging.sending.outcomes import Attempt, Claimed
 from portal.models import Channel, MailSendRecord, SendAttempt, SmsSendRecord
 from tests.conftest import TEST_DATABASE_URL
-from tests.support.delivery import accept_mail, mail_server, record, tenant
+from tests.support.delivery import accept_mail, mail_server, record, tenant, waiting_on_a_lock
 from tests.support.sms import UK, accept_sms, sms_record
 from tests.support.smtp_server import ScriptedSmtpServer
 
@@ -285,9 +285,11 @@ def test_a_write_stuck_at_the_database_holds_up_only_itself(
         first = threading.Thread(target=send, args=(stuck,))
         first.start()
         deadline = time.monotonic() + 10
-        while not waiting_on_a_row_lock() and time.monotonic() < deadline:
+        while not waiting_on_a_lock("%UPDATE mail_send_record%") and time.monotonic() < deadline:
             time.sleep(0.01)
-        assert waiting_on_a_row_lock(), "the first write is not waiting at the database"
+        assert waiting_on_a_lock("%UPDATE mail_send_record%"), (
+            "the first write is not waiting at the database"
+        )
         started = time.monotonic()
         send(queued)  # queued behind the stuck statement, then alone
         assert wait_s <= time.monotonic() - started < 5
@@ -304,12 +306,3 @@ def test_a_write_stuck_at_the_database_holds_up_only_itself(
 
 def driver_url() -> str:
     return make_url(TEST_DATABASE_URL).set(drivername="postgresql").render_as_string(False)
-
-
-def waiting_on_a_row_lock() -> bool:
-    with psycopg.connect(driver_url(), autocommit=True) as conn:
-        row = conn.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-            "AND query LIKE '%UPDATE mail_send_record%' AND pid <> pg_backend_pid()"
-        ).fetchone()
-    return bool(row and row[0])

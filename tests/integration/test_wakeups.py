@@ -13,7 +13,7 @@ from flask import Flask
 from portal.delivery.service import DeliveryService
 from portal.extensions import db
 from portal.models import Channel
-from tests.support.delivery import accept_mail, mail_server, record, tenant
+from tests.support.delivery import accept_mail, mail_server, record, tenant, waiting_on_a_lock
 from tests.support.smtp_server import ScriptedSmtpServer
 
 
@@ -101,17 +101,6 @@ def test_stop_returns_only_once_a_claim_under_way_is_over(app: Flask) -> None:
     from portal.delivery.pool import ChannelPool, ChannelSpec
     from portal.models import MailSendRecord
 
-    def waiting_on_a_lock() -> int:
-        with db.engine.connect() as conn:
-            return int(
-                conn.scalar(
-                    text(
-                        "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-                        "AND datname = current_database()"
-                    )
-                )
-            )
-
     acme = tenant("acme").id
     early = accept_mail(app, acme, to=["early@example.com"])
     spec = ChannelSpec(Channel.MAIL, MailSendRecord, 2, object, lambda _c, _r: None)
@@ -123,7 +112,7 @@ def test_stop_returns_only_once_a_claim_under_way_is_over(app: Flask) -> None:
         blocker.execute(text("LOCK TABLE mail_send_record IN EXCLUSIVE MODE"))
         claiming = threading.Thread(target=lambda: claimed.extend(r.id for r in pool._claim(1)))
         claiming.start()
-        wait_until(lambda: waiting_on_a_lock() == 1, 5.0)
+        wait_until(lambda: len(waiting_on_a_lock("%mail_send_record%")) == 1, 5.0)
         stopping = threading.Thread(
             target=lambda: (pool.stop(), stopped_at.append(time.monotonic()))
         )

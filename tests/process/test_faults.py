@@ -26,7 +26,7 @@ from portal.extensions import db
 from portal.messaging.sending.sweeper import sweep_stuck_sends
 from portal.models import MailSendRecord
 from tests.conftest import TEST_DATABASE_URL
-from tests.support.delivery import accept_mail, mail_server, tenant
+from tests.support.delivery import accept_mail, mail_server, tenant, waiting_on_a_lock
 from tests.support.smtp_server import ScriptedSmtpServer
 from tests.support.tcp_proxy import TcpProxy
 from tests.support.workers import (
@@ -202,17 +202,6 @@ def _driver_url() -> str:
     return make_url(TEST_DATABASE_URL).set(drivername="postgresql").render_as_string(False)
 
 
-def _waiting_on_a_lock(like: str, unlike: str | None = None) -> list[int]:
-    """The backends whose statement (``like``, an SQL LIKE pattern) waits for a lock."""
-    with psycopg.connect(_driver_url(), autocommit=True) as conn:
-        rows = conn.execute(
-            "SELECT pid, query FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-            "AND query LIKE %s AND pid <> pg_backend_pid()",
-            (like,),
-        ).fetchall()
-    return [pid for pid, query in rows if unlike is None or unlike not in query]
-
-
 def test_sigkill_while_a_batch_of_sent_writes_waits_leaves_the_batch_to_the_sweep(
     app: Flask, audit: StatusAudit, tmp_path: Path
 ) -> None:
@@ -242,7 +231,7 @@ def test_sigkill_while_a_batch_of_sent_writes_waits_leaves_the_batch_to_the_swee
         ids = [accept_mail(app, acme, to=["held-0@example.com"])]
         # Its write goes alone (nothing else is in flight) and waits.
         wait_for(
-            lambda: _waiting_on_a_lock("%UPDATE mail_send_record%", unlike="json_to_recordset"),
+            lambda: waiting_on_a_lock("%UPDATE mail_send_record%", unlike="json_to_recordset"),
             15.0,
             "the first Sent write waiting",
         )
@@ -254,7 +243,7 @@ def test_sigkill_while_a_batch_of_sent_writes_waits_leaves_the_batch_to_the_swee
         lock_b.execute("SELECT 1 FROM mail_send_record WHERE id = %s FOR UPDATE", (ids[1],))
         lock_a.rollback()  # the first write commits; the two queued go as one statement
         (batch_pid,) = wait_for(
-            lambda: _waiting_on_a_lock("%json_to_recordset%"),
+            lambda: waiting_on_a_lock("%json_to_recordset%"),
             15.0,
             "a batch of Sent writes waiting",
         )

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 from flask import Flask
-from sqlalchemy import select
+from sqlalchemy import select, text
 from sqlalchemy.orm import Session
 
 from portal.config import Settings
@@ -141,3 +141,18 @@ def sendable(tenant_id: int) -> None:
         SmsProviderConfig(tenant_id=tenant_id, name="default", provider="twilio", is_default=True)
     )
     db.session.commit()
+
+
+def waiting_on_a_lock(like: str = "%", unlike: str | None = None) -> list[int]:
+    """The backends of the test database whose statement (``like``, an SQL LIKE pattern; not
+    containing ``unlike``) waits for a lock (PostgreSQL)."""
+    with db.engine.connect() as conn:
+        rows = conn.execute(
+            text(
+                "SELECT pid, query FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                "AND datname = current_database() AND query LIKE :like "
+                "AND pid <> pg_backend_pid()"
+            ),
+            {"like": like},
+        ).all()
+    return [pid for pid, query in rows if unlike is None or unlike not in query]
