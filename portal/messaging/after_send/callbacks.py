@@ -192,7 +192,7 @@ def post(
 def new_client() -> httpx.Client:
     """No proxies or netrc from the environment, no redirects, 10 s per phase (the read loop
     above holds the whole attempt to 10 s)."""
-    return httpx.Client(trust_env=False, follow_redirects=False, timeout=TIMEOUT_S)
+    return outbound.http_client(trust_env=False, follow_redirects=False, timeout=TIMEOUT_S)
 
 
 # --- the queue ----------------------------------------------------------------------------

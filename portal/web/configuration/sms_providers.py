@@ -19,7 +19,6 @@ from collections.abc import Sequence
 from typing import Any
 from urllib.parse import quote
 
-import httpx
 from flask import Blueprint, flash, redirect, request, url_for
 from flask.typing import ResponseReturnValue
 from sqlalchemy import select
@@ -413,7 +412,7 @@ def check_credentials(
     if not provider.account_id or not secret:
         return 0.0, "Enter the account id and the auth token first."
     kind = provider.provider
-    with httpx.Client(timeout=timeout_s, follow_redirects=False) as client:
+    with outbound.http_client(timeout=timeout_s, follow_redirects=False) as client:
         if kind == SmsProviderKind.TWILIO.value:
             base = (provider.base_url or twilio.DEFAULT_BASE_URL).rstrip("/")
             account = quote(provider.account_id, safe="")

@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 import httpx
 
+from portal.messaging.sending import outbound
 from portal.messaging.sending.transports.sms import http_json, test, twilio, vonage
 from portal.messaging.sending.transports.sms.result import (
     CONFIG_ERROR,
@@ -53,7 +54,9 @@ def new_client(connect_timeout_s: float, read_timeout_s: float) -> httpx.Client:
     timeout = httpx.Timeout(
         connect=connect_timeout_s, read=read_timeout_s, write=read_timeout_s, pool=connect_timeout_s
     )
-    return httpx.Client(timeout=timeout, follow_redirects=False, headers={"User-Agent": "postroom"})
+    return outbound.http_client(
+        timeout=timeout, follow_redirects=False, headers={"User-Agent": "postroom"}
+    )
 
 
 def send(client: httpx.Client, account: ProviderAccount, sms: OutgoingSms) -> SmsResult:
