@@ -111,7 +111,7 @@ def main() -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    app = create_app()
+    app = create_app(web=False)
     settings: Settings = app.config["SETTINGS"]
     with app.app_context():
         engine = db.engine

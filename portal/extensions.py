@@ -1,4 +1,5 @@
-"""Extensions, created unbound here and bound to the app in ``create_app``; and what every user
+"""Extensions, created unbound here and bound to the app in ``create_app`` (which also binds
+Flask-Migrate, only where the web layer is built); and what every user
 of the database shares about losing its connection: which errors say so (``connection_lost``),
 and a pooled connection the server has closed meanwhile is replaced at checkout, not used.
 """
@@ -10,7 +11,6 @@ from typing import Any
 
 import psycopg
 from flask_login import LoginManager
-from flask_migrate import Migrate
 from flask_sqlalchemy import SQLAlchemy
 from flask_wtf import CSRFProtect
 from sqlalchemy import event
@@ -20,7 +20,6 @@ from sqlalchemy.pool import Pool
 from portal.models.base import Base
 
 db = SQLAlchemy(model_class=Base)
-migrate = Migrate()
 login_manager = LoginManager()
 csrf = CSRFProtect()
 

@@ -128,7 +128,7 @@ def _engine_and_settings() -> tuple[Any, Settings]:
 
         # The rq child's own log lines are JSON too, with record, tenant and trace ids.
         configure_logging()
-        _app.append(create_app())
+        _app.append(create_app(web=False))
     app = _app[0]
     with app.app_context():
         return db.engine, app.config["SETTINGS"]

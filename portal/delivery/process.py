@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
         callback_concurrency=0,
         worker_metrics_port=0,
     )
-    app = create_app(settings)
+    app = create_app(settings, web=False)
     with app.app_context():
         engine = db.engine
     service = DeliveryService(engine, settings)
