@@ -255,7 +255,10 @@ RETURNING id, endpoint_id, attempts
 def claim(engine: Engine, cursor: int) -> Claimed | None:
     """Claim one due delivery, the endpoint after ``cursor`` first (endpoints take turns)."""
     # A read first: with nothing due (the usual case) no write transaction, advisory lock or
-    # SQLite write lock is taken at every poll of every pool thread.
+    # SQLite write lock is taken at every poll of every pool thread. It ends with a COMMIT,
+    # not the ROLLBACK closing would send: psycopg drops every statement the connection has
+    # prepared at a rollback, and the next claim on this pooled connection would be parsed
+    # and planned again (at each idle poll, most of an idle worker's database CPU).
     with engine.connect() as conn:
         due = conn.execute(
             select(CallbackDelivery.id)
@@ -267,6 +270,7 @@ def claim(engine: Engine, cursor: int) -> Claimed | None:
             )
             .limit(1)
         ).first()
+        conn.commit()
     if due is None:
         return None
     params = {
