@@ -405,10 +405,10 @@ test_slot.__test__ = False  # type: ignore[attr-defined]
 
 @functools.cache
 def tls_context(verify: bool) -> ssl.SSLContext:
-    """The TLS context of a connection a configuration causes (SMTP, IMAP, HTTP): certificates
+    """The TLS context of a connection a configuration causes over SMTP or IMAP: certificates
     and host names checked, unless the operator marked the server as self-signed (``verify``
     false). One per process and kind: loading the trusted certificates costs 10-20 ms of CPU,
-    which every new SMTP session or HTTP client would otherwise pay."""
+    which every new SMTP session would otherwise pay."""
     context = ssl.create_default_context()
     if not verify:
         context.check_hostname = False
@@ -416,7 +416,16 @@ def tls_context(verify: bool) -> ssl.SSLContext:
     return context
 
 
-def http_client(**options: Any) -> httpx.Client:
+@functools.cache
+def _http_tls_context(trust_env: bool) -> ssl.SSLContext:
+    # What httpx builds for each new client (certifi's roots, or SSL_CERT_FILE / SSL_CERT_DIR
+    # where the client trusts the environment), built once per process instead.
+    return httpx.create_ssl_context(trust_env=trust_env)
+
+
+def http_client(*, trust_env: bool = True, **options: Any) -> httpx.Client:
     """An HTTP client for a connection a configuration causes (SMS providers, status callbacks,
-    their Test buttons), trusting what SMTP and IMAP trust, on the process's one TLS context."""
-    return httpx.Client(verify=tls_context(True), **options)
+    their Test buttons). It trusts what httpx would, on one TLS context per process: httpx
+    loads the trusted certificates again for every new client (10-20 ms of CPU per SMS worker,
+    callback thread and Test click)."""
+    return httpx.Client(verify=_http_tls_context(trust_env), trust_env=trust_env, **options)
