@@ -205,8 +205,8 @@ def worker_env(instance: Path, secret_key: str, **overrides: str) -> dict[str, s
         OUTBOUND_TENANT_ALLOW_PRIVATE="true",
         MAIL_SEND_CONCURRENCY="10",
         # NOTIFY wakes a worker for new records; the poll finds retries that fall due (their
-        # backoff is 0.1 s and more in these tests). Each poll costs a claim in every pool: at 0.05 s an
-        # idle worker process and its database sessions took a sixth of a core.
+        # backoff is 0.1 s and more in these tests). Each poll costs a claim in every pool:
+        # at 0.05 s an idle worker process and its database sessions took a sixth of a core.
         POLL_INTERVAL_S="0.2",
         WORKER_METRICS_PORT="0",
         SHUTDOWN_GRACE_S="10",
