@@ -3,6 +3,7 @@ cache, and the wiring of the settings."""
 
 from __future__ import annotations
 
+import gc
 import re
 import time
 from collections.abc import Iterator
@@ -258,3 +259,25 @@ def test_the_render_deadline_counts_the_threads_cpu_not_the_wall_clock() -> None
         pass
     with pytest.raises(sandbox._LimitError, match="took too long to render"):
         budget.tick()  # the 17th: the clock is read
+
+
+def test_the_render_deadline_leaves_out_the_garbage_collectors_time() -> None:
+    """A full collection runs in whichever thread allocates: in a process with a large heap it
+    took longer than a render's whole deadline, and a one-character template failed. The
+    collector's CPU is not the template's; the template's own CPU still counts."""
+    heap = [[i] for i in range(400_000)]  # what a full collection must walk
+    started = time.thread_time()
+    gc.collect()
+    collection_s = time.thread_time() - started
+    limit = collection_s / 3  # the collection alone takes three deadlines
+    budget = sandbox.Budget(replace(DEFAULT_LIMITS, render_timeout_s=limit))
+    for _ in range(4):
+        gc.collect()
+    for _ in range(16):  # the clock is read at the first tick and every 16th after
+        budget.tick()
+    started = time.thread_time()
+    while time.thread_time() - started < 2 * limit:  # the template's own CPU: twice the limit
+        pass
+    with pytest.raises(sandbox._LimitError, match="took too long to render"):
+        budget.tick()  # the 17th: the clock is read
+    assert len(heap) == 400_000

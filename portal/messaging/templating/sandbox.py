@@ -6,6 +6,7 @@ integer size) with a deadline on the rendering thread's CPU time as the backstop
 from __future__ import annotations
 
 import functools
+import gc
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -39,7 +40,28 @@ _one = threading.local()
 # burns CPU, while a render that merely waits (for the GIL behind a busy pool's other
 # workers, or on a machine loaded past its cores) is not the template's doing, and on the
 # wall clock it failed legitimate templates for good (TEMPLATE_NOT_RESOLVABLE) under load.
-_clock = time.thread_time
+# Nor is the garbage collector's time: a full collection runs in whichever thread allocated
+# last, and in a process with a large heap it took longer than a render's whole deadline (a
+# one-character template failed so). The collector's CPU in each thread is left out.
+_collecting = threading.local()
+
+
+def _collector(phase: str, _info: dict[str, int]) -> None:
+    if phase == "start":
+        _collecting.started = time.thread_time()
+    else:
+        started = getattr(_collecting, "started", None)
+        if started is not None:
+            _collecting.spent = getattr(_collecting, "spent", 0.0) + time.thread_time() - started
+            _collecting.started = None
+
+
+gc.callbacks.append(_collector)
+
+
+def _clock() -> float:
+    """This thread's CPU time (seconds) outside the garbage collector."""
+    return time.thread_time() - getattr(_collecting, "spent", 0.0)
 
 
 @contextmanager
