@@ -1,7 +1,7 @@
 """Extensions, created unbound here and bound to the app in ``create_app`` (which also binds
-Flask-Migrate, only where the web layer is built); and what every user
-of the database shares about losing its connection: which errors say so (``connection_lost``),
-and a pooled connection the server has closed meanwhile is replaced at checkout, not used.
+Flask-Migrate, only where it builds the web layer); and what every user of the database shares
+about losing its connection: which errors say so (``connection_lost``), and a pooled
+connection the server has closed meanwhile is replaced at checkout, not used.
 """
 
 from __future__ import annotations

@@ -42,7 +42,8 @@ _one = threading.local()
 # wall clock it failed legitimate templates for good (TEMPLATE_NOT_RESOLVABLE) under load.
 # Nor is the garbage collector's time: a full collection runs in whichever thread allocated
 # last, and in a process with a large heap it took longer than a render's whole deadline (a
-# one-character template failed so). The collector's CPU in each thread is left out.
+# one-character template failed so). The collector's CPU in each thread is left out; what a
+# template may allocate is bounded by the deterministic budgets above all the same.
 _collecting = threading.local()
 
 
