@@ -140,7 +140,32 @@ def wait_logged(worker: Worker, msg: str, timeout_s: float) -> None:
 
 def wait_gone(pids: Iterable[int], timeout_s: float, what: str) -> None:
     pids = list(pids)
-    wait_for(lambda: not any(alive(p) for p in pids), timeout_s, what)
+    try:
+        wait_for(lambda: not any(alive(p) for p in pids), timeout_s, what)
+    except AssertionError as exc:
+        # Why each one is still there: its signal masks (a SIGTERM blocked, ignored or still
+        # pending), its parent, what the kernel says it waits in.
+        raise AssertionError(f"{exc}\n{_why_alive(pids)}") from None
+
+
+def _why_alive(pids: list[int]) -> str:
+    wanted = ("State", "PPid", "SigPnd", "ShdPnd", "SigBlk", "SigIgn", "SigCgt", "Threads")
+    lines = []
+    for pid in (p for p in pids if alive(p)):
+        proc = Path(f"/proc/{pid}")
+        try:
+            status = [
+                line
+                for line in (proc / "status").read_text().splitlines()
+                if line.split(":")[0] in wanted
+            ]
+            wchan = (proc / "wchan").read_text()
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
+        except OSError as exc:
+            lines.append(f"{pid}: {exc}")
+            continue
+        lines.append(f"{pid} {cmdline!r} wchan={wchan} " + " ".join(status))
+    return "\n".join(lines)
 
 
 # --- a: SIGKILL mid-send ---------------------------------------------------------------------
