@@ -403,7 +403,28 @@ def test_slot(settings: Settings, tenant_id: int) -> Iterator[None]:
 test_slot.__test__ = False  # type: ignore[attr-defined]
 
 
-@functools.cache
+def _built_once(build: Callable[[bool], ssl.SSLContext]) -> Callable[[bool], ssl.SSLContext]:
+    """``functools.cache`` for a TLS context that builds each one once even when threads ask
+    for it together: a pool's workers start at the same moment, and with a plain cache each
+    of them built its own (a worker process's ten SMS workers and its callback thread spent
+    half a second of CPU at start on eleven copies of one context)."""
+    built: dict[bool, ssl.SSLContext] = {}
+    lock = threading.Lock()
+
+    @functools.wraps(build)
+    def once(flag: bool) -> ssl.SSLContext:
+        context = built.get(flag)
+        if context is None:
+            with lock:
+                context = built.get(flag)
+                if context is None:
+                    context = built[flag] = build(flag)
+        return context
+
+    return once
+
+
+@_built_once
 def tls_context(verify: bool) -> ssl.SSLContext:
     """The TLS context of a connection a configuration causes over SMTP or IMAP: certificates
     and host names checked, unless the operator marked the server as self-signed (``verify``
@@ -416,7 +437,7 @@ def tls_context(verify: bool) -> ssl.SSLContext:
     return context
 
 
-@functools.cache
+@_built_once
 def _http_tls_context(trust_env: bool) -> ssl.SSLContext:
     # What httpx builds for each new client (certifi's roots, or SSL_CERT_FILE / SSL_CERT_DIR
     # where the client trusts the environment), built once per process instead.
