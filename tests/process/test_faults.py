@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import signal
 import subprocess
+import sys
 import time
 from collections import Counter
 from collections.abc import Iterable, Iterator
@@ -165,7 +166,20 @@ def _why_alive(pids: list[int]) -> str:
             lines.append(f"{pid}: {exc}")
             continue
         lines.append(f"{pid} {cmdline!r} wchan={wchan} " + " ".join(status))
+        lines.append(_stacks(pid))
     return "\n".join(lines)
+
+
+def _stacks(pid: int) -> str:
+    """Every thread's Python stack in process ``pid`` (py-spy, from the dev dependencies)."""
+    spy = Path(sys.executable).parent / "py-spy"
+    try:
+        done = subprocess.run(
+            [str(spy), "dump", "--pid", str(pid)], capture_output=True, text=True, timeout=20
+        )
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"(no stacks: {exc})"
+    return done.stdout or done.stderr
 
 
 # --- a: SIGKILL mid-send ---------------------------------------------------------------------
