@@ -188,7 +188,7 @@ class Supervisor:
 
 
 def chore_children(redis_url: str, interval_s: float) -> list[Child]:
-    """The rq-scheduler daemon and one rq SimpleWorker for the chores queue."""
+    """The rq-scheduler daemon and one rq worker (``chores.ChoreWorker``) for the chores queue."""
     from portal.delivery.chores import QUEUE
 
     bindir = Path(sys.executable).parent
@@ -214,7 +214,7 @@ def chore_children(redis_url: str, interval_s: float) -> list[Child]:
                 "--url",
                 redis_url,
                 "--worker-class",
-                "rq.worker.SimpleWorker",
+                "portal.delivery.chores.ChoreWorker",
                 "--quiet",
                 QUEUE,
             ],

@@ -15,6 +15,7 @@ from typing import Any
 
 import redis
 from rq.exceptions import InvalidJobOperation, NoSuchJobError
+from rq.worker import SimpleWorker
 from rq_scheduler import Scheduler
 
 from portal.config import Settings
@@ -114,7 +115,28 @@ def ensure_schedules(connection: redis.Redis, settings: Settings) -> dict[str, s
     return done
 
 
-# --- jobs (run by the rq worker child, a SimpleWorker: one app per process) ---------------
+class ChoreWorker(SimpleWorker):
+    """The rq worker of the chores child: rq's SimpleWorker (jobs in its own process, one app
+    per process), whose command channel's thread wakes every second instead of every minute.
+
+    rq stops that thread at shutdown after unsubscribing, and with redis-py 8 the thread can
+    read the unsubscribe reply first, find itself unsubscribed and wait its whole sleep for a
+    subscription that never comes: a stopped chore child then took up to 60 s to exit (and
+    lingered that long after its worker was killed). Its sleep bounds that wait."""
+
+    COMMAND_WAKE_S = 1.0
+
+    def subscribe(self) -> None:
+        self.pubsub = self.connection.pubsub()
+        self.pubsub.subscribe(**{self.pubsub_channel_name: self.handle_payload})
+        self.pubsub_thread = self.pubsub.run_in_thread(  # type: ignore[assignment]
+            sleep_time=self.COMMAND_WAKE_S,
+            daemon=True,
+            exception_handler=self._pubsub_exception_handler,
+        )
+
+
+# --- jobs (run by the rq worker child, a ChoreWorker: one app per process) ----------------
 
 _app: list[Any] = []
 

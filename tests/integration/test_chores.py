@@ -18,12 +18,13 @@ from pathlib import Path
 import pytest
 import redis
 from flask import Flask
+from rq import Queue
 from rq_scheduler import Scheduler
 from sqlalchemy import select
 
 from portal.config import Settings
 from portal.delivery.children import Supervisor, chore_children
-from portal.delivery.chores import PREFIX, QUEUE, ensure_schedules, schedules
+from portal.delivery.chores import PREFIX, QUEUE, ChoreWorker, ensure_schedules, schedules
 from portal.extensions import db
 from portal.models import MailSendRecord
 from tests.conftest import TEST_DATABASE_URL, TEST_REDIS_URL, settings_for_tests
@@ -362,3 +363,22 @@ def test_a_killed_rq_worker_is_restarted_and_the_sweep_goes_on(
     # machine (the whole suite in parallel) has taken over 10 s; this waits for the event.
     wait_swept(stuck, 60.0)
     assert child_alive(supervisor, "rq-worker", other_than=old.pid)
+
+
+@pytest.mark.parametrize("worker_class", [ChoreWorker])
+def test_a_chore_worker_stops_its_command_thread_within_seconds(
+    redis_client: redis.Redis, worker_class: type[ChoreWorker]
+) -> None:
+    """rq unsubscribes, then waits for its command channel's thread. The thread may read the
+    unsubscribe reply first and then wait its whole sleep for a subscription that never
+    comes (redis-py 8): with rq's own minute, a stopped or orphaned chore child lingered up
+    to 60 s. Here the thread has already read the reply when the stop begins."""
+    worker = worker_class([Queue(QUEUE, connection=redis_client)], connection=redis_client)
+    worker.subscribe()
+    wait_for(lambda: worker.pubsub.subscribed, 5.0, "subscribed")
+    worker.pubsub.unsubscribe()
+    wait_for(lambda: not worker.pubsub.subscribed, 5.0, "the thread read the unsubscribe reply")
+    started = time.monotonic()
+    worker.unsubscribe()
+    assert time.monotonic() - started < 3.0
+    assert not worker.pubsub_thread.is_alive()
