@@ -207,9 +207,9 @@ def test_sigkill_mid_data_is_recovered_by_the_sweep_and_sent(
         first.process.kill()
         assert first.wait_exit(5) == -signal.SIGKILL
         # PR_SET_PDEATHSIG: the chore children go with it. They get SIGTERM and stop as rq
-        # does, after the chore in hand (loaded runs saw them still up after 10 s, then once
-        # after 30 s), so the wait is generous.
-        wait_gone(children.values(), 60.0, f"chore children {children} of the killed worker")
+        # does, after the chore in hand (rq's own worker class could take a minute more:
+        # chores.ChoreWorker), so the wait is generous for a loaded machine.
+        wait_gone(children.values(), 30.0, f"chore children {children} of the killed worker")
 
         smtp.script("slow@example.com", "250", "data")
         meanwhile = accept_many(app, acme, 2, prefix="meanwhile")
@@ -422,9 +422,8 @@ def test_a_second_sigterm_exits_at_once(app: Flask, tmp_path: Path) -> None:
         assert code != 0
         assert took < 2.0, took
         assert worker.logged("second signal")
-        # They stop as rq does, after the chore in hand (as after a kill -9, above): a loaded
-        # run saw them up after 10 s.
-        wait_gone(children.values(), 60.0, "chore children after the second signal")
+        # They stop as rq does, after the chore in hand (as after a kill -9, above).
+        wait_gone(children.values(), 30.0, "chore children after the second signal")
 
 
 # --- c: the database goes away ---------------------------------------------------------------
