@@ -365,15 +365,12 @@ def test_a_killed_rq_worker_is_restarted_and_the_sweep_goes_on(
     assert child_alive(supervisor, "rq-worker", other_than=old.pid)
 
 
-@pytest.mark.parametrize("worker_class", [ChoreWorker])
-def test_a_chore_worker_stops_its_command_thread_within_seconds(
-    redis_client: redis.Redis, worker_class: type[ChoreWorker]
-) -> None:
+def test_a_chore_worker_stops_its_command_thread_within_seconds(redis_client: redis.Redis) -> None:
     """rq unsubscribes, then waits for its command channel's thread. The thread may read the
     unsubscribe reply first and then wait its whole sleep for a subscription that never
     comes (redis-py 8): with rq's own minute, a stopped or orphaned chore child lingered up
     to 60 s. Here the thread has already read the reply when the stop begins."""
-    worker = worker_class([Queue(QUEUE, connection=redis_client)], connection=redis_client)
+    worker = ChoreWorker([Queue(QUEUE, connection=redis_client)], connection=redis_client)
     worker.subscribe()
     wait_for(lambda: worker.pubsub.subscribed, 5.0, "subscribed")
     worker.pubsub.unsubscribe()

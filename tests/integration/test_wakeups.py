@@ -120,8 +120,10 @@ def test_stop_returns_only_once_a_claim_under_way_is_over(app: Flask) -> None:
         time.sleep(0.3)
         assert not stopped_at, "stop returned while a claim was under way"
         assert pool._claim(1) == []  # none begins once stopping
-        blocker.rollback()
+        # Read before the release: once the lock goes, the claim and the stop may finish
+        # before this thread runs again.
         released_at = time.monotonic()
+        blocker.rollback()
     claiming.join(5.0)
     stopping.join(5.0)
     assert claimed == [early]  # the claim under way took its record
