@@ -29,7 +29,7 @@ from portal.messaging.sending.claim import claim_due
 from portal.messaging.sending.outcomes import Claimed
 from portal.messaging.sending.pipeline import MailContext, process_mail
 from portal.models import Channel, MailSendRecord, SendStatus
-from tests.support.delivery import accept_mail, mail_server, tenant
+from tests.support.delivery import accept_mail, mail_server, tenant, unfinished
 from tests.support.smtp_server import ScriptedSmtpServer
 from tests.support.workers import free_port
 
@@ -193,7 +193,7 @@ def test_a_probe_that_succeeds_releases_the_waiting_records_at_once(
             time.sleep(0.2)  # the last Sent writes
         finally:
             pool.stop()
-            assert pool.join(time.monotonic() + 10)
+            assert not (left := unfinished(pool, 10)), left
     with db.engine.connect() as connection:
         rows = connection.execute(
             select(MailSendRecord.sent_at, MailSendRecord.retry_count).where(

@@ -27,7 +27,7 @@ from portal.messaging.sending.outcomes import Claimed
 from portal.messaging.sending.sent_write import record_sent
 from portal.models import Channel, MailSendRecord, MailTemplate, SmsSendRecord, SmsTemplate
 from portal.tenancy import tenant_context
-from tests.support.delivery import tenant
+from tests.support.delivery import tenant, unfinished
 
 WORKERS = 4
 
@@ -103,7 +103,7 @@ def run_pool(app: Flask) -> Iterator[Any]:
         while not until() and time.monotonic() < deadline:
             time.sleep(0.005)
         pool.stop()
-        assert pool.join(time.monotonic() + 10)
+        assert not (left := unfinished(pool, 10)), left
         return pool
 
     yield run

@@ -30,7 +30,7 @@ from portal.messaging.sending.breaker import Breaker
 from portal.messaging.sending.claim import RouteGate, slow_cap
 from portal.messaging.sending.pipeline import MailContext, process_mail
 from portal.models import BreakerState, Channel, MailSendRecord, SendStatus
-from tests.support.delivery import accept_mail, mail_server, tenant
+from tests.support.delivery import accept_mail, mail_server, tenant, unfinished
 from tests.support.smtp_server import ScriptedSmtpServer
 
 WORKERS = 8
@@ -148,7 +148,7 @@ def test_a_server_hanging_after_data_holds_only_its_slow_share_of_the_workers(
     finally:
         sampling.set()
         pool.stop()
-        assert pool.join(time.monotonic() + 10)
+        assert not (left := unfinished(pool, 10)), left
         sampler.join(2)
 
     assert held_meanwhile <= cap, (held_meanwhile, cap)

@@ -4,7 +4,9 @@ threads run), so tests need no sleeping beyond the short settings' due times."""
 
 from __future__ import annotations
 
+import sys
 import time
+import traceback
 from collections.abc import Callable
 from typing import Any
 
@@ -13,6 +15,7 @@ from sqlalchemy import select, text
 from sqlalchemy.orm import Session
 
 from portal.config import Settings
+from portal.delivery.pool import ChannelPool
 from portal.extensions import db
 from portal.messaging.records import acceptance
 from portal.messaging.sending.backoff import BackoffPolicy
@@ -156,3 +159,17 @@ def waiting_on_a_lock(like: str = "%", unlike: str | None = None) -> list[int]:
             {"like": like},
         ).all()
     return [pid for pid, query in rows if unlike is None or unlike not in query]
+
+
+def unfinished(pool: ChannelPool, timeout_s: float) -> str:
+    """Wait up to ``timeout_s`` for a stopped pool's threads: "" once all have ended, else
+    where each live thread is (its stack), for the failure's message."""
+    if pool.join(time.monotonic() + timeout_s):
+        return ""
+    frames = sys._current_frames()
+    return "\n".join(
+        f"--- {thread.name} still running:\n"
+        + "".join(traceback.format_stack(frames[thread.ident]))
+        for thread in pool._threads
+        if thread.is_alive() and thread.ident in frames
+    )
