@@ -163,13 +163,17 @@ def waiting_on_a_lock(like: str = "%", unlike: str | None = None) -> list[int]:
 
 def unfinished(pool: ChannelPool, timeout_s: float) -> str:
     """Wait up to ``timeout_s`` for a stopped pool's threads: "" once all have ended, else
-    where each live thread is (its stack), for the failure's message."""
-    if pool.join(time.monotonic() + timeout_s):
-        return ""
-    frames = sys._current_frames()
-    return "\n".join(
-        f"--- {thread.name} still running:\n"
-        + "".join(traceback.format_stack(frames[thread.ident]))
-        for thread in pool._threads
-        if thread.is_alive() and thread.ident in frames
-    )
+    where each live thread was halfway through the wait and at its end (their stacks), and
+    the engine's connection pool, for the failure's message."""
+    seen = ""
+    for part in ("halfway", "at the end"):
+        if pool.join(time.monotonic() + timeout_s / 2):
+            return ""
+        frames = sys._current_frames()
+        seen += "".join(
+            f"--- {thread.name} still running {part}:\n"
+            + "".join(traceback.format_stack(frames[thread.ident]))
+            for thread in pool._threads
+            if thread.is_alive() and thread.ident in frames
+        )
+    return f"{seen}--- connections: {pool.engine.pool.status()}"
