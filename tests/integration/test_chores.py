@@ -284,13 +284,34 @@ def status(record_id: int) -> tuple[str, str | None, int]:
 
 def wait_swept(record_id: int, timeout_s: float) -> float:
     started = time.monotonic()
-    wait_for(
-        lambda: status(record_id) == ("Retry", "ZOMBIE_RECOVERED", 1),
-        timeout_s,
-        f"record {record_id} swept",
-        poll_s=0.1,
-    )
+    try:
+        wait_for(
+            lambda: status(record_id) == ("Retry", "ZOMBIE_RECOVERED", 1),
+            timeout_s,
+            f"record {record_id} swept",
+            poll_s=0.1,
+        )
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; {chores_seen()}") from exc
     return time.monotonic() - started
+
+
+def chores_seen() -> str:
+    """What Redis holds for the chores, for a failure's message: each schedule's next run
+    (seconds from now: a periodic job missing here was lost, e.g. by a scheduler killed
+    between taking it off the schedule and putting it back), the scheduler's lock and the
+    jobs waiting in the chore queue."""
+    client = redis.Redis.from_url(TEST_REDIS_URL)
+    try:
+        now = time.time()
+        runs = client.zrange(Scheduler.scheduled_jobs_key, 0, -1, withscores=True)
+        nexts = {job.decode(): round(at - now, 1) for job, at in runs}
+        lock = client.ttl(Scheduler.scheduler_lock_key)
+        return f"next runs (s): {nexts}; scheduler lock ttl: {lock} s; queued: " + str(
+            Queue(QUEUE, connection=client).count
+        )
+    finally:
+        client.close()
 
 
 def child(sup: Supervisor, name: str) -> subprocess.Popen[bytes]:
