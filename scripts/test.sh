@@ -108,9 +108,10 @@ status=0
 if [ "$MODE" = check ]; then
   # Sweeps (generated examples, listed inputs) at a share of their full size: every test
   # still runs and asserts the same (tests/support/sweeps.py); make test runs them in full.
-  # Four workers on two cores: a sixth of these tests wait (timeouts, backoffs, breakers),
-  # and with three the cores sat idle a fifth of the run (55 of 260 core-seconds) against
-  # about 28 with four; in turns, 3 runs each: 126-132 s with three, 115-119 s with four.
+  # Four workers on two cores: some 160 of these tests spend most of their time waiting
+  # (timeouts, backoffs, breakers; about 3 minutes in all), and with three workers the cores
+  # sat idle a fifth of the run (55 of 260 core-seconds) against about 28 with four; in
+  # turns, 3 runs each: 126-132 s with three, 115-119 s with four.
   POSTROOM_SWEEPS=${POSTROOM_SWEEPS:-quick} \
     .venv/bin/pytest -n "${CHECK_WORKERS:-4}" --dist loadgroup -m "unit or integration" "$@" \
     || status=$?
