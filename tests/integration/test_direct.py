@@ -557,9 +557,9 @@ def test_the_delivery_loop_statements_are_planned_once_not_at_every_execution(
         if ("postroom_claim_one" in p[0] or "SKIP LOCKED" in p[0]) and "$1" not in p[0]
     ]
     assert claims, plans
-    # Never planned for its values (custom 0), and run: as often as the polls and the Sent
-    # writes' next claims took the records, which depends on timing (a poll may claim several),
-    # so not a count per record.
+    # Never planned for its values (custom 0), and run: as often as these claims took the
+    # records, which depends on timing (a Sent write may take some of them), so not a count
+    # per record.
     for statement, generic, custom in claims:
         assert (custom, generic >= 1) == (0, True), (statement[:200], generic, custom)
     assert sum(generic for _s, generic, _c in claims) >= 3, claims
