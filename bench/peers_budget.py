@@ -16,22 +16,36 @@ post_office  the peers' own ../shared/peers/bench_po.py (send_queued_mail_until_
              whole. post_office commits 100 mails at a time and locks no row: a crash resends
              up to 100.
 
+floor        the least a sender with our guarantees can do per mail, on our own table: bare
+             psycopg and smtplib, --po-threads threads, one statement and one commit a mail
+             (the Sent write by version, its attempt's row and the next claim, oldest Pending
+             first, FOR UPDATE SKIP LOCKED, as claim.py's raw1), a message written as one
+             f-string. It keeps what ours keeps across a crash (the record locked and
+             versioned, Sent and the attempt durable before the next send: at most the one
+             mail in flight resent) and nothing else: no preparation, quota, fairness,
+             breaker, suppression, delivery events or logging. Ours over the floor is what
+             those cost; the floor over post_office is what a durable write per mail costs.
+
 The sink is scripts/smtp_sink.py's SinkHandler in its own process (it parses each mail and
-keeps it as a file), the same for both. Runs alternate ours, post_office, post_office, ours
-(--rounds of them), each sized to last about --seconds (at least 5 s).
+keeps it as a file), the same for all three. Runs alternate ours, post_office, floor, floor,
+post_office, ours (--rounds of them), each sized to last about --seconds (at least 5 s).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
 import tempfile
+import threading
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import budget  # the standard library and psycopg only: the peers' venv imports it too
+import psycopg
 
 HERE = Path(__file__).resolve().parent
 PEERS_DIR = HERE.parent.parent / "shared" / "peers"
@@ -39,7 +53,7 @@ VENV_PYTHON = Path(os.environ.get("PEERS_DIR", "~/.cache/peers")).expanduser() /
 DB_NAME = "postroom_bench_budget"
 # bench_po.py's message: its body, as it builds it for mail i.
 PO_BODY = ("Hello {i}, this is a benchmark message body. " * 40)[:1900]
-ORDER = ("ours", "post_office", "post_office", "ours")
+ORDER = ("ours", "post_office", "floor", "floor", "post_office", "ours")
 
 
 # --- in the peers' venv: bench_po.py with the meter's hook and window --------------------------
@@ -161,6 +175,101 @@ def run_po(
     return spent
 
 
+# --- the floor: our guarantees and nothing else ---------------------------------------------
+
+FLOOR_STATEMENT = (
+    "WITH sent AS (UPDATE mail_send_record SET status = 'Sent', version = version + 1, "
+    "sent_at = statement_timestamp(), updated_time = statement_timestamp(), "
+    "next_retry_at = NULL, provider_message_id = $1, error_code = NULL, error_message = NULL, "
+    "attempt_count = attempt_count + 1 "
+    "WHERE id = $2 AND version = $3 RETURNING id, tenant_id, attempt_count), "
+    "attempt AS (INSERT INTO send_attempt (tenant_id, channel, record_id, number, started_at, "
+    "outcome, ambiguous, provider_message_id) SELECT tenant_id, 'mail', id, attempt_count, "
+    "$4, 'sent', false, $1 FROM sent), "
+    "pick AS (SELECT id FROM mail_send_record WHERE status = 'Pending' "
+    "AND (SELECT count(*) FROM sent) >= 0 "
+    "ORDER BY updated_time LIMIT 1 FOR UPDATE SKIP LOCKED), "
+    "claimed AS (UPDATE mail_send_record m SET status = 'Sending', version = m.version + 1, "
+    "updated_time = statement_timestamp(), "
+    "first_claimed_at = coalesce(m.first_claimed_at, statement_timestamp()) "
+    "FROM pick WHERE m.id = pick.id "
+    "RETURNING m.id, m.version, m.to_addrs, m.subject, m.text_body) "
+    "SELECT (SELECT count(*) FROM sent), claimed.* FROM (SELECT 1) one LEFT JOIN claimed ON true"
+)
+
+
+def floor_message(record_id: int, to: list[str], subject: str, text: str) -> bytes:
+    """The mail as one f-string: the headers ours sends for a plain-text mail; the body
+    quoted-printable, as ours encodes a body with lines over 78 characters."""
+    from email import quoprimime
+    from email.utils import format_datetime
+
+    from smtp import SENDER
+
+    body = "\r\n".join(quoprimime.body_encode(text, 76).splitlines())
+    return (
+        f"Message-ID: <floor-{record_id}@bench.test>\r\n"
+        f"Date: {format_datetime(datetime.now(UTC))}\r\n"
+        f"From: Bench <{SENDER}>\r\nTo: {', '.join(to)}\r\nSubject: {subject}\r\n"
+        'Content-Type: text/plain; charset="utf-8"\r\n'
+        "Content-Transfer-Encoding: quoted-printable\r\n"
+        f"MIME-Version: 1.0\r\n\r\n{body}\r\n"
+    ).encode()
+
+
+def run_floor(dsn: str, sink: Any, threads: int, n: int, meter: budget.Meter) -> int:
+    """``n`` accepted records sent by ``threads`` floor loops; the count sent."""
+    import smtplib
+
+    from smtp import SENDER
+
+    sent = [0] * threads
+    errors: list[BaseException] = []
+    ready = threading.Barrier(threads + 1)  # connected: the meter starts
+    go = threading.Event()  # the meter started: the loops start
+
+    def loop(k: int) -> None:
+        try:
+            with (
+                psycopg.connect(dsn, autocommit=True) as conn,
+                smtplib.SMTP(sink.host, sink.port) as server,
+            ):
+                cursor = psycopg.RawCursor(conn)
+                ready.wait()
+                go.wait()
+                # The first claim: the same statement, with a Sent write that matches no row.
+                first = (None, 0, 0, datetime.now(UTC))
+                row = cursor.execute(FLOOR_STATEMENT, first, prepare=True).fetchone()
+                while row is not None and row[1] is not None:
+                    _, record_id, version, to, subject, text = row
+                    started = datetime.now(UTC)
+                    server.sendmail(SENDER, to, floor_message(record_id, to, subject, text))
+                    pmid = f"<floor-{record_id}@bench.test>"
+                    row = cursor.execute(
+                        FLOOR_STATEMENT, (pmid, record_id, version, started), prepare=True
+                    ).fetchone()
+                    assert row is not None
+                    assert row[0] == 1, "a Sent write by version missed"
+                    sent[k] += 1
+        except BaseException as exc:  # reported by the main thread
+            errors.append(exc)
+            ready.abort()
+
+    workers = [threading.Thread(target=loop, args=(k,)) for k in range(threads)]
+    for w in workers:
+        w.start()
+    with contextlib.suppress(threading.BrokenBarrierError):
+        ready.wait()
+        meter.start()
+    go.set()
+    for w in workers:
+        w.join()
+    meter.mark_end()
+    if errors:
+        raise errors[0]
+    return sum(sent)
+
+
 def main() -> int:
     if sys.argv[1:2] == ["--po-child"]:
         return po_child(sys.argv[2], sys.argv[3], sys.argv[4:])
@@ -185,10 +294,12 @@ def main() -> int:
         c.say(f"{python} is missing: run {peers / 'run.sh'} once (it makes the peers' venv)")
         return 1
     seconds = max(args.seconds, 5.0)
-    order = ORDER[:2] if args.quick else ORDER * args.rounds
-    c.print_header("bench/peers_budget.py: per mail, ours and django-post_office", args.quick)
-    runs: dict[str, list[budget.Budget]] = {"ours": [], "post_office": []}
-    rates: dict[str, list[float]] = {"ours": [], "post_office": []}
+    order = ORDER[:3] if args.quick else ORDER * args.rounds
+    c.print_header(
+        "bench/peers_budget.py: per mail, ours, django-post_office and the floor", args.quick
+    )
+    runs: dict[str, list[budget.Budget]] = {"ours": [], "post_office": [], "floor": []}
+    rates: dict[str, list[float]] = {"ours": [], "post_office": [], "floor": []}
     log_file = tempfile.NamedTemporaryFile(  # noqa: SIM115 (kept for reading after a failure)
         "w", prefix="peers-budget-", suffix=".log", delete=False
     )
@@ -215,13 +326,22 @@ def main() -> int:
                 sink.clear()
                 return run_po(c, sink, n, args.po_threads, peers, python, log)
 
+            def floor(n: int) -> budget.Budget:
+                smtp.accept(app, tenant_id, n, body=PO_BODY.format(i=n))
+                sink.clear()
+                with budget.Meter(dsn, sink_pid=sink.pid) as meter:
+                    done = run_floor(dsn, sink, args.po_threads, n, meter)
+                    return meter.finish(f"floor, {args.po_threads} threads", done)
+
+            sides = {"ours": ours, "post_office": post_office, "floor": floor}
+
             for side in order:
                 last = rates[side][-1] if rates[side] else None
                 # The first run of each side: post_office queues 100 a batch, so 3,000 are 30
                 # batches; later ones sized from the side's last rate.
                 n = 300 if args.quick else int(last * seconds) if last else 3_000
                 load = os.getloadavg()[0]
-                spent = budget.long_enough(ours if side == "ours" else post_office, n, args.quick)
+                spent = budget.long_enough(sides[side], n, args.quick)
                 kept = sink.kept()
                 rate = spent.units / spent.seconds
                 runs[side].append(spent)
@@ -236,22 +356,21 @@ def main() -> int:
                 from portal.extensions import db
 
                 db.engine.dispose()
-    both = [
+    combined = [
         budget.combine(f"ours, {args.workers} workers", runs["ours"]),
         budget.combine(f"post_office, {args.po_threads} threads", runs["post_office"]),
+        budget.combine(f"floor, {args.po_threads} threads", runs["floor"]),
     ]
     c.say(
-        "\nmail/s in the windows: ours "
-        + ", ".join(f"{r:,.0f}" for r in rates["ours"])
-        + "; post_office "
-        + ", ".join(f"{r:,.0f}" for r in rates["post_office"])
+        "\nmail/s in the windows: "
+        + "; ".join(f"{side} " + ", ".join(f"{r:,.0f}" for r in rates[side]) for side in rates)
     )
     budget.print_budgets(
         "Budget per mail (bench/budget.py), the same sink process; totals over the runs",
-        both,
+        combined,
     )
     if args.json:
-        for side, spent in zip(("ours", "post_office"), both, strict=True):
+        for side, spent in zip(("ours", "post_office", "floor"), combined, strict=True):
             print(
                 json.dumps(
                     {
