@@ -287,14 +287,31 @@ def main() -> int:
             p.add_argument("--peers-dir", default=str(PEERS_DIR), help="bench_po.py's folder"),
             p.add_argument("--peers-python", default=str(VENV_PYTHON), help="the peers' venv"),
             p.add_argument("--json", action="store_true", help="also one JSON line per side"),
+            p.add_argument(
+                "--sides",
+                default="ours,post_office,floor",
+                help="the sides to run, in the turns' order (default: all three)",
+            ),
+            p.add_argument(
+                "--shape",
+                action="append",
+                default=[],
+                help="SQL run on our database after the migrations, as budget.py's --shape (a "
+                "lever to size before it is built: a function's body, a trigger); repeatable",
+            ),
         ),
     )
     python, peers = Path(args.peers_python), Path(args.peers_dir)
-    if not python.exists():
+    wanted = [side.strip() for side in args.sides.split(",") if side.strip()]
+    unknown = set(wanted) - set(ORDER)
+    if unknown or not wanted:
+        c.say(f"--sides: choose among {', '.join(dict.fromkeys(ORDER))}")
+        return 1
+    if "post_office" in wanted and not python.exists():
         c.say(f"{python} is missing: run {peers / 'run.sh'} once (it makes the peers' venv)")
         return 1
     seconds = max(args.seconds, 5.0)
-    order = ORDER[:3] if args.quick else ORDER * args.rounds
+    order = [side for side in (ORDER[:3] if args.quick else ORDER * args.rounds) if side in wanted]
     c.print_header(
         "bench/peers_budget.py: per mail, ours, django-post_office and the floor", args.quick
     )
@@ -307,6 +324,9 @@ def main() -> int:
         app = c.make_app(url)
         c.worker_logging("info")
         dsn = c.conninfo(url)
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            for sql in args.shape:
+                conn.execute(sql)
         sink = c.Sink("subprocess").start()
         try:
             tenant_id = c.tenant_with_mail_server(app, sink.host, sink.port, slug="budget")
@@ -356,21 +376,23 @@ def main() -> int:
                 from portal.extensions import db
 
                 db.engine.dispose()
-    combined = [
-        budget.combine(f"ours, {args.workers} workers", runs["ours"]),
-        budget.combine(f"post_office, {args.po_threads} threads", runs["post_office"]),
-        budget.combine(f"floor, {args.po_threads} threads", runs["floor"]),
-    ]
+    labels = {
+        "ours": f"ours, {args.workers} workers",
+        "post_office": f"post_office, {args.po_threads} threads",
+        "floor": f"floor, {args.po_threads} threads",
+    }
+    ran = [side for side in labels if runs[side]]
+    combined = [budget.combine(labels[side], runs[side]) for side in ran]
     c.say(
         "\nmail/s in the windows: "
-        + "; ".join(f"{side} " + ", ".join(f"{r:,.0f}" for r in rates[side]) for side in rates)
+        + "; ".join(f"{side} " + ", ".join(f"{r:,.0f}" for r in rates[side]) for side in ran)
     )
     budget.print_budgets(
         "Budget per mail (bench/budget.py), the same sink process; totals over the runs",
         combined,
     )
     if args.json:
-        for side, spent in zip(("ours", "post_office", "floor"), combined, strict=True):
+        for side, spent in zip(ran, combined, strict=True):
             print(
                 json.dumps(
                     {
