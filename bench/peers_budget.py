@@ -315,6 +315,11 @@ def main() -> int:
     c.print_header(
         "bench/peers_budget.py: per mail, ours, django-post_office and the floor", args.quick
     )
+    labels = {
+        "ours": f"ours, {args.workers} workers",
+        "post_office": f"post_office, {args.po_threads} threads",
+        "floor": f"floor, {args.po_threads} threads",
+    }
     runs: dict[str, list[budget.Budget]] = {"ours": [], "post_office": [], "floor": []}
     rates: dict[str, list[float]] = {"ours": [], "post_office": [], "floor": []}
     log_file = tempfile.NamedTemporaryFile(  # noqa: SIM115 (kept for reading after a failure)
@@ -340,7 +345,7 @@ def main() -> int:
                     result = smtp.run_ours(
                         app, dsn, tenant_id, args.workers, n, meter=meter, body=body
                     )
-                    return meter.finish(f"ours, {args.workers} workers", int(result["n"]))
+                    return meter.finish(labels["ours"], int(result["n"]))
 
             def post_office(n: int) -> budget.Budget:
                 sink.clear()
@@ -351,7 +356,7 @@ def main() -> int:
                 sink.clear()
                 with budget.Meter(dsn, sink_pid=sink.pid) as meter:
                     done = run_floor(dsn, sink, args.po_threads, n, meter)
-                    return meter.finish(f"floor, {args.po_threads} threads", done)
+                    return meter.finish(labels["floor"], done)
 
             sides = {"ours": ours, "post_office": post_office, "floor": floor}
 
@@ -376,11 +381,6 @@ def main() -> int:
                 from portal.extensions import db
 
                 db.engine.dispose()
-    labels = {
-        "ours": f"ours, {args.workers} workers",
-        "post_office": f"post_office, {args.po_threads} threads",
-        "floor": f"floor, {args.po_threads} threads",
-    }
     ran = [side for side in labels if runs[side]]
     combined = [budget.combine(labels[side], runs[side]) for side in ran]
     c.say(
