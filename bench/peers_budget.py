@@ -18,11 +18,12 @@ post_office  the peers' own ../shared/peers/bench_po.py (send_queued_mail_until_
 
 floor        the least a sender with our guarantees can do per mail, on our own table: bare
              psycopg and smtplib, --po-threads threads, one statement and one commit a mail
-             (the Sent write by version, its attempt's row and the next claim, oldest Pending
-             first, FOR UPDATE SKIP LOCKED, as claim.py's raw1), a message written as one
-             f-string. It keeps what ours keeps across a crash (the record locked and
-             versioned, Sent and the attempt durable before the next send: at most the one
-             mail in flight resent) and nothing else: no preparation, quota, fairness,
+             (shape.py's today-full: claim.py's raw1, i.e. the Sent write by version and the
+             next claim, oldest Pending first, FOR UPDATE SKIP LOCKED, plus the attempt's row
+             and the claimed record returned whole), a message written as one f-string. It
+             keeps what ours keeps across a crash (the record locked and versioned, Sent and
+             the attempt durable before the next send: at most the one mail in flight resent)
+             and nothing else: no preparation, quota, fairness,
              breaker, suppression, delivery events or logging. Ours over the floor is what
              those cost; the floor over post_office is what a durable write per mail costs.
 
@@ -177,26 +178,6 @@ def run_po(
 
 # --- the floor: our guarantees and nothing else ---------------------------------------------
 
-FLOOR_STATEMENT = (
-    "WITH sent AS (UPDATE mail_send_record SET status = 'Sent', version = version + 1, "
-    "sent_at = statement_timestamp(), updated_time = statement_timestamp(), "
-    "next_retry_at = NULL, provider_message_id = $1, error_code = NULL, error_message = NULL, "
-    "attempt_count = attempt_count + 1 "
-    "WHERE id = $2 AND version = $3 RETURNING id, tenant_id, attempt_count), "
-    "attempt AS (INSERT INTO send_attempt (tenant_id, channel, record_id, number, started_at, "
-    "outcome, ambiguous, provider_message_id) SELECT tenant_id, 'mail', id, attempt_count, "
-    "$4, 'sent', false, $1 FROM sent), "
-    "pick AS (SELECT id FROM mail_send_record WHERE status = 'Pending' "
-    "AND (SELECT count(*) FROM sent) >= 0 "
-    "ORDER BY updated_time LIMIT 1 FOR UPDATE SKIP LOCKED), "
-    "claimed AS (UPDATE mail_send_record m SET status = 'Sending', version = m.version + 1, "
-    "updated_time = statement_timestamp(), "
-    "first_claimed_at = coalesce(m.first_claimed_at, statement_timestamp()) "
-    "FROM pick WHERE m.id = pick.id "
-    "RETURNING m.id, m.version, m.to_addrs, m.subject, m.text_body) "
-    "SELECT (SELECT count(*) FROM sent), claimed.* FROM (SELECT 1) one LEFT JOIN claimed ON true"
-)
-
 
 def floor_message(record_id: int, to: list[str], subject: str, text: str) -> bytes:
     """The mail as one f-string: the headers ours sends for a plain-text mail; the body
@@ -221,8 +202,12 @@ def run_floor(dsn: str, sink: Any, threads: int, n: int, meter: budget.Meter) ->
     """``n`` accepted records sent by ``threads`` floor loops; the count sent."""
     import smtplib
 
+    from shape import today_full_sql
     from smtp import SENDER
 
+    sql = today_full_sql()
+    # The attempt row's worker, server, ambiguity and reply, as shape.py's today-full binds them.
+    attempt = ("bench-floor", None, None, False, "250", "2.0.0 Ok")
     sent = [0] * threads
     errors: list[BaseException] = []
     ready = threading.Barrier(threads + 1)  # connected: the meter starts
@@ -238,16 +223,17 @@ def run_floor(dsn: str, sink: Any, threads: int, n: int, meter: budget.Meter) ->
                 ready.wait()
                 go.wait()
                 # The first claim: the same statement, with a Sent write that matches no row.
-                first = (None, 0, 0, datetime.now(UTC))
-                row = cursor.execute(FLOOR_STATEMENT, first, prepare=True).fetchone()
-                while row is not None and row[1] is not None:
-                    _, record_id, version, to, subject, text = row
+                params: tuple[Any, ...] = (None, -1, -1, datetime.now(UTC), 0)
+                row = cursor.execute(sql, params + attempt, prepare=True).fetchone()
+                names = [d.name for d in cursor.description or ()]
+                at = [names.index(n) for n in ("id", "version", "to_addrs", "subject", "text_body")]
+                while row is not None and row[at[0]] is not None:
+                    record_id, version, to, subject, text = (row[i] for i in at)
                     started = datetime.now(UTC)
                     server.sendmail(SENDER, to, floor_message(record_id, to, subject, text))
-                    pmid = f"<floor-{record_id}@bench.test>"
-                    row = cursor.execute(
-                        FLOOR_STATEMENT, (pmid, record_id, version, started), prepare=True
-                    ).fetchone()
+                    took = int((datetime.now(UTC) - started).total_seconds() * 1000)
+                    params = (f"<floor-{record_id}@bench.test>", record_id, version, started, took)
+                    row = cursor.execute(sql, params + attempt, prepare=True).fetchone()
                     assert row is not None
                     assert row[0] == 1, "a Sent write by version missed"
                     sent[k] += 1
